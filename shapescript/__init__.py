@@ -1,0 +1,21 @@
+"""ShapeScript: a statically shape-typed language for training models, compiled to PyTorch.
+
+    import shapescript as ss
+    prog = ss.load("mlp.ss")
+    m = prog.Mlp.init(seed=0)
+    opt = ss.adamw(m, lr=1e-3)
+    prog.run(m, opt, dataset, ss.sinks.stdout())
+"""
+
+from shapescript import sinks
+from shapescript.api import Program, build, load
+from shapescript.errors import CompileError, Diagnostic, DomainError, ShapeError, ShapeScriptError, WorkerError
+from shapescript.runtime.checkpoint import load as restore
+from shapescript.runtime.checkpoint import save
+from shapescript.runtime.data import Batch, TensorDataset
+from shapescript.runtime.model import Model
+from shapescript.runtime.optim import Optimizer, adamw, sgd
+
+__all__ = ["Batch", "CompileError", "Diagnostic", "DomainError", "Model", "Optimizer", "Program", "ShapeError",
+           "ShapeScriptError", "TensorDataset", "WorkerError", "adamw", "build", "load", "restore", "save", "sgd",
+           "sinks"]

@@ -1,0 +1,187 @@
+"""The Python API: `load` a program, then use its models, data types and functions as attributes."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .check.checker import check_source
+from .check.program import Checked, DeviceSet, FnInfo
+from .errors import CompileError, Diagnostic, ShapeScriptError, Span
+from .lower import guards as LG
+from .lower.codegen import generate, py_name
+from .runtime.model import Model
+
+_DEVICES = re.compile(r"^\s*(cpu|cuda)\s*(?:\[\s*((?:\d+\s*)*)\])?\s*$")
+
+
+def parse_devices(text: str | DeviceSet) -> DeviceSet:
+    """`"cpu"`, `"cuda[0 1 2]"` (the program's own spelling) as a DeviceSet."""
+    if isinstance(text, DeviceSet):
+        return text
+    m = _DEVICES.match(text)
+    if not m:
+        raise ValueError(f"devices must be written as in a program, e.g. 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', "
+                         f"not {text!r}")
+    indices = tuple(int(i) for i in m.group(2).split()) if m.group(2) is not None else None
+    if indices is not None and (not indices or len(set(indices)) != len(indices)):
+        raise ValueError(f"devices {text!r}: list each device once, and at least one")
+    return DeviceSet(m.group(1), indices)
+
+
+def read_program(path_or_source: str | os.PathLike[str], name: str | None = None) -> tuple[str, str]:
+    """(source, file name): a path to a .ss file, or the program's text itself."""
+    if isinstance(path_or_source, os.PathLike) or (
+            isinstance(path_or_source, str) and "\n" not in path_or_source
+            and path_or_source.endswith(".ss")):
+        path = Path(path_or_source)
+        return path.read_text(), name or str(path)
+    return str(path_or_source), name or "<string>"
+
+
+def compile_program(source: str, file: str, devices: DeviceSet | str | None = None,
+                    dims: dict[str, int] | None = None) -> Checked:
+    return check_source(source, file, parse_devices(devices) if devices is not None else None, dims)
+
+
+def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dims: dict[str, int] | None = None,
+         name: str | None = None) -> "Program":
+    """Check and build a program. `devices` overrides its devices line; `dims` sets declared dims' sizes."""
+    source, file = read_program(path_or_source, name)
+    return Program(compile_program(source, file, devices, dims))
+
+
+class Program:
+    """A loaded program: `prog.Mlp.init(seed=0)`, `prog.train_step(m, opt, batch)`, `prog.Digit`."""
+
+    def __init__(self, checked: Checked) -> None:
+        if checked.devices.count > 1:
+            raise ShapeScriptError(
+                f"{checked.file}: running on {checked.devices} needs the several-devices runtime, which this "
+                f"version doesn't have yet; load it with devices='cpu' to run on one device")
+        self.checked = checked
+        self.python_source = generate(checked)
+        self._module_file = f"<shapescript {checked.file}>"
+        linecache.cache[self._module_file] = (len(self.python_source), None,
+                                              self.python_source.splitlines(True), self._module_file)
+        namespace: dict[str, Any] = {"__name__": f"shapescript_program_{abs(hash(checked.file))}"}
+        exec(compile(self.python_source, self._module_file, "exec"), namespace)  # our generated code
+        self.namespace = namespace
+        for fn in checked.fns.values():
+            if fn.kind == "python":
+                namespace["PYTHON_RESULTS"][fn.name] = LG.result_check(checked, fn)
+        self._members: dict[str, Any] = {}
+        for name, model in checked.models.items():
+            self._members[name] = ModelType(namespace[f"{name}_spec"])
+        for name in checked.data:
+            self._members[name] = namespace[f"{name}_spec"]
+        for name, fn in checked.fns.items():
+            self._members[name] = Function(self, fn)
+
+    def __getattr__(self, name: str) -> Any:
+        members = self.__dict__.get("_members", {})
+        if name in members:
+            return members[name]
+        raise AttributeError(f"the program {self.checked.file} has no `{name}`; it defines "
+                             f"{', '.join(members) or 'nothing'}")
+
+    def __dir__(self) -> list[str]:
+        return list(super().__dir__()) + list(self._members)
+
+    def __repr__(self) -> str:
+        return f"<ShapeScript program {self.checked.file} on {self.checked.devices}: {', '.join(self._members)}>"
+
+    @property
+    def devices(self) -> DeviceSet:
+        return self.checked.devices
+
+    def locate(self, exc: BaseException) -> Span | None:
+        """The .ss location of the innermost generated line in an exception's traceback."""
+        lines = self.namespace["SS_LINES"]
+        found = None
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if frame.filename == self._module_file and frame.lineno in lines:
+                line, col = lines[frame.lineno]
+                found = Span(self.checked.file, line, col, line, col + 1)
+        return found
+
+
+class ModelType:
+    """A model type of a program: `prog.Mlp.init(seed=0)`."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+    def init(self, seed: int, device: str | torch.device = "cpu") -> Model:
+        return Model.init(self.spec, seed, device)
+
+    def __repr__(self) -> str:
+        return f"<model type {self.spec.name} ({self.spec.where})>"
+
+
+class Function:
+    """A function of a program, called from Python with tensors, batches as dicts, models, datasets."""
+
+    def __init__(self, program: Program, fn: FnInfo) -> None:
+        self.program = program
+        self.info = fn
+        self.name = fn.name
+        self._py = program.namespace[py_name(fn.name)]
+        self._guards = [LG.guard_for(program.checked, fn, k, program.namespace) for k in range(len(fn.params))]
+        self._names = [p.name for p in fn.params]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        values = self._arrange(args, kwargs)
+        bindings: dict = {}
+        checked = [g(v, bindings) for g, v in zip(self._guards, values)]
+        try:
+            with torch.no_grad():  # value_and_grad turns gradients on where it needs them
+                return self._py(*checked)
+        except ShapeScriptError:
+            raise
+        except Exception as e:
+            span = self.program.locate(e)
+            if span is not None:
+                e.add_note(f"in `{self.name}` at {span}: {_source_line(self.program.checked, span)}")
+            raise
+
+    def _arrange(self, args: tuple, kwargs: dict) -> list[Any]:
+        names = self._names
+        if len(args) > len(names):
+            raise TypeError(f"`{self.name}` takes {len(names)} arguments ({', '.join(names)}), given {len(args)}")
+        values = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise TypeError(f"`{self.name}` has no parameter `{k}`; its parameters: {', '.join(names)}")
+            if k in values:
+                raise TypeError(f"`{self.name}` got `{k}` twice")
+            values[k] = v
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise TypeError(f"`{self.name}` is missing {', '.join(missing)}")
+        return [values[n] for n in names]
+
+    def __repr__(self) -> str:
+        sig = ", ".join(("mut " if p.mut else "") + f"{p.name}: {p.ty.show()}" for p in self.info.params)
+        ret = "" if self.info.ret.show() == "nothing" else f" -> {self.info.ret.show()}"
+        return f"<fn {self.name}({sig}){ret} at {self.info.span}, runs {self.info.placement}>"
+
+
+def _source_line(checked: Checked, span: Span) -> str:
+    lines = checked.source.splitlines()
+    return lines[span.line - 1].strip() if 0 < span.line <= len(lines) else ""
+
+
+def build(path_or_source: str | os.PathLike[str], standalone: bool = False, devices: str | None = None) -> str:
+    """The Python source a program lowers to."""
+    source, file = read_program(path_or_source)
+    return generate(compile_program(source, file, devices), standalone=standalone)
+
+
+__all__ = ["CompileError", "Diagnostic", "Function", "ModelType", "Program", "build", "load", "parse_devices"]

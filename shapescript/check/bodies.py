@@ -1,0 +1,432 @@
+"""Checking function bodies: statements, names, fields, operators and calls of user functions.
+
+Built-in functions have their rules in builtins.py; both record each expression's type and, where
+lowering needs one, a recipe (how to broadcast, which axis) in the `Checked` tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Span
+from ..syntax import ast as A
+from . import builtins as B
+from . import dims as D
+from . import types as T
+from .checker import Context, similar
+from .program import CallInfo, FnInfo, ParamInfo
+
+ARITH = {"+", "-", "*", "/", "**"}
+COMPARE = {"==", "!=", "<", "<=", ">", ">="}
+
+
+@dataclass
+class Var:
+    ty: T.Ty
+    mutable: bool  # a `mut` parameter
+    span: Span
+
+
+def check_bodies(ctx: Context) -> None:
+    for fn in ctx.fns.values():
+        if isinstance(fn.node, A.Fn):
+            BodyChecker(ctx, fn).run()
+
+
+class BodyChecker:
+    def __init__(self, ctx: Context, fn: FnInfo) -> None:
+        self.ctx = ctx
+        self.fn = fn
+        self.checked = ctx.checked
+        self.vars: dict[str, Var] = {p.name: Var(p.ty, p.mut, p.node.span) for p in fn.params}
+        self.dims: dict[str, D.Dim] = dict(fn.generics)
+        self.returned = False
+
+    def error(self, code: str, message: str, span: Span, label: str = "", *help: str) -> T.UnknownT:
+        return self.ctx.error(code, message, span, label, *help)
+
+    def use(self, what: str, span: Span) -> None:
+        self.fn.uses.setdefault(what, span)
+
+    # ---- statements ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        for p in self.fn.params:
+            if self.is_device_value(p.ty):
+                self.use("tensors", p.node.span)
+            if isinstance(p.ty, T.DatasetT):
+                self.use("dataset", p.node.span)
+            if p.ty == T.SINK:
+                self.use("sink", p.node.span)
+        self.stmts(self.fn.node.body)
+        if self.fn.ret != T.NONE and not self.returned and self.fn.ret is not T.UNKNOWN:
+            node = self.fn.node
+            self.error("E0305", f"`{self.fn.name}` must return {self.fn.ret.show()}, but has no `return`",
+                       node.name_span, "never returns", "end the body with `return ...`")
+
+    @staticmethod
+    def is_device_value(t: T.Ty) -> bool:
+        return isinstance(t, (T.TensorT, T.BatchT, T.ModelT, T.OptT, T.GradT))
+
+    def stmts(self, body: list[A.Stmt]) -> None:
+        for s in body:
+            self.stmt(s)
+
+    def stmt(self, s: A.Stmt) -> None:
+        if isinstance(s, A.Assign):
+            t = self.expr(s.value)
+            if len(s.targets) == 1:
+                self.bind(s.targets[0], t)
+            elif isinstance(t, T.TupleT) and len(t.items) == len(s.targets):
+                for target, item in zip(s.targets, t.items):
+                    self.bind(target, item)
+            elif t is T.UNKNOWN:
+                for target in s.targets:
+                    self.bind(target, T.UNKNOWN)
+            else:
+                n = len(t.items) if isinstance(t, T.TupleT) else 1
+                self.error("E0401", f"{len(s.targets)} names, but the value has {n} part{'s' * (n != 1)}",
+                           s.value.span, f"this is {t.show()}", "give one name per part")
+                for target in s.targets:
+                    self.bind(target, T.UNKNOWN)
+        elif isinstance(s, A.Return):
+            self.ret(s)
+        elif isinstance(s, A.For):
+            self.loop(s)
+        else:
+            self.expr(s.expr)
+
+    def bind(self, target: A.Name, t: T.Ty) -> None:
+        old = self.vars.get(target.id)
+        self.vars[target.id] = Var(t, old.mutable if old else False, target.span)
+        self.checked.types[id(target)] = t
+
+    def ret(self, s: A.Return) -> None:
+        self.returned = True
+        expected = self.fn.ret
+        if s.value is None:
+            if expected != T.NONE:
+                self.error("E0305", f"`{self.fn.name}` must return {expected.show()}", s.span, "returns nothing")
+            return
+        t = self.expr(s.value)
+        if expected == T.NONE:
+            self.error("E0305", f"`{self.fn.name}` declares no result, but returns {t.show()}", s.value.span,
+                       "a value", f"declare it: `fn {self.fn.name}(...) -> {t.show()}`")
+            return
+        problem = self.conforms(expected, t)
+        if problem:
+            self.error("E0305", f"`{self.fn.name}` must return {expected.show()}{self.ctx.dim_note(expected)}, "
+                       f"but this is {t.show()}", s.value.span, problem)
+
+    def conforms(self, expected: T.Ty, actual: T.Ty) -> str:
+        """'' when `actual` is a value of `expected` (no dims bound), else a short reason."""
+        if T.UNKNOWN in (expected, actual):
+            return ""
+        if isinstance(expected, T.TensorT) and isinstance(actual, T.TensorT):
+            if expected.rank != actual.rank:
+                return f"{actual.rank} axes, not {expected.rank}"
+            for e, a in zip(expected.axes, actual.axes):
+                if not e.same(a):
+                    return f"{a.show()} where {e.show()} is expected"
+            if expected.dtype != actual.dtype:
+                return f"dtype {actual.dtype}, not {expected.dtype}"
+            return ""
+        if isinstance(expected, T.TensorT) and isinstance(actual, T.ScalarT) and not expected.axes:
+            return "" if actual.kind in ("int", "float") and expected.is_float else f"a {actual.kind}"
+        if expected != actual:
+            return f"this is {actual.show()}"
+        return ""
+
+    def loop(self, s: A.For) -> None:
+        t = self.expr(s.iter)
+        self.use("loop", s.span)
+        if isinstance(t, T.BatchesT):
+            b = D.generic("b")
+            self.dims.setdefault("b", b)
+            var_t: T.Ty = T.BatchT((T.axis(b),), t.data)
+        elif t is T.UNKNOWN:
+            var_t = T.UNKNOWN
+        else:
+            var_t = self.error("E0403", f"a loop goes over a dataset's batches, not {t.show()}", s.iter.span,
+                               f"this is {t.show()}", "write `for batch in data |> batches(64):`")
+        self.bind(s.var, var_t)
+        self.stmts(s.body)
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def expr(self, node: A.Expr) -> T.Ty:
+        t = self._expr(node)
+        self.checked.types[id(node)] = t
+        return t
+
+    def _expr(self, node: A.Expr) -> T.Ty:
+        if isinstance(node, A.Name):
+            return self.name(node)
+        if isinstance(node, A.IntLit):
+            return T.INT
+        if isinstance(node, A.FloatLit):
+            return T.FLOAT
+        if isinstance(node, A.StrLit):
+            return T.STR
+        if isinstance(node, A.BoolLit):
+            return T.BOOL
+        if isinstance(node, A.Attr):
+            return self.attr(node)
+        if isinstance(node, A.Binary):
+            return self.binary(node)
+        if isinstance(node, A.Unary):
+            return self.unary(node)
+        if isinstance(node, A.TupleExpr):
+            return T.TupleT(tuple(self.expr(i) for i in node.items))
+        if isinstance(node, A.Call):
+            return self.call(node)
+        if isinstance(node, A.Subscript):
+            self.expr(node.obj)
+            return self.error("E0404", "indexing a tensor with `[...]` isn't part of the language",
+                              node.span, "indexing", "use gather, or a pattern such as rearrange")
+        raise AssertionError(f"unknown expression {node!r}")
+
+    def name(self, node: A.Name) -> T.Ty:
+        var = self.vars.get(node.id)
+        if var is not None:
+            return var.ty
+        if node.id in self.ctx.fns:
+            return T.FnRefT(node.id)
+        if node.id in self.dims or node.id in self.ctx.dim_values:
+            return self.error("E0401", f"`{node.id}` is a dim, not a value", node.span, "a dim",
+                              "dims name axes (`over=D`); a dim's size as a number isn't a value here")
+        candidates = list(self.vars) + list(self.ctx.fns)
+        return self.error("E0201", f"unknown name `{node.id}`", node.span, "not defined",
+                          similar(node.id, candidates))
+
+    def attr(self, node: A.Attr) -> T.Ty:
+        t = self.expr(node.obj)
+        if isinstance(t, T.BatchT):
+            if node.name in t.data.fields:
+                return t.field(node.name)
+            return self.error("E0203", f"`{t.data.name}` has no field `{node.name}`", node.name_span,
+                              "unknown field", similar(node.name, list(t.data.fields))
+                              or f"its fields: {', '.join(t.data.fields)}")
+        if isinstance(t, T.ModelT):
+            member = t.members.get(node.name)
+            if member is None:
+                return self.error("E0203", f"model `{t.name}` has no member `{node.name}`", node.name_span,
+                                  "unknown member", similar(node.name, list(t.members))
+                                  or f"its members: {', '.join(t.members)}")
+            return member.tensor if member.tensor is not None else member.model  # type: ignore[return-value]
+        if t is T.UNKNOWN:
+            return t
+        return self.error("E0203", f"{t.show()} has no fields", node.name_span, "no field here")
+
+    # ---- operators ----------------------------------------------------------------------------
+
+    def operand(self, node: A.Expr) -> T.Ty:
+        """A tensor or a plain number, for an operator; anything else is an error."""
+        t = self.expr(node)
+        if isinstance(t, T.TensorT) or t is T.UNKNOWN:
+            if isinstance(t, T.TensorT):
+                self.use("tensors", node.span)
+            return t
+        if isinstance(t, T.ScalarT) and t.kind in ("int", "float", "bool"):
+            return t
+        return self.error("E0401", f"expected a tensor or a number, found {t.show()}", node.span,
+                          f"this is {t.show()}")
+
+    def binary(self, node: A.Binary) -> T.Ty:
+        if node.op in ("and", "or"):
+            return self.logical(node)
+        left = self.operand(node.left)
+        right = self.operand(node.right)
+        if T.UNKNOWN in (left, right):
+            return T.UNKNOWN
+        if node.op == "@":
+            return B.matmul(self, node, left, right, node.left, node.right)
+        if isinstance(left, T.ScalarT) and isinstance(right, T.ScalarT):
+            if node.op in COMPARE:
+                return T.BOOL
+            return T.FLOAT if "float" in (left.kind, right.kind) or node.op == "/" else T.INT
+        return self.elementwise(node, left, right)
+
+    def elementwise(self, node: A.Binary, left: T.Ty, right: T.Ty) -> T.Ty:
+        dtype = self.result_dtype(node, left, right)
+        if dtype is None:
+            return T.UNKNOWN
+        if isinstance(left, T.ScalarT) or isinstance(right, T.ScalarT):
+            tensor = left if isinstance(left, T.TensorT) else right
+            assert isinstance(tensor, T.TensorT)
+            return T.TensorT(tensor.axes, "bool" if node.op in COMPARE else dtype)
+        assert isinstance(left, T.TensorT) and isinstance(right, T.TensorT)
+        axes = B.broadcast(self, node, left, right)
+        if axes is None:
+            return T.UNKNOWN
+        return T.TensorT(axes, "bool" if node.op in COMPARE else dtype)
+
+    def result_dtype(self, node: A.Binary, left: T.Ty, right: T.Ty) -> str | None:
+        def dtype(t: T.Ty) -> str | None:
+            return t.dtype if isinstance(t, T.TensorT) else None
+
+        ld, rd = dtype(left), dtype(right)
+        if ld and rd:
+            if ld != rd:
+                self.error("E0308", f"`{node.op}` of {ld} and {rd}", node.span,
+                           f"{left.show()} {ld} and {right.show()} {rd}",
+                           "convert one side so both have the same dtype")
+                return None
+            if node.op in ARITH and ld == "bool":
+                self.error("E0308", f"`{node.op}` of bool tensors", node.span, "bool", "use `and`, `or`, `not`")
+                return None
+            return ld
+        known = ld or rd
+        scalar = right if ld else left
+        assert isinstance(scalar, T.ScalarT) and known is not None
+        if scalar.kind == "float" and known in T.INT_DTYPES and node.op not in COMPARE:
+            return "f32"
+        if node.op == "/" and known in T.INT_DTYPES:
+            return "f32"
+        return known
+
+    def logical(self, node: A.Binary) -> T.Ty:
+        left, right = self.expr(node.left), self.expr(node.right)
+        for side, t in ((node.left, left), (node.right, right)):
+            if t is T.UNKNOWN:
+                return t
+            if not (t == T.BOOL or isinstance(t, T.TensorT) and t.dtype == "bool"):
+                return self.error("E0308", f"`{node.op}` takes bools, not {t.show()}", side.span,
+                                  f"this is {t.show()}", "compare it first, as `x > 0`")
+        if isinstance(left, T.TensorT) and isinstance(right, T.TensorT):
+            axes = B.broadcast(self, node, left, right)
+            return T.TensorT(axes, "bool") if axes is not None else T.UNKNOWN
+        tensor = left if isinstance(left, T.TensorT) else right
+        return tensor
+
+    def unary(self, node: A.Unary) -> T.Ty:
+        t = self.operand(node.operand)
+        if t is T.UNKNOWN:
+            return t
+        if node.op == "not":
+            if t == T.BOOL or isinstance(t, T.TensorT) and t.dtype == "bool":
+                return t
+            return self.error("E0308", f"`not` takes bools, not {t.show()}", node.operand.span,
+                              f"this is {t.show()}", "compare it first, as `x > 0`")
+        if isinstance(t, T.TensorT) and t.dtype == "bool":
+            return self.error("E0308", "negation of a bool tensor", node.span, "bool", "use `not`")
+        if isinstance(t, T.TensorT) and t.index is not None:
+            return T.TensorT(t.axes, t.dtype)
+        return t
+
+    # ---- calls --------------------------------------------------------------------------------
+
+    def call(self, node: A.Call) -> T.Ty:
+        func = node.func
+        if isinstance(func, A.Name):
+            if func.id in self.vars:
+                return self.error("E0205", f"`{func.id}` is a value, not a function", func.span, "not callable")
+            fn = self.ctx.fns.get(func.id)
+            if fn is not None:
+                self.fn.calls.setdefault(fn.name, node.span)
+                return self.call_fn(node, fn)
+            rule = B.RULES.get(func.id)
+            if rule is not None:
+                return rule(self, node)
+            return self.error("E0201", f"unknown function `{func.id}`", func.span, "not defined",
+                              similar(func.id, list(self.ctx.fns) + list(B.RULES)))
+        return self.error("E0205", "only functions can be called", func.span, "not a function name",
+                          "call a function by its name, as `forward(m, x)`")
+
+    def arrange(self, node: A.Call, names: list[str], what: str, required: int | None = None,
+                ) -> list[A.Arg | None] | None:
+        """The call's arguments in parameter order (keywords placed), or None after an error."""
+        out: list[A.Arg | None] = [None] * len(names)
+        ok = True
+        for k, arg in enumerate(node.args):
+            if isinstance(arg.value, A.Pattern):
+                self.error("E0206", f"{what} takes no pattern", arg.span, "unexpected pattern")
+                ok = False
+                continue
+            if arg.keyword is None:
+                if any(a.keyword for a in node.args[:k]):
+                    self.error("E0206", "a positional argument after a keyword one", arg.span, "",
+                               "put positional arguments first")
+                    ok = False
+                elif k >= len(names):
+                    self.error("E0206", f"{what} takes {len(names)} argument{'s' * (len(names) != 1)}, "
+                               f"given {len(node.args)}", arg.span, "one too many")
+                    ok = False
+                else:
+                    out[k] = arg
+            elif arg.keyword not in names:
+                self.error("E0206", f"{what} has no parameter `{arg.keyword}`", arg.span, "unknown keyword",
+                           similar(arg.keyword, names) or f"its parameters: {', '.join(names)}")
+                ok = False
+            elif out[names.index(arg.keyword)] is not None:
+                self.error("E0206", f"`{arg.keyword}` is given twice", arg.span, "given again")
+                ok = False
+            else:
+                out[names.index(arg.keyword)] = arg
+        required = len(names) if required is None else required
+        missing = [n for n, a in zip(names[:required], out[:required]) if a is None]
+        if ok and missing:
+            self.error("E0206", f"{what} is missing {', '.join('`' + m + '`' for m in missing)}", node.span,
+                       "missing argument" + "s" * (len(missing) > 1))
+            ok = False
+        return out if ok else None
+
+    def check_mut(self, arg: A.Arg, param_mut: bool, param: str, what: str) -> None:
+        if param_mut and not arg.mut:
+            self.error("E0502", f"{what} changes `{param}`, so the call must say `mut`", arg.span,
+                       "changed by the call", f"write `mut {source_text(self, arg.value)}`")
+        elif arg.mut and not param_mut:
+            self.error("E0503", f"`mut` given, but {what} doesn't change `{param}`", arg.span,
+                       "not changed", "remove `mut`")
+        elif param_mut:
+            target = arg.value
+            var = self.vars.get(target.id) if isinstance(target, A.Name) else None
+            if var is None:
+                self.error("E0501", f"only a `mut` parameter can be changed; this is an expression",
+                           arg.span, "not a mut parameter", "pass a parameter declared with `mut`")
+            elif not var.mutable:
+                self.error("E0501", f"`{target.id}` is changed here, but `{self.fn.name}` doesn't take it as `mut`",
+                           arg.span, "changed", f"declare it `mut {target.id}` in `{self.fn.name}`'s parameters",
+                           )
+
+    def call_fn(self, node: A.Call, fn: FnInfo) -> T.Ty:
+        what = f"`{fn.name}`"
+        args = self.arrange(node, [p.name for p in fn.params], what)
+        if args is None:
+            for a in node.args:
+                if not isinstance(a.value, A.Pattern):
+                    self.expr(a.value)
+            return T.UNKNOWN
+        arg_types = [self.expr(a.value) for a in args]  # type: ignore[union-attr]
+        for a, p in zip(args, fn.params):
+            self.check_mut(a, p.mut, p.name, what)  # type: ignore[arg-type]
+        self.record_call(node, fn.kind, fn.name, [a.value for a in args])  # type: ignore[union-attr]
+        if fn.kind == "python":
+            self.use("python", node.span)
+        return self.instantiate(fn, fn.params, args, arg_types, fn.ret)  # type: ignore[arg-type]
+
+    def record_call(self, node: A.Call, kind: str, name: str, args: list, **options: object) -> None:
+        self.checked.calls[id(node)] = CallInfo(kind, name, args, dict(options))
+
+    def instantiate(self, fn: FnInfo, params: list[ParamInfo], args: list[A.Arg], arg_types: list[T.Ty],
+                    ret: T.Ty) -> T.Ty:
+        """Bind the callee's generic dims from the arguments, check each, return the result's type."""
+        mapping: dict = {}
+        bound_by: dict = {}
+        for p, a, t in zip(params, args, arg_types):
+            B.bind_generics(p.ty, t, mapping, bound_by, p.name)
+        ok = True
+        for p, a, t in zip(params, args, arg_types):
+            if not B.check_argument(self, fn, p, a, t, mapping, bound_by):
+                ok = False
+        if not ok:
+            return T.UNKNOWN
+        return B.substitute(ret, mapping)
+
+
+def source_text(ck: BodyChecker, node: A.Node) -> str:
+    s = node.span
+    lines = ck.ctx.program.source.splitlines()
+    if s.line == s.end_line and 0 < s.line <= len(lines):
+        return lines[s.line - 1][s.col - 1:s.end_col - 1]
+    return "..."

@@ -1,0 +1,387 @@
+"""The checker's driver: collect the items, resolve every declared type, check each function's body.
+
+It gathers every error it can find (an expression with an error has the type UNKNOWN, which
+silences the errors that would follow from it) and returns a `Checked` or raises CompileError.
+"""
+
+from __future__ import annotations
+
+from ..errors import CompileError, Diagnostic, Span
+from ..syntax import ast as A
+from ..syntax.parser import parse
+from . import dims as D
+from . import types as T
+from .program import Checked, DeviceSet, FnInfo, ParamInfo
+
+INIT_ARGS = {"normal": ("mean", "std"), "uniform": ("low", "high"), "zeros": (), "ones": ()}
+INIT_DEFAULTS = {"mean": 0.0, "std": 1.0, "low": 0.0, "high": 1.0}
+OPTIMIZERS = {"AdamW", "Sgd"}
+SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
+
+
+class Context:
+    """Shared state of one check: the tables being built and the diagnostics found."""
+
+    def __init__(self, program: A.Program, file: str, devices: DeviceSet | None,
+                 dims: dict[str, int] | None) -> None:
+        self.program = program
+        self.file = file
+        self.diagnostics: list[Diagnostic] = []
+        self.dim_values: dict[str, int | None] = {}
+        self.dim_override = dict(dims or {})
+        self.device_override = devices
+        self.data: dict[str, T.DataT] = {}
+        self.models: dict[str, T.ModelT] = {}
+        self.fns: dict[str, FnInfo] = {}
+        self.checked: Checked | None = None
+        self.defined: dict[str, Span] = {}
+
+    def error(self, code: str, message: str, span: Span, label: str = "", *help: str) -> T.UnknownT:
+        self.diagnostics.append(Diagnostic(code, message, span, label, tuple(h for h in help if h)))
+        return T.UNKNOWN
+
+    def dim_note(self, t: T.Ty) -> str:
+        """`with D = 784, C = 10` for the declared dims in a type, to say what sizes it means."""
+        if not isinstance(t, T.TensorT):
+            return ""
+        seen: dict[str, int] = {}
+        for a in t.axes:
+            for s in sorted(a.size.free_symbols, key=lambda s: s.name):
+                v = self.dim_values.get(s.name)
+                if v is not None and not D.is_generic(s):
+                    seen[s.name] = v
+        return (" with " + ", ".join(f"{k} = {v}" for k, v in seen.items())) if seen else ""
+
+
+def check_source(source: str, file: str = "<input>", devices: DeviceSet | None = None,
+                 dims: dict[str, int] | None = None) -> Checked:
+    program = parse(source, file)
+    return check_program(program, file, devices, dims)
+
+
+def check_program(program: A.Program, file: str, devices: DeviceSet | None = None,
+                  dims: dict[str, int] | None = None) -> Checked:
+    from .bodies import check_bodies  # the body checker imports this module's Context
+    from .placement import place
+
+    ctx = Context(program, file, devices, dims)
+    device_set = collect(ctx)
+    checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data,
+                      ctx.models, ctx.fns)
+    ctx.checked = checked
+    if not ctx.diagnostics:
+        check_bodies(ctx)
+    if not ctx.diagnostics:
+        place(ctx)
+    if ctx.diagnostics:
+        ctx.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))
+        raise CompileError(ctx.diagnostics, program.source)
+    return checked
+
+
+# ---- items ------------------------------------------------------------------------------------
+
+def collect(ctx: Context) -> DeviceSet:
+    items = ctx.program.items
+    device_set = DeviceSet()
+    device_items = [i for i in items if isinstance(i, A.Devices)]
+    for extra in device_items[1:]:
+        ctx.error("E0202", "a second `devices` line", extra.span, "the devices are already set",
+                  f"keep one; the first is at {device_items[0].span}")
+    if device_items:
+        device_set = devices_of(ctx, device_items[0])
+    if ctx.device_override is not None:
+        device_set = ctx.device_override
+    for item in items:
+        if isinstance(item, A.Dim):
+            if define(ctx, item.name, item.name_span, "dim"):
+                value = ctx.dim_override.get(item.name, item.value)
+                if value is not None and value <= 0:
+                    ctx.error("E0310", f"dim `{item.name}` must be a positive size, not {value}",
+                              item.span, "not a size")
+                ctx.dim_values[item.name] = value
+    for name in ctx.dim_override:
+        if name not in ctx.dim_values:
+            ctx.error("E0201", f"no dim `{name}` to set", ctx.program.span, "",
+                      "dims given when loading must be declared in the program with `dim`")
+    for item in items:
+        if isinstance(item, A.Data) and define(ctx, item.name, item.name_span, "data type"):
+            ctx.data[item.name] = T.DataT(item.name, item)
+        elif isinstance(item, A.Model) and define(ctx, item.name, item.name_span, "model"):
+            ctx.models[item.name] = T.ModelT(item.name, item)
+    for data in ctx.data.values():
+        for f in data.node.fields:
+            if f.name in data.fields:
+                ctx.error("E0202", f"field `{f.name}` is defined twice in `{data.name}`", f.span)
+                continue
+            t = resolve_type(ctx, f.type, {}, allow_generic=True)
+            if isinstance(t, T.TensorT):
+                data.fields[f.name] = t
+                data.field_nodes[f.name] = f
+            elif t is not T.UNKNOWN:
+                ctx.error("E0401", f"field `{f.name}` must be a tensor, not {t.show()}", f.type.span,
+                          "not a tensor type", "a field's type is a shape such as `[D]` or `[] Index[C]`")
+    for model in ctx.models.values():
+        members(ctx, model)
+    model_cycles(ctx)
+    for item in items:
+        if isinstance(item, (A.Fn, A.Extern)) and define(ctx, item.name, item.name_span, "function"):
+            ctx.fns[item.name] = signature(ctx, item)
+    return device_set
+
+
+def devices_of(ctx: Context, node: A.Devices) -> DeviceSet:
+    indices = tuple(node.indices) if node.indices is not None else None
+    if indices is not None:
+        if not indices:
+            ctx.error("E0105", "an empty device list", node.span, "no devices",
+                      f"write `{node.kind}` for one device, or list them: `{node.kind}[0 1]`")
+        elif len(set(indices)) != len(indices):
+            ctx.error("E0202", "a device is listed twice", node.span, "repeated device number")
+    shard = any(o.kind == "shard" for o in node.options)
+    splits = [o for o in node.options if o.kind == "split"]
+    return DeviceSet(node.kind, indices, shard, splits[0].name if splits else None)
+
+
+def define(ctx: Context, name: str, span: Span, what: str) -> bool:
+    if name in ctx.defined:
+        ctx.error("E0202", f"`{name}` is defined twice", span, f"a second {what} named `{name}`",
+                  f"the first is at {ctx.defined[name]}; rename one of them")
+        return False
+    if name in BUILTIN_NAMES:
+        ctx.error("E0202", f"`{name}` is a built-in name", span, "can't be redefined", "choose another name")
+        return False
+    ctx.defined[name] = span
+    return True
+
+
+def members(ctx: Context, model: T.ModelT) -> None:
+    for m in model.node.members:
+        if m.name in model.members:
+            ctx.error("E0202", f"member `{m.name}` is defined twice in `{model.name}`", m.span)
+            continue
+        if m.kind == "sub":
+            t = resolve_type(ctx, m.type, {}, allow_generic=False)
+            if isinstance(t, T.ModelT):
+                model.members[m.name] = T.MemberT("sub", m.name, m, model=t)
+            elif t is not T.UNKNOWN:
+                ctx.error("E0401", f"`{m.name}` is a {t.show()}, but a model's fields are params, buffers "
+                          "and sub-models", m.type.span, "not a model",
+                          f"declare a tensor with `param {m.name}: ...` or `buffer {m.name}: ...`")
+            continue
+        t = resolve_type(ctx, m.type, {}, allow_generic=False, what=f"{m.kind} `{m.name}`")
+        if t is T.UNKNOWN:
+            continue
+        if not isinstance(t, T.TensorT):
+            ctx.error("E0401", f"{m.kind} `{m.name}` must be a tensor, not {t.show()}", m.type.span)
+            continue
+        if m.kind == "param" and not t.is_float:
+            ctx.error("E0308", f"param `{m.name}` has dtype {t.dtype}, but trained params are floats",
+                      m.type.span, "not a float type", "make it a `buffer`, or give it a float dtype")
+            continue
+        init, args = init_of(ctx, m)
+        model.members[m.name] = T.MemberT(m.kind, m.name, m, tensor=t, init=init, init_args=args)
+
+
+def init_of(ctx: Context, m: A.Member) -> tuple[str, dict[str, float]]:
+    call = m.init
+    assert call is not None
+    name = call.func.id if isinstance(call.func, A.Name) else ""
+    if name not in INIT_ARGS:
+        ctx.error("E0205", f"unknown initializer `{name or '?'}`", call.func.span, "not an initializer",
+                  "use normal(mean=, std=), uniform(low=, high=), zeros() or ones()")
+        return "zeros", {}
+    allowed = INIT_ARGS[name]
+    values = {k: INIT_DEFAULTS[k] for k in allowed}
+    for k, arg in enumerate(call.args):
+        key = arg.keyword or (allowed[k] if k < len(allowed) else None)
+        if key not in allowed:
+            ctx.error("E0206", f"`{name}` takes no argument {('`' + key + '`') if key else 'here'}",
+                      arg.span, "unexpected argument",
+                      f"`{name}` takes {', '.join(allowed) or 'no arguments'}")
+            continue
+        v = arg.value
+        neg = isinstance(v, A.Unary) and v.op == "-"
+        lit = v.operand if neg and isinstance(v, A.Unary) else v
+        if not isinstance(lit, (A.IntLit, A.FloatLit)):
+            ctx.error("E0401", f"`{key}` must be a number", arg.span, "not a literal number")
+            continue
+        values[key] = -float(lit.value) if neg else float(lit.value)
+    if name == "normal" and values["std"] < 0:
+        ctx.error("E0310", "a normal's std can't be negative", call.span, "negative std")
+    return name, values
+
+
+def model_cycles(ctx: Context) -> None:
+    def visit(m: T.ModelT, path: list[str]) -> None:
+        if m.name in path:
+            ctx.error("E0402", f"model `{m.name}` contains itself", m.node.name_span, "",
+                      "through " + " -> ".join(path + [m.name]))
+            raise _Cycle
+        for mem in m.members.values():
+            if mem.model is not None:
+                visit(mem.model, path + [m.name])
+
+    for model in ctx.models.values():
+        try:
+            visit(model, [])
+        except _Cycle:
+            return
+
+
+class _Cycle(Exception):
+    pass
+
+
+def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
+    generics: dict[str, D.Dim] = {}
+    params: list[ParamInfo] = []
+    seen: set[str] = set()
+    for p in node.params:
+        if p.name in seen:
+            ctx.error("E0202", f"parameter `{p.name}` is listed twice", p.span)
+        seen.add(p.name)
+        t = resolve_type(ctx, p.type, generics, allow_generic=True)
+        params.append(ParamInfo(p.name, t, p.mut, p))
+    param_generics = set(generics)
+    ret: T.Ty = T.NONE
+    if node.ret is not None:
+        ret = resolve_type(ctx, node.ret, generics, allow_generic=True)
+        for name in set(generics) - param_generics:
+            ctx.error("E0311", f"dim `{name}` of the result isn't given by any parameter", node.ret.span,
+                      f"`{name}` is unknown at each call",
+                      f"use a dim of a parameter, or declare it with `dim {name} = ...`")
+    kind = "fn" if isinstance(node, A.Fn) else node.kind
+    return FnInfo(node.name, kind, node, params, ret, generics)
+
+
+# ---- types ------------------------------------------------------------------------------------
+
+def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], allow_generic: bool,
+                 what: str = "") -> T.Ty:
+    if isinstance(node, A.ShapeType):
+        axes = []
+        for a in node.axes:
+            ax = resolve_axis(ctx, a, generics, allow_generic, what)
+            if ax is None:
+                return T.UNKNOWN
+            axes.append(ax)
+        el = node.element
+        if el is None:
+            return T.TensorT(tuple(axes))
+        if el.name in T.DTYPES and not el.args:
+            return T.TensorT(tuple(axes), el.name)
+        if el.name == "Index":
+            bound = index_bound(ctx, el, generics, allow_generic, what)
+            return T.TensorT(tuple(axes), "i64", bound) if bound is not None else T.UNKNOWN
+        inner = resolve_type(ctx, el, generics, allow_generic, what)
+        if isinstance(inner, T.BatchT) and not inner.axes:
+            return T.BatchT(tuple(axes), inner.data)
+        if inner is T.UNKNOWN:
+            return inner
+        return ctx.error("E0401", f"`{show_type_expr(node)}` isn't a type: a shape can hold a dtype, "
+                         "`Index[...]` or a data type", el.span, "unexpected here",
+                         "write `[b D]`, `[b D] f16`, `[] Index[C]` or `[b] Digit`")
+    name = node.name
+    if name in T.DTYPES and not node.args:
+        return T.TensorT((), name)
+    if name in SCALAR_TYPES and not node.args:
+        return SCALAR_TYPES[name]
+    if name == "Index":
+        bound = index_bound(ctx, node, generics, allow_generic, what)
+        return T.TensorT((), "i64", bound) if bound is not None else T.UNKNOWN
+    if name in ("Sink", "Logs") and not node.args:
+        return T.NamedT(name)
+    if name in ctx.data and not node.args:
+        return T.BatchT((), ctx.data[name])
+    if name in ctx.models and not node.args:
+        return ctx.models[name]
+    one_arg = {"Dataset": "a data type", "Grad": "a model", **{o: "a model" for o in OPTIMIZERS}}
+    if name in one_arg:
+        arg = node.args[0] if len(node.args) == 1 else None
+        arg_name = arg.name if isinstance(arg, (A.DimName, A.NamedType)) and not getattr(arg, "args", None) else None
+        if name == "Dataset" and arg_name in ctx.data:
+            return T.DatasetT(ctx.data[arg_name])
+        if name != "Dataset" and arg_name in ctx.models:
+            model = ctx.models[arg_name]
+            return T.GradT(model) if name == "Grad" else T.OptT(name, model)
+        return ctx.error("E0204", f"`{name}[...]` takes {one_arg[name]}", node.span,
+                         f"expected {name}[{'Digit' if name == 'Dataset' else 'Model'}]",
+                         f"the program declares {describe_names(ctx, name)}")
+    return ctx.error("E0204", f"unknown type `{name}`", node.span, "not a type",
+                     similar(name, list(ctx.data) + list(ctx.models) + list(T.DTYPES) + ["Dataset", "Sink"]))
+
+
+def describe_names(ctx: Context, wrapper: str) -> str:
+    names = list(ctx.data) if wrapper == "Dataset" else list(ctx.models)
+    kind = "data types" if wrapper == "Dataset" else "models"
+    return f"{kind}: {', '.join(names)}" if names else f"no {kind}"
+
+
+def index_bound(ctx: Context, node: A.NamedType, generics, allow_generic, what) -> D.Dim | None:
+    if len(node.args) != 1 or isinstance(node.args[0], (A.ShapeType, A.NamedType)) and getattr(node.args[0], "args", None):
+        ctx.error("E0204", "`Index` takes one dim, as `Index[C]`", node.span, "expected Index[C]")
+        return None
+    arg = node.args[0]
+    if isinstance(arg, A.NamedType):
+        arg = A.DimName(arg.span, arg.name)
+    return resolve_dim(ctx, arg, generics, allow_generic, what)
+
+
+def resolve_axis(ctx: Context, node: A.Axis, generics, allow_generic, what) -> T.AxisT | None:
+    if isinstance(node, A.GroupAxis):
+        parts = [resolve_dim(ctx, p, generics, allow_generic, what) for p in node.parts]
+        if any(p is None for p in parts):
+            return None
+        return T.group(tuple(parts))  # type: ignore[arg-type]
+    d = resolve_dim(ctx, node, generics, allow_generic, what)
+    return T.axis(d) if d is not None else None
+
+
+def resolve_dim(ctx: Context, node: A.DimExpr, generics, allow_generic: bool, what: str) -> D.Dim | None:
+    if isinstance(node, A.DimInt):
+        if node.value <= 0:
+            ctx.error("E0310", f"a dim must be a positive size, not {node.value}", node.span, "not a size")
+            return None
+        return D.literal(node.value)
+    if isinstance(node, A.DimName):
+        if node.name in ctx.dim_values:
+            return D.declared(node.name)
+        if node.name in generics:
+            return generics[node.name]
+        if not allow_generic:
+            ctx.error("E0312", f"{what or 'this type'} must have a fixed shape, but `{node.name}` isn't a "
+                      "declared dim", node.span, "not declared",
+                      f"declare it with `dim {node.name} = ...`")
+            return None
+        if node.name[0].isupper():
+            ctx.error("E0201", f"unknown dim `{node.name}`", node.span, "not declared",
+                      f"declare it with `dim {node.name} = ...`; generic dims are written in lower case")
+            return None
+        generics[node.name] = D.generic(node.name)
+        return generics[node.name]
+    left = resolve_dim(ctx, node.left, generics, allow_generic, what)
+    right = resolve_dim(ctx, node.right, generics, allow_generic, what)
+    if left is None or right is None:
+        return None
+    if node.op == "+":
+        return left + right
+    if node.op == "-":
+        return left - right
+    if node.op == "*":
+        return left * right
+    return left / right
+
+
+def show_type_expr(node: A.TypeExpr) -> str:
+    return node.name if isinstance(node, A.NamedType) else "shape"
+
+
+def similar(name: str, candidates: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f"did you mean `{close[0]}`?" if close else ""
+
+
+from .builtins import BUILTIN_NAMES  # noqa: E402  (the table of built-in names lives with their rules)

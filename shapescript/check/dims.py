@@ -1,0 +1,77 @@
+"""Dim expressions as sympy expressions.
+
+A declared dim (`dim D = 784`) is a positive integer Symbol named D; its value lives in the
+program's dim table, not in the expression, so dims match by name, never by an accident of size.
+A generic dim (`b` in `x: [b D]`) is a Dummy: two functions' `b`s are different dims, and a call
+binds the callee's to the caller's expressions with `xreplace` (simultaneous, so swaps are safe).
+"""
+
+from __future__ import annotations
+
+import sympy
+from sympy.printing.str import StrPrinter
+
+Dim = sympy.Expr
+
+
+def declared(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def generic(name: str) -> sympy.Dummy:
+    return sympy.Dummy(name, integer=True, positive=True)
+
+
+def literal(value: int) -> sympy.Integer:
+    return sympy.Integer(value)
+
+
+def is_generic(d: Dim) -> bool:
+    return isinstance(d, sympy.Dummy)
+
+
+def equal(a: Dim, b: Dim) -> bool:
+    if a == b:
+        return True
+    return sympy.expand(a - b) == 0
+
+
+def substitute(d: Dim, mapping: dict) -> Dim:
+    return d.xreplace(mapping) if mapping else d
+
+
+def value(d: Dim, values: dict[str, int]) -> int | None:
+    """The size when every symbol in `d` has a value, else None."""
+    if isinstance(d, sympy.Integer):
+        return int(d)
+    subs = {}
+    for s in d.free_symbols:
+        if s.name not in values or isinstance(s, sympy.Dummy):
+            return None
+        subs[s] = values[s.name]
+    v = sympy.sympify(d.xreplace(subs))
+    return int(v) if v.is_Integer else None
+
+
+class _Printer(StrPrinter):
+    """Prints generic dims by their written name (sympy shows a Dummy as `_b`)."""
+
+    def _print_Dummy(self, expr: sympy.Dummy) -> str:
+        return expr.name
+
+    def _print_Mul(self, expr: sympy.Mul) -> str:
+        return super()._print_Mul(expr).replace(" ", "")
+
+    def _print_Add(self, expr: sympy.Add, order=None) -> str:
+        return super()._print_Add(expr, order).replace(" ", "")
+
+
+_PRINTER = _Printer()
+
+
+def show(d: Dim) -> str:
+    return _PRINTER.doprint(d)
+
+
+def names(d: Dim) -> set[str]:
+    return {s.name for s in d.free_symbols}

@@ -1,0 +1,83 @@
+"""`Checked`: what the checker knows about a program, the one truth later stages read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import Span
+from ..syntax import ast as A
+from . import dims as D
+from .types import DataT, ModelT, Ty
+
+
+@dataclass(frozen=True)
+class DeviceSet:
+    kind: str = "cpu"  # cpu | cuda
+    indices: tuple[int, ...] | None = None  # None: one device, `cpu` / `cuda`
+    shard_params: bool = False
+    split: str | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.indices) if self.indices else 1
+
+    def __str__(self) -> str:
+        if self.indices is None:
+            return self.kind
+        return f"{self.kind}[{' '.join(map(str, self.indices))}]"
+
+
+@dataclass
+class ParamInfo:
+    name: str
+    ty: Ty
+    mut: bool
+    node: A.Param
+
+
+@dataclass
+class FnInfo:
+    name: str
+    kind: str  # fn | extern | python
+    node: A.Fn | A.Extern
+    params: list[ParamInfo]
+    ret: Ty
+    generics: dict[str, D.Dim]
+    placement: str = "anywhere"  # controller | workers | anywhere
+    placement_reason: str = ""
+    # What the body does, found by the body checker, read by placement: "loop", "print", "save",
+    # "load", "write", "python", "tensors"; with the span of the first use of each.
+    uses: dict[str, Span] = field(default_factory=dict)
+    device_work: list[tuple[str, Span]] = field(default_factory=list)  # value_and_grad, update
+    calls: dict[str, Span] = field(default_factory=dict)  # user functions it calls
+
+    @property
+    def span(self) -> Span:
+        return self.node.name_span
+
+
+@dataclass
+class CallInfo:
+    """How a call resolved: which function, its arguments in parameter order, and options."""
+    kind: str  # fn | builtin | extern | python
+    name: str
+    args: list[A.Expr | A.Pattern]
+    options: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Checked:
+    program: A.Program
+    file: str
+    source: str
+    devices: DeviceSet
+    dim_values: dict[str, int | None]
+    data: dict[str, DataT]
+    models: dict[str, ModelT]
+    fns: dict[str, FnInfo]
+    types: dict[int, Ty] = field(default_factory=dict)  # id(expr) -> type
+    calls: dict[int, CallInfo] = field(default_factory=dict)  # id(call) -> resolution
+    recipes: dict[int, dict] = field(default_factory=dict)  # id(expr) -> how to lower it
+
+    def type_of(self, node: A.Node) -> Ty:
+        return self.types[id(node)]

@@ -1,0 +1,286 @@
+"""Rules of the built-in functions: tensor operations, training and the controller's statements."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..syntax import ast as A
+from . import types as T
+from .builtins import _unused_args, int_arg, matmul, over_axis, rule, tensor_arg
+
+if TYPE_CHECKING:
+    from .bodies import BodyChecker
+
+# name -> (needs floats, torch function); lowering reads the name from the call's record.
+UNARY = {"relu": True, "exp": True, "log": True, "sqrt": True, "tanh": True, "sigmoid": True,
+         "gelu": True, "silu": True, "abs": False}
+# reductions: name -> result dtype rule ("same", "bool", "index" or "float")
+REDUCTIONS = {"sum": "same", "mean": "float", "max": "same", "min": "same", "prod": "same",
+              "logsumexp": "float", "std": "float", "var": "float", "argmax": "index",
+              "argmin": "index", "any": "bool", "all": "bool"}
+
+
+@rule(*UNARY)
+def unary(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    name = node.func.id  # type: ignore[union-attr]
+    args = ck.arrange(node, ["x"], f"`{name}`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], f"`{name}`", floats=UNARY[name])
+    if t is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", name, [args[0].value])  # type: ignore[union-attr]
+    return T.TensorT(t.axes, t.dtype)
+
+
+@rule(*REDUCTIONS)
+def reduction(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    name = node.func.id  # type: ignore[union-attr]
+    args = ck.arrange(node, ["x", "over"], f"`{name}`", required=1)
+    if args is None:
+        return _unused_args(ck, node)
+    kind = REDUCTIONS[name]
+    t = tensor_arg(ck, args[0], f"`{name}`", floats=kind == "float")
+    if t is None:
+        return T.UNKNOWN
+    if kind == "bool" and t.dtype != "bool":
+        return ck.error("E0308", f"`{name}` takes a bool tensor, not {t.dtype}", args[0].span,  # type: ignore
+                        f"this is {t.show()}", "compare it first, as `x > 0`")
+    axis = None
+    if args[1] is not None:
+        axis = over_axis(ck, args[1], t, f"`{name}`")
+        if axis is None:
+            return T.UNKNOWN
+    elif kind == "index":
+        return ck.error("E0206", f"`{name}` needs `over=`, the axis it picks from", node.span,
+                        "missing over=", f"write `{name}(x, over=C)`")
+    ck.record_call(node, "builtin", name, [args[0].value], axis=axis, rank=t.rank)  # type: ignore[union-attr]
+    axes = t.axes[:axis] + t.axes[axis + 1:] if axis is not None else ()
+    if kind == "index":
+        return T.TensorT(axes, "i64", t.axes[axis].size)  # type: ignore[index]
+    dtype = {"bool": "bool", "same": t.dtype, "float": t.dtype}[kind]
+    if name in ("sum", "prod") and t.dtype in ("bool", "i32"):
+        dtype = "i64"
+    return T.TensorT(axes, dtype)
+
+
+@rule("softmax", "log_softmax")
+def softmax(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    name = node.func.id  # type: ignore[union-attr]
+    args = ck.arrange(node, ["x", "over"], f"`{name}`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], f"`{name}`", floats=True)
+    if t is None:
+        return T.UNKNOWN
+    axis = over_axis(ck, args[1], t, f"`{name}`")  # type: ignore[arg-type]
+    if axis is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", name, [args[0].value], axis=axis)  # type: ignore[union-attr]
+    return T.TensorT(t.axes, t.dtype)
+
+
+@rule("matmul")
+def matmul_call(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["a", "b"], "`matmul`")
+    if args is None:
+        return _unused_args(ck, node)
+    left, right = ck.operand(args[0].value), ck.operand(args[1].value)  # type: ignore[union-attr]
+    if T.UNKNOWN in (left, right):
+        return T.UNKNOWN
+    t = matmul(ck, node, left, right, args[0], args[1])  # type: ignore[arg-type]
+    ck.record_call(node, "builtin", "matmul", [args[0].value, args[1].value])  # type: ignore[union-attr]
+    return t
+
+
+@rule("cross_entropy")
+def cross_entropy(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["logits", "labels", "over"], "`cross_entropy`")
+    if args is None:
+        return _unused_args(ck, node)
+    logits = tensor_arg(ck, args[0], "`cross_entropy`", floats=True)
+    labels = tensor_arg(ck, args[1], "`cross_entropy`'s labels")
+    if logits is None or labels is None:
+        return T.UNKNOWN
+    axis = over_axis(ck, args[2], logits, "`cross_entropy`")  # type: ignore[arg-type]
+    if axis is None:
+        return T.UNKNOWN
+    classes = logits.axes[axis]
+    rest = logits.axes[:axis] + logits.axes[axis + 1:]
+    if len(rest) != labels.rank or not all(a.same(b) for a, b in zip(rest, labels.axes)):
+        return ck.error("E0301", f"`cross_entropy`'s labels must be {T.show_axes(rest)}, the logits without "
+                        f"{classes.show()}, but are {labels.show()}", args[1].span,  # type: ignore[union-attr]
+                        f"this is {labels.show()}", "one label per row of logits")
+    if labels.index is None:
+        return ck.error("E0309", f"`cross_entropy`'s labels must be `Index[{classes.show()}]`, "
+                        f"but are {labels.show()}", args[1].span,  # type: ignore[union-attr]
+                        "not known to be in range", "declare the labels as `[] Index[C]`")
+    if not classes.same(T.AxisT(labels.index)):
+        return ck.error("E0309", f"labels are {labels.show()}, but the classes are {classes.show()}",
+                        args[1].span, "a different bound")  # type: ignore[union-attr]
+    ck.record_call(node, "builtin", "cross_entropy", [args[0].value, args[1].value],  # type: ignore
+                   axis=axis, rank=logits.rank)
+    return T.TensorT((), logits.dtype)
+
+
+# ---- training --------------------------------------------------------------------------------
+
+@rule("value_and_grad")
+def value_and_grad(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    if not node.args or node.args[0].keyword or not isinstance(node.args[0].value, A.Name) \
+            or node.args[0].value.id not in ck.ctx.fns:
+        _unused_args(ck, node)
+        return ck.error("E0601", "`value_and_grad` takes a function first, then its arguments",
+                        node.args[0].span if node.args else node.span, "not a function",
+                        "write `value_and_grad(loss, m, batch)`")
+    fn = ck.ctx.fns[node.args[0].value.id]
+    ck.checked.types[id(node.args[0].value)] = T.FnRefT(fn.name)
+    ck.fn.calls.setdefault(fn.name, node.span)
+    ck.fn.device_work.append(("value_and_grad", node.span))
+    if not fn.params or not isinstance(fn.params[0].ty, T.ModelT):
+        _unused_args(ck, node)
+        return ck.error("E0601", f"`{fn.name}` must take the model it differentiates as its first parameter",
+                        node.args[0].span, "no model first", f"declare `fn {fn.name}(m: Model, ...)`")
+    inner = A.Call(node.span, node.args[0].value, node.args[1:])
+    result = ck.call_fn(inner, fn)
+    ck.checked.calls[id(node)] = ck.checked.calls.pop(id(inner), None) or _none_call(fn.name)
+    ck.checked.calls[id(node)].kind = "grad"
+    if result is T.UNKNOWN:
+        return result
+    if not (isinstance(result, T.TensorT) and result.rank == 0 and result.is_float):
+        return ck.error("E0601", f"`value_and_grad` needs a function whose result is a float scalar [], "
+                        f"but `{fn.name}` returns {result.show()}", node.args[0].span, "not a scalar",
+                        "reduce it first, as `mean(x)`")
+    return T.TupleT((result, T.GradT(fn.params[0].ty)))
+
+
+def _none_call(name: str):
+    from .program import CallInfo
+    return CallInfo("grad", name, [])
+
+
+@rule("update")
+def update(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["model", "opt", "grads"], "`update`")
+    if args is None:
+        return _unused_args(ck, node)
+    m, opt, g = (ck.expr(a.value) for a in args)  # type: ignore[union-attr]
+    ck.fn.device_work.append(("update", node.span))
+    ck.check_mut(args[0], True, "model", "`update`")  # type: ignore[arg-type]
+    ck.check_mut(args[1], True, "opt", "`update`")  # type: ignore[arg-type]
+    ck.check_mut(args[2], False, "grads", "`update`")  # type: ignore[arg-type]
+    if T.UNKNOWN in (m, opt, g):
+        return T.NONE
+    if not isinstance(m, T.ModelT):
+        return ck.error("E0401", f"`update` changes a model, not {m.show()}", args[0].span,  # type: ignore
+                        f"this is {m.show()}")
+    if not (isinstance(opt, T.OptT) and opt.model is m):
+        return ck.error("E0401", f"`update` needs an optimizer of `{m.name}`, not {opt.show()}",
+                        args[1].span, f"this is {opt.show()}", f"declare it `AdamW[{m.name}]`")  # type: ignore
+    if not (isinstance(g, T.GradT) and g.model is m):
+        return ck.error("E0401", f"`update` needs gradients of `{m.name}`, not {g.show()}", args[2].span,  # type: ignore
+                        f"this is {g.show()}", "take them from `value_and_grad`")
+    ck.record_call(node, "builtin", "update", [a.value for a in args])  # type: ignore[union-attr]
+    return T.NONE
+
+
+# ---- data, logs and checkpoints (in the controller) -----------------------------------------
+
+@rule("shuffle")
+def shuffle(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["data", "seed"], "`shuffle`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = ck.expr(args[0].value)  # type: ignore[union-attr]
+    int_arg(ck, args[1], "`shuffle`'s seed")
+    ck.use("loop", node.span)
+    if not isinstance(t, T.DatasetT):
+        return t if t is T.UNKNOWN else ck.error("E0401", f"`shuffle` takes a dataset, not {t.show()}",
+                                                 args[0].span, f"this is {t.show()}")  # type: ignore
+    ck.record_call(node, "builtin", "shuffle", [a.value for a in args])  # type: ignore[union-attr]
+    return t
+
+
+@rule("batches")
+def batches(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["data", "size"], "`batches`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = ck.expr(args[0].value)  # type: ignore[union-attr]
+    int_arg(ck, args[1], "a batch's size")
+    size = args[1].value.value if isinstance(args[1].value, A.IntLit) else None  # type: ignore[union-attr]
+    if size is not None and size <= 0:
+        return ck.error("E0310", f"a batch holds at least one example, not {size}", args[1].span,  # type: ignore
+                        "not a size")
+    if not isinstance(t, T.DatasetT):
+        return t if t is T.UNKNOWN else ck.error("E0401", f"`batches` takes a dataset, not {t.show()}",
+                                                 args[0].span, f"this is {t.show()}")  # type: ignore
+    ck.record_call(node, "builtin", "batches", [a.value for a in args], data=t.data.name)  # type: ignore
+    return T.BatchesT(t.data, size)
+
+
+@rule("print")
+def print_(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    for a in node.args:
+        if a.keyword or a.mut or isinstance(a.value, A.Pattern):
+            ck.error("E0206", "`print` takes values only", a.span, "unexpected here")
+            continue
+        ck.expr(a.value)
+    ck.use("print", node.span)
+    ck.record_call(node, "builtin", "print", [a.value for a in node.args])
+    return T.NONE
+
+
+@rule("logs")
+def logs(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    for a in node.args:
+        if not a.keyword:
+            ck.error("E0206", "`logs` takes named values, as `logs(loss=l)`", a.span, "no name")
+            continue
+        t = ck.expr(a.value)  # type: ignore[arg-type]
+        if not (isinstance(t, (T.TensorT, T.ScalarT)) or t is T.UNKNOWN):
+            ck.error("E0401", f"a log holds numbers and tensors, not {t.show()}", a.span, f"this is {t.show()}")
+    ck.record_call(node, "builtin", "logs", [a.value for a in node.args],
+                   names=[a.keyword for a in node.args])
+    return T.LOGS
+
+
+@rule("write")
+def write(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["sink", "record"], "`write`")
+    if args is None:
+        return _unused_args(ck, node)
+    sink, record = (ck.expr(a.value) for a in args)  # type: ignore[union-attr]
+    ck.use("write", node.span)
+    for arg, t, want in ((args[0], sink, T.SINK), (args[1], record, T.LOGS)):
+        if t != want and t is not T.UNKNOWN:
+            ck.error("E0401", f"`write` takes a {want.show()} here, not {t.show()}", arg.span,  # type: ignore
+                     f"this is {t.show()}", "write(log, logs(loss=l))")
+    ck.record_call(node, "builtin", "write", [a.value for a in args])  # type: ignore[union-attr]
+    return T.NONE
+
+
+@rule("save", "load")
+def checkpoint(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    name = node.func.id  # type: ignore[union-attr]
+    args = ck.arrange(node, ["path", "model", "opt"], f"`{name}`", required=2)
+    if args is None:
+        return _unused_args(ck, node)
+    ck.use(name, node.span)
+    path = ck.expr(args[0].value)  # type: ignore[union-attr]
+    if path != T.STR and path is not T.UNKNOWN:
+        ck.error("E0401", f"`{name}`'s path is a string, not {path.show()}", args[0].span,  # type: ignore
+                 f"this is {path.show()}")
+    m = ck.expr(args[1].value)  # type: ignore[union-attr]
+    changes = name == "load"
+    ck.check_mut(args[1], changes, "model", f"`{name}`")  # type: ignore[arg-type]
+    if not isinstance(m, T.ModelT) and m is not T.UNKNOWN:
+        ck.error("E0401", f"`{name}` takes a model, not {m.show()}", args[1].span, f"this is {m.show()}")  # type: ignore
+    if args[2] is not None:
+        opt = ck.expr(args[2].value)
+        ck.check_mut(args[2], changes, "opt", f"`{name}`")
+        if not (isinstance(opt, T.OptT) and opt.model is m) and T.UNKNOWN not in (opt, m):
+            ck.error("E0401", f"`{name}` takes the model's optimizer, not {opt.show()}", args[2].span,
+                     f"this is {opt.show()}")
+    ck.record_call(node, "builtin", name, [a.value for a in args if a is not None])
+    return T.NONE

@@ -1,0 +1,229 @@
+"""The checker's types. A tensor type is its axes (sympy dims, a group axis remembering its parts),
+its dtype, and for `Index[C]` the bound its values lie under."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..syntax import ast as A
+from . import dims as D
+
+FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
+INT_DTYPES = ("i32", "i64")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+
+
+class Ty:
+    def show(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class AxisT:
+    size: D.Dim
+    parts: tuple[D.Dim, ...] | None = None  # a group axis `(H Dh)`
+
+    def show(self) -> str:
+        if self.parts:
+            return "(" + " ".join(D.show(p) for p in self.parts) + ")"
+        return D.show(self.size)
+
+    def same(self, other: "AxisT") -> bool:
+        return D.equal(self.size, other.size)
+
+    def subs(self, mapping: dict) -> "AxisT":
+        if not mapping:
+            return self
+        parts = tuple(D.substitute(p, mapping) for p in self.parts) if self.parts else None
+        return AxisT(D.substitute(self.size, mapping), parts)
+
+
+def axis(size: D.Dim) -> AxisT:
+    return AxisT(size)
+
+
+def group(parts: tuple[D.Dim, ...]) -> AxisT:
+    size = parts[0]
+    for p in parts[1:]:
+        size = size * p
+    return AxisT(size, parts)
+
+
+def show_axes(axes: tuple[AxisT, ...]) -> str:
+    return "[" + " ".join(a.show() for a in axes) + "]"
+
+
+@dataclass(frozen=True)
+class TensorT(Ty):
+    axes: tuple[AxisT, ...]
+    dtype: str = "f32"
+    index: D.Dim | None = None  # Index[C]: every value in 0..C
+
+    def show(self) -> str:
+        text = show_axes(self.axes)
+        if self.index is not None:
+            return f"{text} Index[{D.show(self.index)}]"
+        return text if self.dtype == "f32" else f"{text} {self.dtype}"
+
+    @property
+    def rank(self) -> int:
+        return len(self.axes)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    def with_axes(self, axes: tuple[AxisT, ...]) -> "TensorT":
+        return TensorT(tuple(axes), self.dtype, self.index)
+
+    def subs(self, mapping: dict) -> "TensorT":
+        if not mapping:
+            return self
+        index = D.substitute(self.index, mapping) if self.index is not None else None
+        return TensorT(tuple(a.subs(mapping) for a in self.axes), self.dtype, index)
+
+
+@dataclass(eq=False)
+class DataT(Ty):
+    name: str
+    node: A.Data
+    fields: dict[str, TensorT] = field(default_factory=dict)
+    field_nodes: dict[str, A.Field] = field(default_factory=dict)
+
+    def show(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class BatchT(Ty):
+    """`[b] Digit`: each field gains the batch axes in front."""
+    axes: tuple[AxisT, ...]
+    data: DataT
+
+    def show(self) -> str:
+        return f"{show_axes(self.axes)} {self.data.name}"
+
+    def field(self, name: str) -> TensorT:
+        t = self.data.fields[name]
+        return t.with_axes(self.axes + t.axes)
+
+    def subs(self, mapping: dict) -> "BatchT":
+        return BatchT(tuple(a.subs(mapping) for a in self.axes), self.data)
+
+
+@dataclass(eq=False)
+class MemberT:
+    kind: str  # param | buffer | sub
+    name: str
+    node: A.Member
+    tensor: TensorT | None = None
+    model: "ModelT | None" = None
+    init: str = ""
+    init_args: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ModelT(Ty):
+    name: str
+    node: A.Model
+    members: dict[str, MemberT] = field(default_factory=dict)
+
+    def show(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class OptT(Ty):
+    kind: str  # AdamW | Sgd
+    model: ModelT
+
+    def show(self) -> str:
+        return f"{self.kind}[{self.model.name}]"
+
+
+@dataclass(frozen=True)
+class GradT(Ty):
+    model: ModelT
+
+    def show(self) -> str:
+        return f"Grad[{self.model.name}]"
+
+
+@dataclass(frozen=True)
+class DatasetT(Ty):
+    data: DataT
+
+    def show(self) -> str:
+        return f"Dataset[{self.data.name}]"
+
+
+@dataclass(frozen=True)
+class BatchesT(Ty):
+    """What `batches(n)` gives: an iterable of `[b] T` with a fresh `b` per loop."""
+    data: DataT
+    size: int | None
+
+    def show(self) -> str:
+        return f"Batches[{self.data.name}]"
+
+
+@dataclass(frozen=True)
+class ScalarT(Ty):
+    """A plain value of the controller: int, float, bool or str (literals, Python results)."""
+    kind: str
+
+    def show(self) -> str:
+        return self.kind
+
+
+@dataclass(frozen=True)
+class NamedT(Ty):
+    """Opaque controller values: Sink, Logs, Mode."""
+    name: str
+
+    def show(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class TupleT(Ty):
+    items: tuple[Ty, ...]
+
+    def show(self) -> str:
+        return "(" + ", ".join(t.show() for t in self.items) + ")"
+
+
+@dataclass(frozen=True)
+class NoneT(Ty):
+    def show(self) -> str:
+        return "nothing"
+
+
+@dataclass(frozen=True)
+class FnRefT(Ty):
+    name: str
+
+    def show(self) -> str:
+        return f"fn {self.name}"
+
+
+@dataclass(frozen=True)
+class UnknownT(Ty):
+    """The type of an expression that already has an error: it silences follow-on errors."""
+
+    def show(self) -> str:
+        return "?"
+
+
+UNKNOWN = UnknownT()
+NONE = NoneT()
+INT = ScalarT("int")
+FLOAT = ScalarT("float")
+BOOL = ScalarT("bool")
+STR = ScalarT("str")
+SINK = NamedT("Sink")
+LOGS = NamedT("Logs")
+
+
+def scalar_tensor(dtype: str = "f32") -> TensorT:
+    return TensorT((), dtype)

@@ -1,0 +1,219 @@
+"""Lowering: a `Checked` program to readable Python source on torch.
+
+Every statement's line ends with a comment naming its .ss location, and the module carries a
+table from its own line numbers to .ss spans, so a run-time error can name the .ss line. Shapes
+are not re-derived here: axes, broadcasts and resolved calls come from the checker's tables.
+"""
+
+from __future__ import annotations
+
+import keyword
+
+from ..check import types as T
+from ..check.program import Checked, FnInfo
+from ..errors import CompileError, Diagnostic
+from ..syntax import ast as A
+from . import specs
+
+UNARY_TORCH = {"relu": "torch.relu", "exp": "torch.exp", "log": "torch.log", "sqrt": "torch.sqrt",
+               "tanh": "torch.tanh", "sigmoid": "torch.sigmoid", "abs": "torch.abs",
+               "gelu": "_F.gelu", "silu": "_F.silu"}
+REDUCE_TORCH = {"sum": "torch.sum", "mean": "torch.mean", "max": "torch.amax", "min": "torch.amin",
+                "prod": "torch.prod", "logsumexp": "torch.logsumexp", "std": "torch.std",
+                "var": "torch.var", "argmax": "torch.argmax", "argmin": "torch.argmin",
+                "any": "torch.any", "all": "torch.all"}
+# reductions whose torch function needs `dim=` even to reduce everything
+NEEDS_ALL_DIMS = {"logsumexp", "max", "min"}
+COMPARE = {"==", "!=", "<", "<=", ">", ">="}
+RUNTIME_CALLS = {"update": "_rt.update", "shuffle": "_rt.shuffle", "print": "_rt.show",
+                 "write": "_rt.write", "save": "_rt.save", "load": "_rt.load"}
+RESERVED = {"torch", "_F", "_rt"}
+
+
+def py_name(name: str) -> str:
+    """A .ss name as a Python identifier that can't clash with Python or the generated prelude."""
+    if keyword.iskeyword(name) or name in RESERVED or name.startswith("_"):
+        return f"ss_{name}"
+    return name
+
+
+def generate(checked: Checked, standalone: bool = False) -> str:
+    if standalone and checked.devices.count > 1:
+        span = checked.program.items[0].span if checked.program.items else checked.program.span
+        raise CompileError([Diagnostic(
+            "E1805", f"a standalone build can't run on {checked.devices.count} devices", span,
+            "several devices", ("build without --standalone, or for one device",),
+            ("on several devices the program runs in a controller that starts the package's workers",))],
+            checked.source)
+    return _Writer(checked, standalone).module()
+
+
+class _Writer:
+    def __init__(self, checked: Checked, standalone: bool) -> None:
+        self.c = checked
+        self.standalone = standalone
+        self.lines: list[str] = []
+        self.where: dict[int, tuple[int, int]] = {}  # python line -> .ss (line, col)
+
+    def emit(self, text: str, node: A.Node | None = None, indent: int = 0) -> None:
+        line = "    " * indent + text
+        if node is not None:
+            self.where[len(self.lines) + 1] = (node.span.line, node.span.col)
+            line += f"  # {node.span}"
+        self.lines.append(line)
+
+    def module(self) -> str:
+        c = self.c
+        self.emit(f'"""Built by ShapeScript from {c.file}; each line names the .ss source it comes from."""')
+        self.emit("from __future__ import annotations")
+        self.emit("import torch")
+        self.emit("import torch.nn.functional as _F")
+        if self.standalone:
+            self.emit("from types import SimpleNamespace")
+            self.emit("")
+            for line in specs.standalone_prelude().splitlines():
+                self.emit(line)
+            self.emit("_rt = SimpleNamespace(**{k: v for k, v in globals().items() if not k.startswith('__')})")
+        else:
+            self.emit("from shapescript.runtime import core as _rt")
+        self.emit("")
+        self.emit(f"DIMS = {dict(c.dim_values)!r}")
+        self.emit("PYTHON_RESULTS: dict = {}  # the loader fills in checks of python fns' results")
+        for data in c.data.values():
+            self.emit(f"{spec_var(data.name)} = {specs.data_spec(c, data)}")
+        for model in specs.model_order(c):
+            self.emit(f"{spec_var(model.name)} = {specs.model_spec(c, model)}")
+        for fn in c.fns.values():
+            self.emit("")
+            self.emit("")
+            self.function(fn)
+        self.emit("")
+        self.emit("")
+        self.emit(f"SS_FILE = {c.file!r}")
+        self.emit(f"SS_LINES = {self.where!r}")
+        return "\n".join(self.lines) + "\n"
+
+    # ---- functions and statements -------------------------------------------------------------
+
+    def function(self, fn: FnInfo) -> None:
+        params = ", ".join(py_name(p.name) for p in fn.params)
+        node = fn.node
+        if isinstance(node, A.Extern):
+            module, _, attr = node.target.rpartition(".")
+            self.emit(f"def {py_name(fn.name)}({params}):", node)
+            self.emit(f'"""{fn.kind} fn: calls {node.target}."""', indent=1)
+            args = f"({params}{',' if len(fn.params) == 1 else ''})"
+            self.emit(f"return _rt.python_call({module!r}, {attr!r}, {args}, PYTHON_RESULTS.get({fn.name!r}), "
+                      f"{str(node.span)!r})", node, 1)
+            return
+        self.emit(f"def {py_name(fn.name)}({params}):", node)
+        body = node.body
+        if not body:
+            self.emit("pass", indent=1)
+        self.block(body, 1)
+
+    def block(self, body: list[A.Stmt], indent: int) -> None:
+        for s in body:
+            self.stmt(s, indent)
+
+    def stmt(self, s: A.Stmt, indent: int) -> None:
+        if isinstance(s, A.Assign):
+            targets = ", ".join(py_name(t.id) for t in s.targets)
+            self.emit(f"{targets} = {self.expr(s.value)}", s, indent)
+        elif isinstance(s, A.Return):
+            self.emit("return" if s.value is None else f"return {self.expr(s.value)}", s, indent)
+        elif isinstance(s, A.For):
+            self.emit(f"for {py_name(s.var.id)} in {self.expr(s.iter)}:", s, indent)
+            self.block(s.body, indent + 1)
+            if not s.body:
+                self.emit("pass", indent=indent + 1)
+        else:
+            self.emit(self.expr(s.expr), s, indent)
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def expr(self, node: A.Expr, nested: bool = False) -> str:
+        text = self._expr(node)
+        if nested and isinstance(node, (A.Binary, A.Unary)):
+            return f"({text})"
+        return text
+
+    def _expr(self, node: A.Expr) -> str:
+        if isinstance(node, A.Name):
+            return py_name(node.id)
+        if isinstance(node, (A.IntLit, A.FloatLit, A.StrLit)):
+            return repr(node.value)
+        if isinstance(node, A.BoolLit):
+            return "True" if node.value else "False"
+        if isinstance(node, A.Attr):
+            obj = self.expr(node.obj, nested=True)
+            if keyword.iskeyword(node.name):
+                return f"getattr({obj}, {node.name!r})"
+            return f"{obj}.{node.name}"
+        if isinstance(node, A.TupleExpr):
+            return "(" + ", ".join(self.expr(i) for i in node.items) + ",)"
+        if isinstance(node, A.Binary):
+            return self.binary(node)
+        if isinstance(node, A.Unary):
+            operand = self.expr(node.operand, nested=True)
+            if node.op == "-":
+                return f"-{operand}"
+            if isinstance(self.c.type_of(node), T.TensorT):
+                return f"torch.logical_not({operand})"
+            return f"not {operand}"
+        if isinstance(node, A.Call):
+            return self.call(node)
+        raise AssertionError(f"can't lower {node!r}")
+
+    def binary(self, node: A.Binary) -> str:
+        recipe = self.c.recipes.get(id(node), {})
+        left = self.expr(node.left, nested=True) + index_text(recipe.get("left"))
+        right = self.expr(node.right, nested=True) + index_text(recipe.get("right"))
+        tensor = isinstance(self.c.type_of(node), T.TensorT)
+        if node.op in ("and", "or"):
+            return f"torch.logical_{node.op}({left}, {right})" if tensor else f"{left} {node.op} {right}"
+        if node.op == "@" and recipe.get("kind") == "tensordot":
+            return f"torch.tensordot({left}, {right}, dims=1)"
+        return f"{left} {node.op} {right}"
+
+    def call(self, node: A.Call) -> str:
+        info = self.c.calls[id(node)]
+        args = [self.expr(a) for a in info.args]  # type: ignore[arg-type]
+        if info.kind in ("fn", "python", "extern"):
+            return f"{py_name(info.name)}({', '.join(args)})"
+        if info.kind == "grad":
+            return f"_rt.value_and_grad({', '.join([py_name(info.name)] + args)})"
+        name, opts = info.name, info.options
+        if name in UNARY_TORCH:
+            return f"{UNARY_TORCH[name]}({args[0]})"
+        if name in REDUCE_TORCH:
+            axis = opts.get("axis")
+            if axis is None and name in NEEDS_ALL_DIMS:
+                return f"{REDUCE_TORCH[name]}({args[0]}, dim={tuple(range(int(opts['rank'])))!r})"
+            return f"{REDUCE_TORCH[name]}({args[0]}{'' if axis is None else f', dim={axis}'})"
+        if name in ("softmax", "log_softmax"):
+            return f"torch.{name}({args[0]}, dim={opts['axis']})"
+        if name == "matmul":
+            return f"{self.expr(info.args[0], True)} @ {self.expr(info.args[1], True)}"  # type: ignore
+        if name == "cross_entropy":
+            axis, rank = opts["axis"], opts["rank"]
+            logits = args[0] if axis == 1 or rank == 1 else f"{args[0]}.movedim({axis}, 1)"
+            return f"_F.cross_entropy({logits}, {args[1]})"
+        if name == "batches":
+            return f"_rt.batches({args[0]}, {args[1]}, {spec_var(str(opts['data']))})"
+        if name == "logs":
+            pairs = ", ".join(f"{k}={v}" for k, v in zip(opts["names"], args))  # type: ignore[arg-type]
+            return f"_rt.logs({pairs})"
+        if name in RUNTIME_CALLS:
+            return f"{RUNTIME_CALLS[name]}({', '.join(args)})"
+        raise AssertionError(f"no lowering for built-in `{name}`")
+
+
+def spec_var(name: str) -> str:
+    return f"{name}_spec"
+
+
+def index_text(index: tuple | None) -> str:
+    if not index:
+        return ""
+    return "[" + ", ".join(":" if i == ":" else "None" for i in index) + "]"

@@ -1,0 +1,105 @@
+"""The runtime's descriptions of data and model types, written as Python literals for the module.
+
+They are translations of the checker's types, with each declared dim's size put in, and the .ss
+location of every declaration so the runtime's errors can name it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..check import dims as D
+from ..check import types as T
+from ..check.program import Checked
+
+TORCH_DTYPES = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32",
+                "f64": "torch.float64", "i32": "torch.int32", "i64": "torch.int64", "bool": "torch.bool"}
+
+
+def axis_sizes(c: Checked, t: T.TensorT, fixed: bool) -> list[tuple[str, int | None]]:
+    out = []
+    for a in t.axes:
+        v = D.value(a.size, c.dim_values)
+        if fixed and v is None:
+            raise ValueError(f"axis {a.show()} has no size")  # the checker refuses such params
+        out.append((a.show(), v))
+    return out
+
+
+def where(span) -> str:
+    return str(span)
+
+
+def data_spec(c: Checked, data: T.DataT) -> str:
+    fields = []
+    for name, t in data.fields.items():
+        node = data.field_nodes[name]
+        bound = D.value(t.index, c.dim_values) if t.index is not None else None
+        label = D.show(t.index) if t.index is not None else None
+        fields.append(f"_rt.FieldSpec({name!r}, {tuple(axis_sizes(c, t, False))!r}, {TORCH_DTYPES[t.dtype]}, "
+                      f"{bound!r}, {label!r}, {where(node.span)!r}, {t.show()!r})")
+    return f"_rt.DataSpec({data.name!r}, ({', '.join(fields)}{',' if len(fields) == 1 else ''}), " \
+           f"{where(data.node.span)!r})"
+
+
+def model_spec(c: Checked, model: T.ModelT) -> str:
+    members = []
+    for m in model.members.values():
+        if m.model is not None:
+            members.append(f"_rt.SubSpec({m.name!r}, {m.model.name}_spec, {where(m.node.span)!r})")
+            continue
+        assert m.tensor is not None
+        shape = tuple(v for _, v in axis_sizes(c, m.tensor, True))
+        args = tuple(sorted(m.init_args.items()))
+        members.append(f"_rt.ParamSpec({m.name!r}, {m.kind!r}, {shape!r}, {TORCH_DTYPES[m.tensor.dtype]}, "
+                       f"{m.init!r}, {args!r}, {where(m.node.span)!r})")
+    return f"_rt.ModelSpec({model.name!r}, ({', '.join(members)}{',' if len(members) == 1 else ''}), " \
+           f"{where(model.node.span)!r})"
+
+
+def model_order(c: Checked) -> list[T.ModelT]:
+    """Models with every sub-model before the models that contain it."""
+    out: list[T.ModelT] = []
+
+    def visit(m: T.ModelT) -> None:
+        if m in out:
+            return
+        for mem in m.members.values():
+            if mem.model is not None:
+                visit(mem.model)
+        out.append(m)
+
+    for m in c.models.values():
+        visit(m)
+    return out
+
+
+# The runtime modules a standalone build inlines, in dependency order. Each imports only torch,
+# safetensors, the standard library and the modules before it.
+STANDALONE_MODULES = ("errors.py", "runtime/model.py", "runtime/optim.py", "runtime/data.py",
+                      "runtime/sinks.py", "runtime/checkpoint.py", "runtime/calls.py")
+
+
+def standalone_prelude() -> str:
+    """The runtime's source, inlined so that a standalone module imports no shapescript."""
+    root = Path(__file__).resolve().parent.parent
+    parts = []
+    for rel in STANDALONE_MODULES:
+        text = (root / rel).read_text()
+        text = text.replace("from __future__ import annotations\n", "")
+        text = _strip_package_imports(text)
+        parts.append(f"# ---- inlined from shapescript/{rel} ----\n{text}")
+    return "\n".join(parts)
+
+
+def _strip_package_imports(text: str) -> str:
+    out, skipping = [], False
+    for line in text.splitlines():
+        if skipping:
+            skipping = not line.rstrip().endswith(")")
+            continue
+        if line.startswith(("from .", "from shapescript")) and " import " in line:
+            skipping = line.rstrip().endswith("(")
+            continue
+        out.append(line)
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""The single-device runtime that generated code and the Python API call."""

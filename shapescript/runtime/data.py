@@ -1,0 +1,393 @@
+"""Data at run time: the specs of `data` types, batches, and checked loading from datasets.
+
+Every tensor that enters a program from outside is checked here against its `data` declaration:
+shape (fixed dims must match, generic dims bind once per item), dtype (converted, with integral
+checks for integer fields) and `Index[C]` bounds. Errors name the dataset item, the field, what
+was expected and what came, and the .ss line that declared the field.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.model import dtype_name, shape_text
+
+try:  # numpy is optional; only needed to copy read-only arrays torch would warn about
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    dims: tuple[tuple[str, int | None], ...]  # per axis: (label as written, size; None: generic)
+    dtype: torch.dtype  # Index fields are torch.int64
+    index_bound: int | None  # Index[C]: values are integers in [0, bound)
+    bound_label: str | None  # "C", for "Index[C] with C = 10"
+    where: str  # the field's declaration, "digits.ss:7:5"
+    type_text: str  # "[D]" or "[] Index[C]" as written
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    name: str
+    fields: tuple[FieldSpec, ...]
+    where: str
+
+    def __post_init__(self) -> None:
+        # Emitted by the code generator, so a bad spec is our bug: fail when the program loads.
+        seen: set[str] = set()
+        for f in self.fields:
+            if f.name in seen or f.name in ("spec", "size"):
+                raise ValueError(f"{f.where}: field name `{f.name}` is repeated or reserved "
+                                 f"in data {self.name}")
+            seen.add(f.name)
+
+
+class Batch:
+    """A batch of examples: each field is an attribute holding `[n, ...]`."""
+
+    spec: DataSpec
+    size: int
+
+    def __init__(self, spec: DataSpec, fields: Mapping[str, torch.Tensor]) -> None:
+        self.__dict__.update(fields)
+        self.spec = spec
+        self.size = int(next(iter(fields.values())).shape[0]) if fields else 0
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{f.name}: {shape_text(t.shape)} {dtype_name(t.dtype)}"
+                          for f, t in zip(self.spec.fields, batch_fields(self).values()))
+        return f"Batch[{self.size}] {self.spec.name}({parts})"
+
+
+def batch_fields(batch: Batch) -> dict[str, torch.Tensor]:
+    """The fields of a batch by name, in declaration order."""
+    return {f.name: batch.__dict__[f.name] for f in batch.spec.fields}
+
+
+class _Origin:
+    """Where checked values come from, to word messages: one dataset item (`index`), a stacked
+    batch of dataset items (`indices`, one per row), or a batch passed from Python (`where`)."""
+
+    def __init__(self, index: int | None = None, indices: Sequence[int] | None = None,
+                 where: str | None = None) -> None:
+        self.index, self.indices, self.where = index, indices, where
+        self.rows = index is None  # the values have a leading batch axis
+
+    def record(self, row: int = 0) -> str:
+        if self.index is not None:
+            return f"item {self.index} of the dataset"
+        if self.indices is not None:
+            return f"item {self.indices[row]} of the dataset" if self.indices else "empty batch"
+        return "batch"
+
+    def subject(self, f: FieldSpec, row: int = 0) -> str:
+        if self.where is not None:
+            return f"batch field `{f.name}`"
+        return f"{self.record(row)}: field `{f.name}`"
+
+    def declared(self, f: FieldSpec) -> str:
+        extra = f"; the batch goes to {self.where}" if self.where is not None else ""
+        return f"(declared at {f.where}{extra})"
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if np is not None and isinstance(value, np.ndarray) and not value.flags.writeable:
+        value = value.copy()
+    return torch.as_tensor(value)
+
+
+# What torch.as_tensor raises for ragged lists, strings, objects and huge ints.
+_CONVERSION_ERRORS = (TypeError, ValueError, RuntimeError, OverflowError)
+
+
+def _tensor(value: Any, f: FieldSpec, origin: _Origin) -> torch.Tensor:
+    try:
+        return _as_tensor(value)
+    except _CONVERSION_ERRORS as e:
+        raise ShapeError(f"{origin.subject(f)} is a {type(value).__name__} that is not an array "
+                         f"of numbers ({e}); expected {f.type_text} {origin.declared(f)}") from None
+
+
+def _check_shape(f: FieldSpec, t: torch.Tensor, origin: _Origin,
+                 bound: dict[str, tuple[int, str]]) -> None:
+    """Check `t` against the field's dims, binding generic dims in `bound` (label -> size, by)."""
+    shape = tuple(t.shape)
+    dims: list[tuple[str, int | None]] = list(f.dims)
+    if origin.rows:
+        if not shape:
+            raise ShapeError(f"{origin.subject(f)} is a scalar, expected one row per item of the "
+                             f"batch, {f.type_text} each {origin.declared(f)}")
+        if origin.indices is not None and shape[0] != len(origin.indices):
+            raise ShapeError(f"{origin.subject(f)} has {shape[0]} rows for the "
+                             f"{len(origin.indices)} items of the batch {origin.declared(f)}")
+        if origin.where is not None:
+            dims.insert(0, ("b", None))  # the batch axis binds across fields like a generic dim
+        else:
+            shape = shape[1:]  # stacked dataset items: report the per-item shape
+    notes: dict[str, str] = {}
+    ok = len(shape) == len(dims)
+    for (label, size), n in zip(dims, shape):
+        if size is not None:
+            ok = ok and n == size
+        elif label in bound and bound[label][0] != n:
+            ok = False
+            notes[label] = f"{label} = {bound[label][0]} (bound by field `{bound[label][1]}`)"
+        else:
+            bound.setdefault(label, (n, f.name))
+    if ok:
+        return
+    for label, size in dims:
+        if size is not None and label != str(size):
+            notes.setdefault(label, f"{label} = {size}")
+    with_ = f" with {', '.join(notes.values())}" if notes else ""
+    expected = "[" + " ".join(label for label, _ in dims) + "]"
+    raise ShapeError(f"{origin.subject(f)} has shape {shape_text(shape)}, expected "
+                     f"{expected}{with_} {origin.declared(f)}")
+
+
+def _refuse(f: FieldSpec, t: torch.Tensor, bad: torch.Tensor, origin: _Origin, what: str) -> None:
+    """If `bad` holds anywhere, raise a DomainError naming the first such element of `t`."""
+    if not bool(bad.any()):
+        return
+    flat = int(bad.reshape(-1).nonzero()[0, 0])
+    pos = [int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape)] if t.ndim else []
+    value = t.reshape(-1)[flat].item()
+    row = pos[0] if origin.rows else 0
+    inner = pos[1:] if origin.indices is not None else pos  # dataset items: position in the item
+    held = f"holds {value} at {inner}" if inner else f"is {value}"
+    raise DomainError(f"{origin.subject(f, row)} {held}, {what} {origin.declared(f)}")
+
+
+def _to_dtype(f: FieldSpec, t: torch.Tensor, origin: _Origin) -> torch.Tensor:
+    """Convert to the field's dtype; integer and bool fields refuse values they cannot hold."""
+    src, dst = t.dtype, f.dtype
+    if src == dst:
+        return t
+    if src.is_complex:
+        raise ShapeError(f"{origin.subject(f)} has dtype {dtype_name(src)}, expected "
+                         f"{f.type_text} {origin.declared(f)}")
+    if dst.is_floating_point or src == torch.bool:
+        return t.to(dst)
+    if dst == torch.bool:
+        _refuse(f, t, (t != 0) & (t != 1), origin, f"not a bool (0 or 1) as {f.type_text} requires")
+        return t.to(dst)
+    info, what = torch.iinfo(dst), f"out of range for {dtype_name(dst)} as {f.type_text} requires"
+    if src.is_floating_point:
+        bad = ~torch.isfinite(t) | (t != t.trunc())
+        _refuse(f, t, bad, origin, f"not an integer as {f.type_text} requires")
+        # float(max) + 1 is exact (a power of two) where float(max) would round up to it.
+        _refuse(f, t, (t < info.min) | (t >= float(info.max) + 1), origin, what)
+    elif torch.iinfo(src).min < info.min or torch.iinfo(src).max > info.max:
+        _refuse(f, t, (t < info.min) | (t > info.max), origin, what)  # bounds fit the wider src
+    return t.to(dst)
+
+
+def _check_index(f: FieldSpec, t: torch.Tensor, origin: _Origin) -> None:
+    bound = f.index_bound
+    if bound is None or t.numel() == 0:
+        return
+    lo, hi = torch.aminmax(t)  # one pass over the data for both ends
+    if lo < 0 or hi >= bound:
+        label = f.bound_label
+        named = (f"Index[{label}] with {label} = {bound}" if label and label != str(bound)
+                 else f"Index[{bound}]")
+        _refuse(f, t, (t < 0) | (t >= bound), origin, f"outside {named}")
+
+
+def _check_record(spec: DataSpec, record: Any, origin: _Origin) -> dict[str, torch.Tensor]:
+    fields = ", ".join(f.name for f in spec.fields)
+    if not isinstance(record, Mapping):
+        raise ShapeError(f"{origin.record()} is a {type(record).__name__}, expected a mapping "
+                         f"with the fields of {spec.name} ({fields}; declared at {spec.where})")
+    for f in spec.fields:
+        if f.name not in record:
+            raise ShapeError(f"{origin.record()} has no field `{f.name}` {origin.declared(f)}")
+    extra = [key for key in record if key not in {f.name for f in spec.fields}]
+    if extra:
+        raise ShapeError(f"{origin.record()} has a field `{extra[0]}` that {spec.name} does not "
+                         f"declare (its fields: {fields}; declared at {spec.where})")
+    bound: dict[str, tuple[int, str]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for f in spec.fields:
+        t = _tensor(record[f.name], f, origin)
+        _check_shape(f, t, origin, bound)
+        t = _to_dtype(f, t, origin)
+        _check_index(f, t, origin)
+        out[f.name] = t
+    return out
+
+
+def check_item(spec: DataSpec, item: Any, index: int) -> dict[str, torch.Tensor]:
+    """One dataset item (a mapping of field -> array), checked and converted."""
+    return _check_record(spec, item, _Origin(index=index))
+
+
+def check_batch(spec: DataSpec, fields: Mapping[str, Any], indices: Sequence[int]
+                ) -> dict[str, torch.Tensor]:
+    """Stacked fields `[n, ...]` of the dataset items `indices`, checked all at once."""
+    return _check_record(spec, fields, _Origin(indices=indices))
+
+
+def batch_from_python(spec: DataSpec, value: Any, where: str) -> Batch:
+    """A batch handed in from Python: a Batch of this type, or a dict of field tensors."""
+    if isinstance(value, Batch):
+        if value.spec != spec:
+            raise ShapeError(f"expected a batch of {spec.name} (declared at {spec.where}) for "
+                             f"{where}, got a batch of {value.spec.name}")
+        return value
+    fields = _check_record(spec, value, _Origin(where=where))
+    batch = Batch(spec, fields)
+    if batch.size == 0:
+        raise ShapeError(f"the batch of {spec.name} for {where} is empty")
+    return batch
+
+
+def _stack(spec: DataSpec, items: list[dict[str, torch.Tensor]], indices: Sequence[int]
+           ) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in spec.fields:
+        ts = [item[f.name] for item in items]
+        for t, i in zip(ts, indices):
+            if t.shape != ts[0].shape:
+                raise ShapeError(f"item {i} of the dataset: field `{f.name}` has shape "
+                                 f"{shape_text(t.shape)}, but item {indices[0]} of the same batch "
+                                 f"has {shape_text(ts[0].shape)}; the items of a batch must agree "
+                                 f"(declared at {f.where})")
+        out[f.name] = torch.stack(ts)
+    return out
+
+
+def _load(base: Any, indices: list[int], spec: DataSpec) -> dict[str, torch.Tensor]:
+    getitems = getattr(base, "__getitems__", None)
+    if getitems is None:
+        items = [base[i] for i in indices]
+    else:
+        got = getitems(indices)
+        if isinstance(got, Mapping):
+            return check_batch(spec, got, indices)
+        items = list(got)
+        if len(items) != len(indices):
+            raise ShapeError(f"{type(base).__name__}.__getitems__ returned {len(items)} items "
+                             f"for {len(indices)} indices")
+    checked = [check_item(spec, item, i) for item, i in zip(items, indices)]
+    return _stack(spec, checked, indices)
+
+
+def _length(ds: Any, op: str) -> int:
+    try:
+        return len(ds)
+    except TypeError:
+        raise TypeError(f"{op}: expected a map-style dataset (with __len__ and __getitem__), "
+                        f"got {type(ds).__name__}") from None
+
+
+def _int_arg(value: Any, op: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+class TensorDataset:
+    """A dataset of named tensors sharing their leading length: TensorDataset(img=X, label=Y)."""
+
+    def __init__(self, **fields: Any) -> None:
+        if not fields:
+            raise ShapeError("TensorDataset needs at least one field")
+        self.fields: dict[str, torch.Tensor] = {}
+        for name, value in fields.items():
+            try:
+                t = _as_tensor(value)
+            except _CONVERSION_ERRORS as e:
+                raise ShapeError(f"TensorDataset: field `{name}` is a {type(value).__name__} "
+                                 f"that is not an array of numbers ({e})") from None
+            if t.ndim == 0:
+                raise ShapeError(f"TensorDataset: field `{name}` is a scalar, expected one row "
+                                 f"per item")
+            self.fields[name] = t
+        first, *rest = self.fields.items()
+        for name, t in rest:
+            if len(t) != len(first[1]):
+                raise ShapeError(f"TensorDataset: field `{name}` has {len(t)} rows, but "
+                                 f"`{first[0]}` has {len(first[1])}; fields need the same length")
+        self._length = len(first[1])
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        i = _int_arg(i, "TensorDataset[i]", "i")
+        if not -self._length <= i < self._length:
+            raise IndexError(f"index {i} is out of range for a dataset of {self._length} items")
+        return {name: t[i] for name, t in self.fields.items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        by_device: dict[torch.device, torch.Tensor] = {}
+        return {name: t.index_select(0, by_device.setdefault(t.device, idx.to(t.device)))
+                for name, t in self.fields.items()}
+
+
+class _Shuffled:
+    """A permuted view of a map-style dataset: view[i] is base[perm[i]]."""
+
+    def __init__(self, base: Any, perm: torch.Tensor) -> None:
+        self.base, self.perm = base, perm
+
+    def __len__(self) -> int:
+        return len(self.perm)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.base[int(self.perm[i])]
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        real = self.perm[torch.as_tensor(indices, dtype=torch.long)].tolist()
+        getitems = getattr(self.base, "__getitems__", None)
+        return getitems(real) if getitems is not None else [self.base[i] for i in real]
+
+
+def shuffle(ds: Any, seed: int) -> _Shuffled:
+    """`ds` in the order torch.randperm draws from a generator seeded with `seed`."""
+    seed = _int_arg(seed, "shuffle", "seed")
+    g = torch.Generator().manual_seed(seed)
+    return _Shuffled(ds, torch.randperm(_length(ds, "shuffle"), generator=g))
+
+
+class _Batches:
+    """The batches of a dataset, re-iterable; the last one may be smaller."""
+
+    def __init__(self, base: Any, order: torch.Tensor | None, n: int, spec: DataSpec) -> None:
+        self.base, self.order, self.n, self.spec = base, order, n, spec
+        self.total = len(order) if order is not None else _length(base, "batches")
+
+    def __len__(self) -> int:
+        return -(-self.total // self.n)
+
+    def __iter__(self) -> Iterator[Batch]:
+        order = self.order.tolist() if self.order is not None else range(self.total)
+        for start in range(0, self.total, self.n):
+            indices = list(order[start:start + self.n])
+            yield Batch(self.spec, _load(self.base, indices, self.spec))
+
+
+def batches(ds: Any, n: int, spec: DataSpec) -> _Batches:
+    """Checked batches of `n` items of `ds` (the last may be smaller, none is empty)."""
+    n = _int_arg(n, "batches", "the batch size")
+    if n <= 0:
+        raise DomainError(f"batches: the batch size must be positive, got {n}")
+    # Unwrap shuffled views so items are fetched from the base and errors name its indices.
+    order: torch.Tensor | None = None
+    while isinstance(ds, _Shuffled):
+        order = ds.perm if order is None else ds.perm[order]
+        ds = ds.base
+    return _Batches(ds, order, n, spec)

@@ -1,0 +1,156 @@
+"""Checks of values that come in from Python, against a function's declared parameter types.
+
+The checker proves every shape inside the program; what it can't see is what a Python caller
+passes. Each parameter gets a guard that checks its argument and binds the generic dims it
+carries, so that `expected [b D] with D = 784, got [32, 783]` names the parameter, its .ss
+location, and which argument bound each generic dim.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.data import Batch, DataSpec, batch_from_python
+from shapescript.runtime.model import Model, dtype_name, shape_text
+from shapescript.runtime.optim import Optimizer
+from shapescript.runtime.sinks import Sink
+
+# A generic dim's binding during one call: its size and which argument gave it.
+Bindings = dict[str, tuple[int, str]]
+
+
+@dataclass(frozen=True)
+class AxisCheck:
+    label: str  # as written: "D", "b", "b*D"
+    size: int | None = None  # a fixed size
+    generic: str | None = None  # a bare generic dim, bound by the first argument that has it
+    compute: Callable[[dict[str, int]], int | None] | None = None  # arithmetic over generic dims
+
+
+@dataclass(frozen=True)
+class Param:
+    fn: str
+    name: str
+    where: str  # the parameter's declaration
+
+    def __str__(self) -> str:
+        return f"`{self.name}` of `{self.fn}` ({self.where})"
+
+
+def _bind(axes: tuple[AxisCheck, ...], shape: tuple[int, ...], bindings: Bindings, source: str) -> int | None:
+    """Bind bare generics, then check every axis; the index of the first bad axis, or None."""
+    for a, n in zip(axes, shape):
+        if a.generic is not None and a.generic not in bindings:
+            bindings[a.generic] = (n, source)
+    values = {k: v for k, (v, _) in bindings.items()}
+    for k, (a, n) in enumerate(zip(axes, shape)):
+        want = a.size if a.size is not None else values.get(a.generic) if a.generic else (
+            a.compute(values) if a.compute else None)
+        if want is not None and want != n:
+            return k
+    return None
+
+
+def _explain(axes: tuple[AxisCheck, ...], bindings: Bindings, source: str) -> str:
+    """`; b was bound to 32 by `x`` for the generics an earlier argument fixed."""
+    notes = []
+    for a in axes:
+        if a.generic and a.generic in bindings and bindings[a.generic][1] != source:
+            size, by = bindings[a.generic]
+            notes.append(f"{a.generic} was bound to {size} by {by}")
+    return ("; " + "; ".join(notes)) if notes else ""
+
+
+@dataclass(frozen=True)
+class TensorGuard:
+    param: Param
+    type_text: str  # "[b D]"
+    dims_note: str  # " with D = 784"
+    axes: tuple[AxisCheck, ...]
+    dtype: torch.dtype
+    index_bound: int | None = None
+    bound_label: str | None = None
+
+    def __call__(self, value: Any, bindings: Bindings) -> torch.Tensor:
+        if not isinstance(value, torch.Tensor):
+            if isinstance(value, numbers.Number) and not self.axes and not isinstance(value, bool):
+                value = torch.tensor(value, dtype=self.dtype)
+            else:
+                raise ShapeError(f"{self.param} must be a torch tensor {self.type_text}{self.dims_note}, "
+                                 f"not {type(value).__name__}")
+        expected = f"{self.type_text}{self.dims_note}"
+        if value.dim() != len(self.axes):
+            raise ShapeError(f"{self.param}: expected {expected}, got shape {shape_text(value.shape)}")
+        if value.dtype != self.dtype:
+            raise ShapeError(f"{self.param}: expected dtype {dtype_name(self.dtype)}, got "
+                             f"{dtype_name(value.dtype)}; convert it with .to({self.dtype})")
+        bad = _bind(self.axes, tuple(value.shape), bindings, f"`{self.param.name}`")
+        if bad is not None:
+            raise ShapeError(f"{self.param}: expected {expected}, got shape {shape_text(value.shape)}; axis "
+                             f"{bad + 1} is {value.shape[bad]}, not {self.axes[bad].label}"
+                             f"{_explain(self.axes, bindings, f'`{self.param.name}`')}")
+        if self.index_bound is not None and value.numel():
+            lo, hi = int(value.min()), int(value.max())
+            if lo < 0 or hi >= self.index_bound:
+                worst = lo if lo < 0 else hi
+                raise DomainError(f"{self.param}: value {worst} is outside Index[{self.bound_label}] with "
+                                  f"{self.bound_label} = {self.index_bound} (0 to {self.index_bound - 1})")
+        return value
+
+
+@dataclass(frozen=True)
+class BatchGuard:
+    param: Param
+    spec: DataSpec
+    axes: tuple[AxisCheck, ...]  # the batch's own axes, as [b]
+
+    def __call__(self, value: Any, bindings: Bindings) -> Batch:
+        batch = batch_from_python(self.spec, value, str(self.param))
+        source = f"`{self.param.name}`"
+        bad = _bind(self.axes, (batch.size,), bindings, source)
+        if bad is not None:
+            raise ShapeError(f"{self.param}: a batch of {batch.size}, but {self.axes[0].label} is "
+                             f"{bindings[self.axes[0].generic][0] if self.axes[0].generic else '?'}"
+                             f"{_explain(self.axes, bindings, source)}")
+        return batch
+
+
+@dataclass(frozen=True)
+class KindGuard:
+    """Models, optimizers, datasets, sinks and plain values: checked by kind and type name."""
+    param: Param
+    kind: str  # model | optimizer | dataset | sink | int | float | bool | str
+    type_name: str  # "Mlp", "AdamW[Mlp]", "Dataset[Digit]"...
+    model: str | None = None
+    optimizer: str | None = None
+
+    def __call__(self, value: Any, bindings: Bindings) -> Any:
+        ok = {
+            "model": lambda: isinstance(value, Model) and value.spec.name == self.model,
+            "optimizer": lambda: isinstance(value, Optimizer) and value.kind == self.optimizer
+            and value.model.spec.name == self.model,
+            "dataset": lambda: hasattr(value, "__len__") and hasattr(value, "__getitem__"),
+            "sink": lambda: isinstance(value, Sink) or callable(getattr(value, "write", None)),
+            "int": lambda: isinstance(value, numbers.Integral) and not isinstance(value, bool),
+            "float": lambda: isinstance(value, numbers.Real) and not isinstance(value, bool),
+            "bool": lambda: isinstance(value, bool),
+            "str": lambda: isinstance(value, str),
+        }[self.kind]()
+        if not ok:
+            raise ShapeError(f"{self.param} must be {self.type_name}, not {_describe(value)}")
+        return value
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Model):
+        return f"a model of type {value.spec.name}"
+    if isinstance(value, Optimizer):
+        return f"an optimizer {value.kind}[{value.model.spec.name}]"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor {shape_text(value.shape)} {dtype_name(value.dtype)}"
+    return f"a {type(value).__name__}"

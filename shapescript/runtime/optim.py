@@ -1,0 +1,112 @@
+"""Gradients and optimizers: thin wrappers over torch.autograd and torch.optim.
+
+The maths is torch's own (AdamW, SGD); this module only keeps a model, its optimizer and its
+gradients aligned by the order of `Model.params()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.model import Model, ModelSpec, param_names, type_text
+
+
+class Grads:
+    """The gradients of a model's trained params, aligned with `model.params()`."""
+
+    __slots__ = ("model_spec", "tensors")
+
+    def __init__(self, model_spec: ModelSpec, tensors: list[torch.Tensor]) -> None:
+        self.model_spec = model_spec
+        self.tensors = tensors
+
+    def named(self) -> dict[str, torch.Tensor]:
+        return dict(zip(param_names(self.model_spec), self.tensors))
+
+    def __repr__(self) -> str:
+        return f"Grads[{self.model_spec.name}]({', '.join(param_names(self.model_spec))})"
+
+
+def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any
+                   ) -> tuple[torch.Tensor, Grads]:
+    """`f(m, *args)` and its gradient with respect to `m`'s trained params."""
+    params = m.params()
+    with torch.enable_grad():
+        v = f(m, *args)
+        if not isinstance(v, torch.Tensor) or v.ndim != 0 or not v.is_floating_point():
+            what = (f"a {type_text(v.shape, v.dtype)} tensor" if isinstance(v, torch.Tensor)
+                    else f"a {type(v).__name__}")
+            raise ShapeError(f"value_and_grad: {getattr(f, '__name__', 'the function')} returned "
+                             f"{what}, expected a float scalar []")
+        if v.requires_grad and params:
+            grads = torch.autograd.grad(v, params, allow_unused=True)
+        else:  # v does not depend on any param: autograd.grad would refuse
+            grads = (None,) * len(params)
+    tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    return v.detach(), Grads(m.spec, tensors)
+
+
+class Optimizer:
+    """A torch optimizer bound to one model; `kind` is the .ss type's name."""
+
+    __slots__ = ("kind", "model", "torch_opt", "hyper")
+
+    def __init__(self, kind: str, model: Model, torch_opt: torch.optim.Optimizer,
+                 hyper: dict[str, Any]) -> None:
+        self.kind = kind
+        self.model = model
+        self.torch_opt = torch_opt
+        self.hyper = hyper
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items())
+        return f"{self.kind}[{self.model.spec.name}]({args})"
+
+
+def _make(kind: str, factory: type[torch.optim.Optimizer], m: Model,
+          hyper: dict[str, Any]) -> Optimizer:
+    if not isinstance(m, Model):
+        raise TypeError(f"{kind.lower()}: expected a model, got {type(m).__name__}")
+    if not m.params():
+        raise DomainError(f"{kind.lower()}: model {m.spec.name} (declared at {m.spec.where}) has "
+                          f"no trained params")
+    try:
+        torch_opt = factory(m.params(), **hyper)
+    except ValueError as e:  # torch checks the ranges ("Invalid learning rate: -1")
+        raise DomainError(f"{kind.lower()}: {e}") from None
+    return Optimizer(kind, m, torch_opt, hyper)
+
+
+def adamw(m: Model, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+          eps: float = 1e-8, weight_decay: float = 1e-2) -> Optimizer:
+    hyper = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+    return _make("AdamW", torch.optim.AdamW, m, hyper)
+
+
+def sgd(m: Model, lr: float = 1e-2, momentum: float = 0.0, weight_decay: float = 0.0,
+        nesterov: bool = False) -> Optimizer:
+    hyper = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov}
+    return _make("Sgd", torch.optim.SGD, m, hyper)
+
+
+def update(m: Model, opt: Optimizer, g: Grads) -> None:
+    """One optimizer step of `m` along `g`."""
+    if opt.model is not m:
+        raise ShapeError(f"update: this {opt.kind} optimizer was made for another "
+                         f"{opt.model.spec.name} model, not the one being updated "
+                         f"({m.spec.name}, declared at {m.spec.where})")
+    if g.model_spec is not m.spec and g.model_spec != m.spec:
+        raise ShapeError(f"update: the gradients are of a {g.model_spec.name}, the model is a "
+                         f"{m.spec.name} (declared at {m.spec.where})")
+    params = m.params()
+    for p, gi in zip(params, g.tensors):
+        p.grad = gi
+    try:
+        opt.torch_opt.step()
+    finally:  # never leave grads behind: the next value_and_grad must not see them
+        for p in params:
+            p.grad = None

@@ -1,0 +1,144 @@
+"""Logs and sinks: where `write(sink, logs(loss=l))` sends the values a program records.
+
+A sink numbers the records it receives (step 1, 2, ...); tensors become Python numbers (0-d) or
+nested lists when written, so records can be printed, stored as JSON or kept in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import torch
+
+Value = float | int | bool | str | list
+
+
+class Logs:
+    """A record of named values: Logs(loss=l, acc=a)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, **values: Any) -> None:
+        self.values: dict[str, Any] = values
+
+    def __repr__(self) -> str:
+        return f"Logs({', '.join(f'{k}={v!r}' for k, v in self.values.items())})"
+
+
+def logs(**values: Any) -> Logs:
+    return Logs(**values)
+
+
+def _plain(name: str, value: Any) -> Value:
+    """A logged value as a Python number, bool, string or nested list."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):  # also numpy scalars
+        return float(value)
+    if hasattr(value, "tolist"):  # numpy arrays
+        return value.tolist()
+    raise TypeError(f"logs: `{name}` has type {type(value).__name__}, expected a number or tensor")
+
+
+def _plain_record(record: Logs | Mapping[str, Any]) -> dict[str, Value]:
+    values = record.values if isinstance(record, Logs) else record
+    if not isinstance(values, Mapping):
+        raise TypeError(f"write: expected logs(...), got {type(record).__name__}")
+    return {name: _plain(name, v) for name, v in values.items()}
+
+
+def _text(value: Value) -> str:
+    """Floats with 4 decimals (scientific when that would hide them); lists element-wise."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_text(v) for v in value) + "]"
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.4e}"
+    return str(value)
+
+
+class Sink:
+    """Receives records; numbers them from step 1."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.closed = False
+
+    def write(self, record: Logs) -> None:
+        if self.closed:
+            raise ValueError(f"write: the {type(self).__name__} sink is closed")
+        values = _plain_record(record)
+        self.step += 1
+        self._emit(self.step, values)
+
+    def _emit(self, step: int, values: dict[str, Value]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> "Sink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Stdout(Sink):
+    def _emit(self, step: int, values: dict[str, Value]) -> None:
+        fields = "  ".join(f"{k}={_text(v)}" for k, v in values.items())
+        # sys.stdout looked up each time, so pytest's capture and notebooks' redirection work.
+        print(f"step {step}  {fields}".rstrip(), file=sys.stdout, flush=True)
+
+
+class _Jsonl(Sink):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.file: TextIO = open(self.path, "w", encoding="utf-8")  # a new run, a new file
+
+    def _emit(self, step: int, values: dict[str, Value]) -> None:
+        self.file.write(json.dumps({"step": step, **values}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.file.close()
+        super().close()
+
+
+class _Memory(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[dict[str, Value]] = []
+
+    def _emit(self, step: int, values: dict[str, Value]) -> None:
+        self.records.append(values)
+
+
+def stdout() -> Sink:
+    """Prints `step 1  loss=2.3026` lines."""
+    return _Stdout()
+
+
+def jsonl(path: str | os.PathLike[str]) -> Sink:
+    """Writes one JSON object a line, `{"step": 1, "loss": 2.30...}`, flushed each write."""
+    return _Jsonl(path)
+
+
+def memory() -> Sink:
+    """Keeps the records (without step numbers) in `.records`."""
+    return _Memory()
+
+
+def write(sink: Sink, record: Logs) -> None:
+    sink.write(record)

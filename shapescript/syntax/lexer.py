@@ -1,0 +1,183 @@
+"""Source text to tokens, with INDENT/DEDENT from an indent stack and an exact span on each token.
+
+Newlines inside brackets don't end a line, as in Python. Tabs in indentation are refused, since
+their width is a matter of taste and the block structure must not be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Diagnostic, Span
+
+# Hard keywords. Item words (devices, dim, data, model, param, buffer, extern, python) are
+# contextual: `data` is a fine parameter name.
+KEYWORDS = frozenset({"fn", "mut", "return", "for", "in", "and", "or", "not", "true", "false"})
+
+# Longest first, so "->" wins over "-".
+PUNCT = ("|>", "->", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", ",", ":", ".", "=",
+         "+", "-", "*", "/", "@", "<", ">")
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    kind: str  # NAME INT FLOAT STRING OP KW NEWLINE INDENT DEDENT EOF
+    text: str
+    span: Span
+
+    def __repr__(self) -> str:
+        return f"{self.kind}({self.text!r})@{self.span.line}:{self.span.col}"
+
+
+class LexError(Exception):
+    def __init__(self, diagnostic: Diagnostic) -> None:
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+
+
+def tokenize(source: str, file: str = "<input>") -> list[Token]:
+    return _Lexer(source, file).run()
+
+
+class _Lexer:
+    def __init__(self, source: str, file: str) -> None:
+        self.src = source
+        self.file = file
+        self.tokens: list[Token] = []
+        self.indents = [0]
+        self.depth = 0  # bracket nesting; newlines inside brackets are ignored
+        self.brackets: list[Token] = []
+
+    def span(self, line: int, col: int, end_col: int) -> Span:
+        return Span(self.file, line, col, line, end_col)
+
+    def error(self, code: str, message: str, span: Span, label: str = "", help: str = "") -> None:
+        raise LexError(Diagnostic(code, message, span, label, (help,) if help else ()))
+
+    def emit(self, kind: str, text: str, line: int, col: int, end_col: int) -> None:
+        self.tokens.append(Token(kind, text, self.span(line, col, end_col)))
+
+    def run(self) -> list[Token]:
+        lines = self.src.split("\n")
+        for number, raw in enumerate(lines, start=1):
+            line = raw.rstrip("\r")
+            self.line(line, number)
+        last = len(lines)
+        if self.depth:
+            opener = self.brackets[-1]
+            self.error("E0104", f"`{opener.text}` is never closed", opener.span, "opened here",
+                       f"close it with `{_CLOSER[opener.text]}`")
+        if self.tokens and self.tokens[-1].kind not in ("NEWLINE", "DEDENT"):
+            self.emit("NEWLINE", "", last, len(lines[-1]) + 1, len(lines[-1]) + 1)
+        while len(self.indents) > 1:
+            self.indents.pop()
+            self.emit("DEDENT", "", last + 1, 1, 1)
+        self.emit("EOF", "", last + 1, 1, 1)
+        return self.tokens
+
+    def line(self, text: str, number: int) -> None:
+        pos = 0
+        if self.depth == 0:
+            stripped = text.lstrip(" \t")
+            if not stripped or stripped.startswith("#"):
+                return  # blank and comment-only lines don't affect indentation
+            indent_text = text[: len(text) - len(stripped)]
+            if "\t" in indent_text:
+                col = indent_text.index("\t") + 1
+                self.error("E0102", "tab in indentation", self.span(number, col, col + 1),
+                           "a tab", "indent with spaces")
+            width = len(indent_text)
+            if width > self.indents[-1]:
+                self.indents.append(width)
+                self.emit("INDENT", "", number, 1, width + 1)
+            else:
+                while width < self.indents[-1]:
+                    self.indents.pop()
+                    self.emit("DEDENT", "", number, 1, width + 1)
+                if width != self.indents[-1]:
+                    self.error("E0102", "this line's indentation matches no enclosing block",
+                               self.span(number, 1, width + 1), "",
+                               f"indent it by {self.indents[-1]} spaces, as the block it belongs to")
+            pos = width
+        n = len(text)
+        while pos < n:
+            ch = text[pos]
+            col = pos + 1
+            if ch in " \t\r":
+                pos += 1
+            elif ch == "#":
+                break
+            elif ch.isalpha() or ch == "_":
+                end = pos + 1
+                while end < n and (text[end].isalnum() or text[end] == "_"):
+                    end += 1
+                word = text[pos:end]
+                self.emit("KW" if word in KEYWORDS else "NAME", word, number, col, end + 1)
+                pos = end
+            elif ch.isdigit() or (ch == "." and pos + 1 < n and text[pos + 1].isdigit()):
+                pos = self.number(text, pos, number)
+            elif ch == '"':
+                end = text.find('"', pos + 1)
+                if end < 0:
+                    self.error("E0103", "unterminated string", self.span(number, col, n + 1),
+                               "the string starts here", 'end it with `"` on the same line')
+                self.emit("STRING", text[pos + 1:end], number, col, end + 2)
+                pos = end + 1
+            else:
+                for p in PUNCT:
+                    if text.startswith(p, pos):
+                        self.punct(p, number, col)
+                        pos += len(p)
+                        break
+                else:
+                    self.error("E0101", f"unexpected character `{ch}`", self.span(number, col, col + 1),
+                               "not part of the language",
+                               "remove it; comments start with `#`")
+        if self.depth == 0 and self.tokens and self.tokens[-1].kind not in ("NEWLINE", "INDENT", "DEDENT"):
+            self.emit("NEWLINE", "", number, n + 1, n + 2)
+
+    def number(self, text: str, pos: int, number: int) -> int:
+        end = pos
+        n = len(text)
+        is_float = False
+        while end < n and (text[end].isdigit() or text[end] == "_"):
+            end += 1
+        if end < n and text[end] == "." and not (end + 1 < n and text[end + 1] == "."):
+            is_float = True
+            end += 1
+            while end < n and text[end].isdigit():
+                end += 1
+        if end < n and text[end] in "eE":
+            k = end + 1
+            if k < n and text[k] in "+-":
+                k += 1
+            if k < n and text[k].isdigit():
+                is_float = True
+                end = k
+                while end < n and text[end].isdigit():
+                    end += 1
+        if end < n and (text[end].isalpha() or text[end] == "_"):
+            self.error("E0101", f"unexpected character `{text[end]}` after a number",
+                       self.span(number, end + 1, end + 2), "",
+                       "separate a number from a name with a space or an operator")
+        self.emit("FLOAT" if is_float else "INT", text[pos:end].replace("_", ""), number, pos + 1, end + 1)
+        return end
+
+    def punct(self, p: str, number: int, col: int) -> None:
+        self.emit("OP", p, number, col, col + len(p))
+        if p in "([":
+            self.depth += 1
+            self.brackets.append(self.tokens[-1])
+        elif p in ")]":
+            if not self.depth:
+                self.error("E0104", f"`{p}` closes nothing", self.span(number, col, col + 1),
+                           "no bracket is open here", "remove it")
+            opener = self.brackets.pop()
+            if _CLOSER[opener.text] != p:
+                self.error("E0104", f"`{p}` closes `{opener.text}`",
+                           self.span(number, col, col + 1), f"expected `{_CLOSER[opener.text]}`",
+                           f"`{opener.text}` was opened at {opener.span}")
+            self.depth -= 1
+
+
+_CLOSER = {"(": ")", "[": "]"}

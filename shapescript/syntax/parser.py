@@ -1,0 +1,592 @@
+"""Tokens to the syntax tree: recursive descent for items and statements, Pratt for expressions.
+
+Every problem is a `Diagnostic` (E01xx) pointing at the token where the parser got stuck.
+"""
+
+from __future__ import annotations
+
+from ..errors import CompileError, Diagnostic, Span
+from . import ast as A
+from .lexer import LexError, Token, tokenize
+
+ITEM_WORDS = ("devices", "dim", "data", "model", "extern", "python")
+DTYPES = ("f16", "bf16", "f32", "f64", "i32", "i64", "bool")
+
+# Binding powers: higher binds tighter.
+BINARY = {
+    "|>": 1, "or": 2, "and": 3,
+    "==": 5, "!=": 5, "<": 5, "<=": 5, ">": 5, ">=": 5,
+    "+": 6, "-": 6, "*": 7, "/": 7, "@": 7, "**": 9,
+}
+NOT_POWER = 4
+NEG_POWER = 8
+
+
+class ParseError(Exception):
+    def __init__(self, diagnostic: Diagnostic) -> None:
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+
+
+def parse(source: str, file: str = "<input>") -> A.Program:
+    """Parse a whole program; raises CompileError with the first syntax error."""
+    try:
+        tokens = tokenize(source, file)
+        return _Parser(tokens, source, file).program()
+    except (LexError, ParseError) as e:
+        raise CompileError([e.diagnostic], source) from None
+
+
+def _describe(tok: Token) -> str:
+    if tok.kind == "NEWLINE":
+        return "the end of the line"
+    if tok.kind == "EOF":
+        return "the end of the file"
+    if tok.kind == "INDENT":
+        return "an indented block"
+    if tok.kind == "DEDENT":
+        return "the end of the block"
+    return f"`{tok.text}`"
+
+
+class _Parser:
+    def __init__(self, tokens: list[Token], source: str, file: str) -> None:
+        self.toks = tokens
+        self.pos = 0
+        self.source = source
+        self.file = file
+
+    # ---- token helpers ------------------------------------------------------------------------
+
+    @property
+    def tok(self) -> Token:
+        return self.toks[self.pos]
+
+    def peek(self, k: int = 1) -> Token:
+        return self.toks[min(self.pos + k, len(self.toks) - 1)]
+
+    def at(self, text: str, kind: str | None = None) -> bool:
+        t = self.tok
+        return t.text == text and t.kind in ((kind,) if kind else ("OP", "KW", "NAME"))
+
+    def advance(self) -> Token:
+        t = self.tok
+        if t.kind != "EOF":
+            self.pos += 1
+        return t
+
+    def fail(self, message: str, tok: Token | None = None, label: str = "", help: str = "") -> ParseError:
+        tok = tok or self.tok
+        span = tok.span
+        if tok.kind in ("NEWLINE", "EOF", "DEDENT", "INDENT") and self.pos > 0:
+            prev = self.toks[self.pos - 1].span  # point just after the last real token
+            span = Span(prev.file, prev.end_line, prev.end_col, prev.end_line, prev.end_col + 1)
+        return ParseError(Diagnostic("E0105", message, span, label, (help,) if help else ()))
+
+    def expect(self, text: str, what: str = "", help: str = "") -> Token:
+        if self.tok.text == text and self.tok.kind in ("OP", "KW", "NAME"):
+            return self.advance()
+        raise self.fail(f"expected `{text}`{' ' + what if what else ''}, found {_describe(self.tok)}",
+                        label=f"expected `{text}`", help=help)
+
+    def expect_name(self, what: str) -> Token:
+        if self.tok.kind == "NAME":
+            return self.advance()
+        extra = " (a reserved word)" if self.tok.kind == "KW" else ""
+        raise self.fail(f"expected {what}, found {_describe(self.tok)}{extra}", label=f"expected {what}")
+
+    def expect_newline(self) -> None:
+        if self.tok.kind == "NEWLINE":
+            self.advance()
+            return
+        raise self.fail(f"expected the end of the line, found {_describe(self.tok)}", label="unexpected",
+                        help="put each statement on a line of its own")
+
+    def span_from(self, start: Span) -> Span:
+        """From `start` to the end of the last real token consumed (layout tokens don't count)."""
+        k = self.pos - 1
+        while k > 0 and self.toks[k].kind in ("NEWLINE", "INDENT", "DEDENT"):
+            k -= 1
+        return start.to(self.toks[k].span) if k >= 0 else start
+
+    def block(self, parse_line) -> list:
+        """NEWLINE INDENT { line } DEDENT, after a `:`."""
+        self.expect_newline()
+        if self.tok.kind != "INDENT":
+            raise self.fail("expected an indented block", label="the block should start here",
+                            help="indent the lines that belong to it")
+        self.advance()
+        out = []
+        while self.tok.kind not in ("DEDENT", "EOF"):
+            out.append(parse_line())
+        self.advance()
+        return out
+
+    # ---- items --------------------------------------------------------------------------------
+
+    def program(self) -> A.Program:
+        start = self.tok.span
+        items: list[A.Item] = []
+        while self.tok.kind != "EOF":
+            items.append(self.item())
+        return A.Program(self.span_from(start) if items else start, items, self.source)
+
+    def item(self) -> A.Item:
+        t = self.tok
+        if t.kind == "KW" and t.text == "fn":
+            return self.fn()
+        if t.kind == "NAME" and t.text in ITEM_WORDS:
+            return getattr(self, "item_" + t.text)()
+        if t.kind == "INDENT":
+            raise self.fail("unexpected indentation", label="this line is indented",
+                            help="top-level items start at the first column")
+        raise self.fail(f"expected an item (devices, dim, data, model, fn, extern fn, python fn), "
+                        f"found {_describe(t)}", label="not an item",
+                        help="statements go inside a `fn`")
+
+    def item_devices(self) -> A.Devices:
+        start = self.advance().span
+        kind = self.expect_name("a device kind, `cpu` or `cuda`")
+        if kind.text not in ("cpu", "cuda"):
+            raise self.fail(f"unknown device kind `{kind.text}`", kind, "expected `cpu` or `cuda`")
+        indices = None
+        if self.at("[", "OP"):
+            self.advance()
+            indices = []
+            while self.tok.kind == "INT":
+                indices.append(int(self.advance().text))
+            self.expect("]", "after the device numbers", help="list device numbers separated by spaces")
+        end = self.span_from(start)
+        options: list[A.DeviceOption] = []
+        if self.at(":", "OP"):
+            self.advance()
+        if self.tok.kind == "NEWLINE" and self.peek().kind == "INDENT":
+            options = self.block(self.device_option)
+        else:
+            self.expect_newline()
+        return A.Devices(end, kind.text, indices, options)
+
+    def device_option(self) -> A.DeviceOption:
+        t = self.expect_name("a device option, `shard params` or `split NAME`")
+        if t.text == "shard":
+            self.expect("params", "after `shard`")
+            opt = A.DeviceOption(self.span_from(t.span), "shard", None)
+        elif t.text == "split":
+            name = self.expect_name("the dim to split")
+            opt = A.DeviceOption(self.span_from(t.span), "split", name.text)
+        else:
+            raise self.fail(f"unknown device option `{t.text}`", t, "expected `shard params` or `split NAME`")
+        self.expect_newline()
+        return opt
+
+    def item_dim(self) -> A.Dim:
+        start = self.advance().span
+        name = self.expect_name("a dim name")
+        value = None
+        if self.at("=", "OP"):
+            self.advance()
+            if self.tok.kind != "INT":
+                raise self.fail(f"expected a whole number for dim `{name.text}`, found {_describe(self.tok)}",
+                                label="a dim's value is a literal size")
+            value = int(self.advance().text)
+        node = A.Dim(self.span_from(start), name.text, name.span, value)
+        self.expect_newline()
+        return node
+
+    def item_data(self) -> A.Data:
+        start = self.advance().span
+        name = self.expect_name("a data type name")
+        self.expect(":", f"after `data {name.text}`")
+        fields = self.block(self.field)
+        return A.Data(self.span_from(start), name.text, name.span, fields)
+
+    def field(self) -> A.Field:
+        name = self.expect_name("a field name")
+        self.expect(":", f"after the field name `{name.text}`")
+        typ = self.type()
+        node = A.Field(self.span_from(name.span), name.text, typ)
+        self.expect_newline()
+        return node
+
+    def item_model(self) -> A.Model:
+        start = self.advance().span
+        name = self.expect_name("a model name")
+        self.expect(":", f"after `model {name.text}`")
+        members = self.block(self.member)
+        return A.Model(self.span_from(start), name.text, name.span, members)
+
+    def member(self) -> A.Member:
+        start = self.tok.span
+        kind = "sub"
+        if self.tok.kind == "NAME" and self.tok.text in ("param", "buffer") and self.peek().kind == "NAME":
+            kind = self.advance().text
+        name = self.expect_name("a member name")
+        self.expect(":", f"after `{name.text}`")
+        typ = self.type()
+        init = None
+        if kind != "sub":
+            self.expect("=", f"and an initializer for `{name.text}`",
+                        help="e.g. `param w: [D C] = normal(std=0.02)`")
+            init_expr = self.expr()
+            if not isinstance(init_expr, A.Call):
+                raise self.fail("an initializer is a call such as `normal(std=0.02)`", self.toks[self.pos - 1])
+            init = init_expr
+        node = A.Member(self.span_from(start), kind, name.text, typ, init)
+        self.expect_newline()
+        return node
+
+    def params(self) -> list[A.Param]:
+        self.expect("(", "to open the parameter list")
+        params: list[A.Param] = []
+        while not self.at(")", "OP"):
+            start = self.tok.span
+            mut = False
+            if self.at("mut", "KW"):
+                self.advance()
+                mut = True
+            name = self.expect_name("a parameter name")
+            self.expect(":", f"and a type for `{name.text}`", help=f"write `{name.text}: [n]` or the like")
+            typ = self.type()
+            params.append(A.Param(self.span_from(start), name.text, typ, mut))
+            if not self.at(")", "OP"):
+                self.expect(",", "between parameters")
+        self.advance()
+        return params
+
+    def fn(self) -> A.Fn:
+        start = self.advance().span
+        name = self.expect_name("a function name")
+        params = self.params()
+        ret = None
+        if self.at("->", "OP"):
+            self.advance()
+            ret = self.type()
+        if self.at("=", "OP"):
+            self.advance()
+            value = self.expr()
+            body: list[A.Stmt] = [A.Return(value.span, value)]
+            node = A.Fn(self.span_from(start), name.text, name.span, params, ret, body, True)
+            self.expect_newline()
+            return node
+        self.expect(":", "to start the function's body", help="or `= expr` for a one-line function")
+        body = self.block(self.stmt)
+        return A.Fn(self.span_from(start), name.text, name.span, params, ret, body, False)
+
+    def item_extern(self) -> A.Extern:
+        return self.foreign("extern")
+
+    def item_python(self) -> A.Extern:
+        return self.foreign("python")
+
+    def foreign(self, kind: str) -> A.Extern:
+        start = self.advance().span
+        self.expect("fn", f"after `{kind}`")
+        name = self.expect_name("a function name")
+        params = self.params()
+        ret = None
+        if self.at("->", "OP"):
+            self.advance()
+            ret = self.type()
+        self.expect("=", "and the Python function's name", help=f'e.g. `{kind} fn f(x: [n]) -> [n] = "module.func"`')
+        if self.tok.kind != "STRING":
+            raise self.fail(f'expected the Python function as a string, "module.func", found {_describe(self.tok)}')
+        target = self.advance()
+        node = A.Extern(self.span_from(start), kind, name.text, name.span, params, ret, target.text, target.span)
+        self.expect_newline()
+        return node
+
+    # ---- types --------------------------------------------------------------------------------
+
+    def type(self) -> A.TypeExpr:
+        start = self.tok.span
+        if self.at("[", "OP"):
+            self.advance()
+            axes: list[A.Axis] = []
+            while not self.at("]", "OP"):
+                axes.append(self.axis())
+            self.advance()
+            element = None
+            if self.tok.kind == "NAME":
+                element = self.named_type()
+            return A.ShapeType(self.span_from(start), axes, element)
+        if self.tok.kind == "NAME":
+            return self.named_type()
+        raise self.fail(f"expected a type, found {_describe(self.tok)}", label="expected a type",
+                        help="a tensor type is written `[b D]`, a scalar `[]`")
+
+    def named_type(self) -> A.NamedType:
+        name = self.expect_name("a type name")
+        args: list[A.TypeExpr | A.DimExpr] = []
+        if self.at("[", "OP"):
+            self.advance()
+            while not self.at("]", "OP"):
+                if self.at("[", "OP") or (self.tok.kind == "NAME" and self.peek().text == "["):
+                    args.append(self.type())
+                else:
+                    args.append(self.dimexpr())
+                if self.at(",", "OP"):
+                    self.advance()
+            self.advance()
+        return A.NamedType(self.span_from(name.span), name.text, args)
+
+    def axis(self) -> A.Axis:
+        if self.at("(", "OP"):
+            start = self.advance().span
+            parts: list[A.DimExpr] = []
+            while not self.at(")", "OP"):
+                parts.append(self.dimexpr())
+            self.advance()
+            if not parts:
+                raise self.fail("an empty group `()` has no axis", self.toks[self.pos - 1])
+            if len(parts) == 1:
+                first = parts[0]
+                return self.dim_tail(first) if self.tok.text in "+-*/" and self.tok.kind == "OP" else first
+            return A.GroupAxis(self.span_from(start), parts)
+        return self.dimexpr()
+
+    def dimexpr(self, power: int = 0) -> A.DimExpr:
+        left = self.dim_atom()
+        return self.dim_tail(left, power)
+
+    def dim_tail(self, left: A.DimExpr, power: int = 0) -> A.DimExpr:
+        ops = {"+": 1, "-": 1, "*": 2, "/": 2}
+        while self.tok.kind == "OP" and self.tok.text in ops and ops[self.tok.text] > power:
+            op = self.advance().text
+            right = self.dimexpr(ops[op])
+            left = A.DimBin(left.span.to(right.span), op, left, right)
+        return left
+
+    def dim_atom(self) -> A.DimExpr:
+        t = self.tok
+        if t.kind == "NAME":
+            self.advance()
+            return A.DimName(t.span, t.text)
+        if t.kind == "INT":
+            self.advance()
+            return A.DimInt(t.span, int(t.text))
+        if self.at("(", "OP"):
+            self.advance()
+            inner = self.dimexpr()
+            self.expect(")", "to close the dim expression")
+            return inner
+        raise self.fail(f"expected a dim (a name or a size), found {_describe(t)}", label="expected a dim")
+
+    # ---- statements ---------------------------------------------------------------------------
+
+    def stmt(self) -> A.Stmt:
+        start = self.tok.span
+        if self.at("return", "KW"):
+            self.advance()
+            value = None if self.tok.kind == "NEWLINE" else self.expr_or_tuple()
+            node: A.Stmt = A.Return(self.span_from(start), value)
+            self.expect_newline()
+            return node
+        if self.at("for", "KW"):
+            self.advance()
+            var = self.expect_name("a loop variable")
+            self.expect("in", "after the loop variable")
+            it = self.expr()
+            self.expect(":", "to start the loop's body")
+            body = self.block(self.stmt)
+            return A.For(self.span_from(start), A.Name(var.span, var.text), it, body)
+        first = self.expr()
+        if self.at(",", "OP") or self.at("=", "OP"):
+            targets = [first]
+            while self.at(",", "OP"):
+                self.advance()
+                targets.append(self.expr())
+            self.expect("=", "to assign to the names")
+            for t in targets:
+                if not isinstance(t, A.Name):
+                    raise ParseError(Diagnostic("E0105", "only names can be assigned to", t.span,
+                                                "not a name", ("bind the value to a new name",)))
+            value = self.expr()
+            node = A.Assign(self.span_from(start), targets, value)  # type: ignore[arg-type]
+        else:
+            node = A.ExprStmt(first.span, first)
+        self.expect_newline()
+        return node
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def expr_or_tuple(self) -> A.Expr:
+        first = self.expr()
+        if not self.at(",", "OP"):
+            return first
+        items = [first]
+        while self.at(",", "OP"):
+            self.advance()
+            items.append(self.expr())
+        return A.TupleExpr(first.span.to(items[-1].span), items)
+
+    def expr(self, power: int = 0) -> A.Expr:
+        left = self.prefix()
+        while True:
+            t = self.tok
+            op = t.text if t.kind in ("OP", "KW") else None
+            bp = BINARY.get(op) if op else None
+            if bp is None or bp <= power:
+                return left
+            self.advance()
+            # `**` is right-associative: its right side may hold another `**`.
+            right = self.expr(bp - 1 if op == "**" else bp)
+            if op == "|>":
+                left = self.pipe(left, right, t)
+            else:
+                left = A.Binary(left.span.to(right.span), op, left, right)
+
+    def pipe(self, left: A.Expr, right: A.Expr, tok: Token) -> A.Call:
+        span = left.span.to(right.span)
+        if isinstance(right, A.Call):
+            return A.Call(span, right.func, [A.Arg(left.span, left)] + right.args, piped=True)
+        if isinstance(right, (A.Name, A.Attr)):
+            return A.Call(span, right, [A.Arg(left.span, left)], piped=True)
+        raise ParseError(Diagnostic("E0105", "the right side of `|>` must be a function or a call",
+                                    right.span, "not a function", ("write `x |> f(y)`, which means `f(x, y)`",)))
+
+    def prefix(self) -> A.Expr:
+        t = self.tok
+        if t.kind == "OP" and t.text == "-":
+            self.advance()
+            operand = self.expr(NEG_POWER)
+            return A.Unary(t.span.to(operand.span), "-", operand)
+        if t.kind == "KW" and t.text == "not":
+            self.advance()
+            operand = self.expr(NOT_POWER)
+            return A.Unary(t.span.to(operand.span), "not", operand)
+        return self.postfix(self.atom())
+
+    def atom(self) -> A.Expr:
+        t = self.tok
+        if t.kind == "NAME":
+            self.advance()
+            return A.Name(t.span, t.text)
+        if t.kind == "INT":
+            self.advance()
+            return A.IntLit(t.span, int(t.text))
+        if t.kind == "FLOAT":
+            self.advance()
+            return A.FloatLit(t.span, float(t.text))
+        if t.kind == "STRING":
+            self.advance()
+            return A.StrLit(t.span, t.text)
+        if t.kind == "KW" and t.text in ("true", "false"):
+            self.advance()
+            return A.BoolLit(t.span, t.text == "true")
+        if self.at("(", "OP"):
+            self.advance()
+            inner = self.expr_or_tuple()
+            self.expect(")", "to close the parenthesis")
+            return inner
+        raise self.fail(f"expected an expression, found {_describe(t)}", label="expected an expression")
+
+    def postfix(self, node: A.Expr) -> A.Expr:
+        while True:
+            if self.at(".", "OP"):
+                self.advance()
+                name = self.expect_name("a field name after `.`")
+                node = A.Attr(node.span.to(name.span), node, name.text, name.span)
+            elif self.at("(", "OP"):
+                self.advance()
+                args = self.args(node)
+                close = self.expect(")", "to close the call")
+                node = A.Call(node.span.to(close.span), node, args)
+            elif self.at("[", "OP") and not (self.tok.span.line != self.toks[self.pos - 1].span.end_line):
+                self.advance()
+                index = self.expr()
+                close = self.expect("]", "to close the index")
+                node = A.Subscript(node.span.to(close.span), node, index)
+            else:
+                return node
+
+    # ---- call arguments and patterns ----------------------------------------------------------
+
+    def segments(self) -> list[tuple[int, int, bool]]:
+        """Split the call's arguments at top-level commas: (start, end, has_arrow) token ranges."""
+        out = []
+        depth = 0
+        i = self.pos
+        start = i
+        arrow = False
+        while True:
+            t = self.toks[i]
+            if t.kind == "EOF":
+                break
+            if t.kind == "OP" and t.text in "([":
+                depth += 1
+            elif t.kind == "OP" and t.text in ")]":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif depth == 0 and t.kind == "OP" and t.text == ",":
+                out.append((start, i, arrow))
+                start, arrow = i + 1, False
+            elif depth == 0 and t.kind == "OP" and t.text == "->":
+                arrow = True
+            i += 1
+        if i > start:
+            out.append((start, i, arrow))
+        return out
+
+    def args(self, func: A.Expr) -> list[A.Arg]:
+        segs = self.segments()
+        arrow_at = next((k for k, s in enumerate(segs) if s[2]), None)
+        pattern_first = arrow_at
+        if arrow_at is not None and isinstance(func, A.Name) and func.id == "einsum":
+            pattern_first = (arrow_at + 1) // 2  # einsum: as many pattern operands as tensors
+        args: list[A.Arg] = []
+        k = 0
+        while not self.at(")", "OP"):
+            if pattern_first is not None and k == pattern_first:
+                args.append(self.pattern(arrow_at - k + 1))
+                k = arrow_at + 1
+            else:
+                args.append(self.arg())
+                k += 1
+            if not self.at(")", "OP"):
+                self.expect(",", "between arguments")
+        return args
+
+    def arg(self) -> A.Arg:
+        start = self.tok.span
+        if self.at("mut", "KW"):
+            self.advance()
+            value = self.expr()
+            return A.Arg(self.span_from(start), value, None, True)
+        if self.tok.kind == "NAME" and self.peek().kind == "OP" and self.peek().text == "=":
+            name = self.advance().text
+            self.advance()
+            value = self.expr()
+            return A.Arg(self.span_from(start), value, name)
+        value = self.expr()
+        return A.Arg(value.span, value)
+
+    def pattern(self, operands: int) -> A.Arg:
+        start = self.tok.span
+        lhs: list[list[A.PatAxis]] = []
+        for k in range(operands):
+            lhs.append(self.pat_axes())
+            if k < operands - 1:
+                self.expect(",", "between the pattern's operands")
+        self.expect("->", "in the pattern")
+        rhs = self.pat_axes()
+        span = self.span_from(start)
+        return A.Arg(span, A.Pattern(span, lhs, rhs))
+
+    def pat_axes(self) -> list[A.PatAxis]:
+        out: list[A.PatAxis] = []
+        while True:
+            t = self.tok
+            if t.kind == "NAME":
+                self.advance()
+                out.append(A.PatAxis(t.span, name=t.text))
+            elif t.kind == "INT":
+                self.advance()
+                out.append(A.PatAxis(t.span, size=int(t.text)))
+            elif self.at("(", "OP"):
+                self.advance()
+                inner = self.pat_axes()
+                close = self.expect(")", "to close the group")
+                out.append(A.PatAxis(t.span.to(close.span), group=inner))
+            else:
+                return out

@@ -1,0 +1,288 @@
+"""Checked loading: items, stacked batches, Python batches, datasets, shuffle and batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.data import (Batch, DataSpec, FieldSpec, TensorDataset, batch_fields,
+                                      batch_from_python, batches, check_batch, check_item,
+                                      shuffle)
+
+
+def digits(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+class ListDataset:
+    """A plain map-style Python dataset of dict items, without __getitems__."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]
+
+
+class ListItemsDataset(ListDataset):
+    """One whose __getitems__ returns a list of items, as torch's own datasets may."""
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        return [self.items[i] for i in indices]
+
+
+# ---- check_item -------------------------------------------------------------------------------
+
+def test_item_is_converted_to_the_declared_dtypes(digit: DataSpec) -> None:
+    out = check_item(digit, {"img": np.arange(64, dtype=np.float64), "label": 3.0}, 0)
+    assert out["img"].dtype == torch.float32 and torch.equal(out["img"], torch.arange(64.0))
+    assert out["label"].dtype == torch.int64 and out["label"].item() == 3
+    out = check_item(digit, {"img": list(range(64)), "label": np.int16(9)}, 0)
+    assert out["img"].dtype == torch.float32 and out["label"].item() == 9
+
+
+def test_read_only_numpy_arrays_are_accepted(digit: DataSpec) -> None:
+    img = np.zeros(64, dtype=np.float32)
+    img.flags.writeable = False
+    assert check_item(digit, {"img": img, "label": 0}, 0)["img"].shape == (64,)
+
+
+def test_label_outside_index_bound(digit: DataSpec) -> None:
+    with pytest.raises(DomainError) as info:
+        check_item(digit, {"img": torch.zeros(64), "label": 12}, 17)
+    assert str(info.value) == ("item 17 of the dataset: field `label` is 12, outside Index[C] "
+                               "with C = 10 (declared at digits.ss:8:5)")
+    with pytest.raises(DomainError, match="field `label` is -1, outside Index"):
+        check_item(digit, {"img": torch.zeros(64), "label": -1}, 0)
+
+
+def test_wrong_item_shape(digit: DataSpec) -> None:
+    with pytest.raises(ShapeError) as info:
+        check_item(digit, {"img": torch.zeros(63), "label": 1}, 3)
+    assert str(info.value) == ("item 3 of the dataset: field `img` has shape [63], expected [D] "
+                               "with D = 64 (declared at digits.ss:7:5)")
+    with pytest.raises(ShapeError, match=r"field `label` has shape \[1\], expected \[\]"):
+        check_item(digit, {"img": torch.zeros(64), "label": [1]}, 3)
+
+
+@pytest.mark.parametrize("label", [2.5, float("nan"), torch.tensor(7.25)])
+def test_non_integral_label(digit: DataSpec, label: Any) -> None:
+    with pytest.raises(DomainError, match=r"item 4 of the dataset: field `label` is .*, not an "
+                                          r"integer as \[\] Index\[C\] requires \(declared at "
+                                          r"digits.ss:8:5\)"):
+        check_item(digit, {"img": torch.zeros(64), "label": label}, 4)
+
+
+def test_missing_extra_and_malformed_items(digit: DataSpec) -> None:
+    with pytest.raises(ShapeError, match=r"^item 2 of the dataset has no field `label` "
+                                         r"\(declared at digits.ss:8:5\)$"):
+        check_item(digit, {"img": torch.zeros(64)}, 2)
+    with pytest.raises(ShapeError, match="item 2 of the dataset has a field `pixels` that Digit "
+                                         "does not declare"):
+        check_item(digit, {"img": torch.zeros(64), "label": 1, "pixels": 0}, 2)
+    with pytest.raises(ShapeError, match="item 2 of the dataset is a tuple, expected a mapping "
+                                         "with the fields of Digit"):
+        check_item(digit, (torch.zeros(64), 1), 2)
+    with pytest.raises(ShapeError, match="field `img` is a list that is not an array"):
+        check_item(digit, {"img": [[1.0, 2.0], [3.0]], "label": 1}, 2)
+    with pytest.raises(ShapeError, match="field `label` is a str that is not an array"):
+        check_item(digit, {"img": torch.zeros(64), "label": "seven"}, 2)
+
+
+def test_generic_dims_bind_across_fields(seq: DataSpec) -> None:
+    out = check_item(seq, {"tokens": [1, 2, 3], "mask": [1.0, 1.0, 0.0]}, 0)
+    assert out["tokens"].tolist() == [1, 2, 3] and out["mask"].dtype == torch.float32
+    with pytest.raises(ShapeError) as info:
+        check_item(seq, {"tokens": [1, 2, 3], "mask": [1.0, 1.0]}, 5)
+    assert str(info.value) == ("item 5 of the dataset: field `mask` has shape [2], expected [n] "
+                               "with n = 3 (bound by field `tokens`) (declared at digits.ss:4:5)")
+
+
+def test_index_error_inside_a_sequence_names_the_position(seq: DataSpec) -> None:
+    with pytest.raises(DomainError, match=r"item 1 of the dataset: field `tokens` holds 70 at "
+                                          r"\[2\], outside Index\[V\] with V = 50"):
+        check_item(seq, {"tokens": [1, 2, 70, 99], "mask": [0.0] * 4}, 1)
+
+
+def test_bool_and_narrow_int_fields() -> None:
+    spec = DataSpec("Flags", (
+        FieldSpec("on", (), torch.bool, None, None, "f.ss:2:5", "[] bool"),
+        FieldSpec("k", (), torch.int32, None, None, "f.ss:3:5", "[] i32"),
+    ), "f.ss:1:1")
+    out = check_item(spec, {"on": 1, "k": 5.0}, 0)
+    assert out["on"].dtype == torch.bool and out["on"].item() is True and out["k"].dtype == torch.int32
+    with pytest.raises(DomainError, match="field `on` is 2, not a bool"):
+        check_item(spec, {"on": 2, "k": 0}, 0)
+    with pytest.raises(DomainError, match="field `k` is 4294967296, out of range for i32"):
+        check_item(spec, {"on": True, "k": 2**32}, 0)
+    with pytest.raises(DomainError, match="out of range for i32"):
+        check_item(spec, {"on": True, "k": 2.0**31}, 0)
+
+
+# ---- check_batch and batch_from_python ---------------------------------------------------------
+
+def test_check_batch_accepts_and_converts(digit: DataSpec) -> None:
+    x, y = digits(4)
+    out = check_batch(digit, {"img": x.double(), "label": y.float()}, [9, 3, 5, 1])
+    assert torch.equal(out["img"], x) and torch.equal(out["label"], y)
+
+
+def test_check_batch_names_the_offending_dataset_index(digit: DataSpec) -> None:
+    x, y = digits(8)
+    y[5] = 10
+    with pytest.raises(DomainError) as info:
+        check_batch(digit, {"img": x, "label": y}, [40, 41, 42, 43, 44, 45, 46, 47])
+    assert str(info.value) == ("item 45 of the dataset: field `label` is 10, outside Index[C] "
+                               "with C = 10 (declared at digits.ss:8:5)")
+    y[5], y[2] = 0, 1.5
+    with pytest.raises(DomainError, match="item 42 of the dataset: field `label` is 1.5, not an "
+                                          "integer"):
+        check_batch(digit, {"img": x, "label": y.float() + (torch.arange(8) == 2) * 0.5}, range(40, 48))
+    with pytest.raises(ShapeError, match=r"item 40 of the dataset: field `img` has shape \[63\], "
+                                         r"expected \[D\] with D = 64"):
+        check_batch(digit, {"img": x[:, :63], "label": y}, range(40, 48))
+    with pytest.raises(ShapeError, match="field `label` has 7 rows for the 8 items of the batch"):
+        check_batch(digit, {"img": x, "label": y[:7]}, range(40, 48))
+
+
+def test_batch_from_python(digit: DataSpec) -> None:
+    x, y = digits(32)
+    batch = batch_from_python(digit, {"img": x, "label": y}, "train.ss:14:20")
+    assert batch.size == 32 and batch.img is x and batch.label is y and batch.spec is digit
+    assert batch_from_python(digit, batch, "train.ss:14:20") is batch
+    assert list(batch_fields(batch)) == ["img", "label"]
+    assert repr(batch) == "Batch[32] Digit(img: [32, 64] f32, label: [32] i64)"
+
+
+def test_batch_from_python_errors(digit: DataSpec, seq: DataSpec) -> None:
+    x, y = digits(32)
+    where = "train.ss:14:20"
+    with pytest.raises(ShapeError) as info:
+        batch_from_python(digit, {"img": x[:, :63], "label": y}, where)
+    assert str(info.value) == ("batch field `img` has shape [32, 63], expected [b D] with D = 64 "
+                               "(declared at digits.ss:7:5; the batch goes to train.ss:14:20)")
+    with pytest.raises(ShapeError, match=r"batch field `label` has shape \[31\], expected \[b\] "
+                                         r"with b = 32 \(bound by field `img`\)"):
+        batch_from_python(digit, {"img": x, "label": y[:31]}, where)
+    y[7] = 11
+    with pytest.raises(DomainError, match=r"batch field `label` holds 11 at \[7\], outside "
+                                          r"Index\[C\] with C = 10"):
+        batch_from_python(digit, {"img": x, "label": y}, where)
+    with pytest.raises(ShapeError, match="expected a batch of Digit .* got a batch of Seq"):
+        batch_from_python(digit, Batch(seq, {"tokens": torch.zeros(2, 3), "mask": torch.zeros(2, 3)}),
+                          where)
+    with pytest.raises(ShapeError, match="is empty"):
+        batch_from_python(digit, {"img": x[:0], "label": y[:0]}, where)
+    with pytest.raises(ShapeError, match="batch is a list, expected a mapping"):
+        batch_from_python(digit, [x, y], where)
+
+
+# ---- datasets, shuffle, batches -----------------------------------------------------------------
+
+def test_tensor_dataset() -> None:
+    x, y = digits(10)
+    ds = TensorDataset(img=x, label=y)
+    assert len(ds) == 10
+    item = ds[3]
+    assert torch.equal(item["img"], x[3]) and item["label"] == y[3]
+    got = ds.__getitems__([4, 0, 4])
+    assert torch.equal(got["img"], x[[4, 0, 4]]) and torch.equal(got["label"], y[[4, 0, 4]])
+    with pytest.raises(IndexError):
+        ds[10]
+    with pytest.raises(ShapeError, match="field `label` has 9 rows, but `img` has 10"):
+        TensorDataset(img=x, label=y[:9])
+    with pytest.raises(ShapeError, match="field `label` is a scalar"):
+        TensorDataset(img=x, label=3)
+    assert len(TensorDataset(img=np.zeros((5, 2)))) == 5
+
+
+def test_shuffle_uses_torch_randperm() -> None:
+    x, y = digits(50)
+    ds = TensorDataset(img=x, label=y)
+    perm = torch.randperm(50, generator=torch.Generator().manual_seed(7))
+    view = shuffle(ds, seed=7)
+    assert len(view) == 50
+    assert all(torch.equal(view[i]["img"], x[perm[i]]) for i in range(50))
+    got = view.__getitems__([0, 1, 2])
+    assert torch.equal(got["label"], y[perm[:3]])
+    plain = shuffle(ListDataset([{"i": i} for i in range(50)]), seed=7)
+    assert plain.__getitems__([0, 1]) == [{"i": int(perm[0])}, {"i": int(perm[1])}]
+    with pytest.raises(TypeError, match="seed must be an int"):
+        shuffle(ds, seed=0.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="map-style dataset"):
+        shuffle(iter([]), seed=0)
+
+
+def expected_batches(x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, n: int
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x[order[s:s + n]], y[order[s:s + n]]) for s in range(0, len(order), n)]
+
+
+def items_of(x: torch.Tensor, y: torch.Tensor) -> list[dict[str, Any]]:
+    return [{"img": x[i].numpy(), "label": int(y[i])} for i in range(len(x))]
+
+
+@pytest.mark.parametrize("kind", ["tensor", "list", "list-getitems"])
+def test_batches_of_a_shuffled_dataset(digit: DataSpec, kind: str) -> None:
+    x, y = digits(150)
+    ds = {"tensor": lambda: TensorDataset(img=x, label=y),
+          "list": lambda: ListDataset(items_of(x, y)),
+          "list-getitems": lambda: ListItemsDataset(items_of(x, y))}[kind]()
+    order = torch.randperm(150, generator=torch.Generator().manual_seed(3))
+    got = batches(shuffle(ds, seed=3), 64, digit)
+    assert len(got) == 3
+    for _ in range(2):  # re-iterable, same batches each time
+        seen = list(got)
+        assert [b.size for b in seen] == [64, 64, 22]
+        for b, (ex, ey) in zip(seen, expected_batches(x, y, order, 64)):
+            assert isinstance(b, Batch) and b.spec is digit
+            assert torch.equal(b.img, ex) and torch.equal(b.label, ey)
+            assert b.label.dtype == torch.int64
+
+
+def test_nested_shuffles_compose(digit: DataSpec) -> None:
+    x, y = digits(20)
+    p1 = torch.randperm(20, generator=torch.Generator().manual_seed(1))
+    p2 = torch.randperm(20, generator=torch.Generator().manual_seed(2))
+    view = shuffle(shuffle(TensorDataset(img=x, label=y), seed=1), seed=2)
+    (b,) = list(batches(view, 32, digit))
+    assert torch.equal(b.img, x[p1[p2]])
+
+
+def test_batches_edge_cases(digit: DataSpec) -> None:
+    x, y = digits(5)
+    ds = TensorDataset(img=x, label=y)
+    assert [b.size for b in batches(ds, 2, digit)] == [2, 2, 1]
+    assert list(batches(TensorDataset(img=x[:0], label=y[:0]), 4, digit)) == []
+    with pytest.raises(DomainError, match="batch size must be positive, got 0"):
+        batches(ds, 0, digit)
+    with pytest.raises(TypeError, match="the batch size must be an int"):
+        batches(ds, 2.0, digit)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["tensor", "list"])
+def test_batches_name_the_base_dataset_index(digit: DataSpec, kind: str) -> None:
+    x, y = digits(100)
+    y[61] = 10
+    ds = TensorDataset(img=x, label=y) if kind == "tensor" else ListDataset(items_of(x, y))
+    with pytest.raises(DomainError, match=r"^item 61 of the dataset: field `label` is 10, "
+                                          r"outside Index\[C\] with C = 10"):
+        for _ in batches(shuffle(ds, seed=5), 16, digit):
+            pass
+
+
+def test_items_of_one_batch_must_agree_on_generic_dims(seq: DataSpec) -> None:
+    ds = ListDataset([{"tokens": [1, 2], "mask": [1.0, 1.0]},
+                      {"tokens": [1, 2, 3], "mask": [1.0, 1.0, 1.0]}])
+    with pytest.raises(ShapeError, match=r"item 1 of the dataset: field `tokens` has shape \[3\], "
+                                         r"but item 0 of the same batch has \[2\]"):
+        list(batches(ds, 2, seq))
+    assert [b.tokens.shape for b in batches(ds, 1, seq)] == [(1, 2), (1, 3)]
