@@ -16,6 +16,9 @@ from .program import Checked, DeviceSet, FnInfo, ParamInfo
 INIT_ARGS = {"normal": ("mean", "std"), "uniform": ("low", "high"), "zeros": (), "ones": ()}
 INIT_DEFAULTS = {"mean": 0.0, "std": 1.0, "low": 0.0, "high": 1.0}
 OPTIMIZERS = {"AdamW", "Sgd"}
+# Names the runtime's Model and Batch already use for themselves.
+RESERVED_MEMBERS = {"init", "params", "named_params", "state_dict", "load_state_dict", "spec"}
+RESERVED_FIELDS = {"spec", "size"}
 SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
 
 
@@ -114,6 +117,10 @@ def collect(ctx: Context) -> DeviceSet:
             if f.name in data.fields:
                 ctx.error("E0202", f"field `{f.name}` is defined twice in `{data.name}`", f.span)
                 continue
+            if f.name in RESERVED_FIELDS:
+                ctx.error("E0202", f"`{f.name}` is reserved: a batch has it already", f.span,
+                          "a reserved name", "rename the field")
+                continue
             t = resolve_type(ctx, f.type, {}, allow_generic=True)
             if isinstance(t, T.TensorT):
                 data.fields[f.name] = t
@@ -159,6 +166,10 @@ def members(ctx: Context, model: T.ModelT) -> None:
     for m in model.node.members:
         if m.name in model.members:
             ctx.error("E0202", f"member `{m.name}` is defined twice in `{model.name}`", m.span)
+            continue
+        if m.name in RESERVED_MEMBERS or m.name.startswith("_"):
+            ctx.error("E0202", f"`{m.name}` is reserved: a model has it already", m.span,
+                      "a reserved name", "rename the member")
             continue
         if m.kind == "sub":
             t = resolve_type(ctx, m.type, {}, allow_generic=False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shapescript.errors import ShapeError
+from shapescript.errors import DomainError, ShapeError
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
@@ -136,8 +136,11 @@ class Model:
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"{spec.name}.init: seed must be an int, got {type(seed).__name__} "
                             f"{seed!r}")
-        g = torch.Generator().manual_seed(int(seed))
-        return cls._build(spec, g, torch.device(device))
+        try:
+            where = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise DomainError(f"{spec.name}.init: {device!r} is not a device ({e})") from None
+        return cls._build(spec, torch.Generator().manual_seed(int(seed)), where)
 
     @classmethod
     def _build(cls, spec: ModelSpec, g: torch.Generator, device: torch.device) -> "Model":

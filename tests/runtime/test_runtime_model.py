@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shapescript.errors import ShapeError
+from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec
 
 
@@ -76,6 +76,8 @@ def test_state_dict_holds_detached_copies(net: ModelSpec) -> None:
 def test_init_on_a_device_string(mlp: ModelSpec) -> None:
     m = Model.init(mlp, seed=0, device="cpu")
     assert m.w1.device.type == "cpu" and m.w1.is_leaf
+    with pytest.raises(DomainError, match="Mlp.init: 'gpu7' is not a device"):
+        Model.init(mlp, seed=0, device="gpu7")
 
 
 @pytest.mark.parametrize("seed", ["0", 1.5, True, None])
@@ -131,7 +133,8 @@ def test_load_lists_every_problem(net: ModelSpec) -> None:
 
 
 def test_load_of_a_non_mapping(mlp: ModelSpec) -> None:
-    assert "expected a dict of tensors for Mlp" in failing_load(Model.init(mlp, seed=0), [])  # type: ignore[arg-type]
+    msg = failing_load(Model.init(mlp, seed=0), [])  # type: ignore[arg-type]
+    assert msg == "load_state_dict: expected a dict of tensors for Mlp, got list"
 
 
 def test_repr(net: ModelSpec) -> None:

@@ -1,0 +1,107 @@
+"""The command line: `shapescript check | build | run | explain`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import CompileError, ShapeScriptError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shapescript", description="The ShapeScript compiler.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="check a program's types and shapes")
+    check.add_argument("file")
+    check.add_argument("--devices", help="override the program's devices line, e.g. 'cpu[0 1]'")
+
+    build = sub.add_parser("build", help="lower a program to Python")
+    build.add_argument("file")
+    build.add_argument("-o", "--output", help="the .py file to write (default: print it)")
+    build.add_argument("--standalone", action="store_true",
+                       help="write a module that doesn't import shapescript (one device only)")
+    build.add_argument("--devices", help="override the program's devices line")
+
+    run = sub.add_parser("run", help="run a function of the program that takes no arguments")
+    run.add_argument("file")
+    run.add_argument("function")
+    run.add_argument("--devices", help="override the program's devices line")
+
+    explain = sub.add_parser("explain", help="explain an error code, e.g. E0301")
+    explain.add_argument("code")
+
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except CompileError as e:
+        print(e, file=sys.stderr)
+        return 1
+    except (ShapeScriptError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as e:
+        print(f"error: no such file: {e.filename}", file=sys.stderr)
+        return 2
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .api import compile_program, read_program
+
+    source, file = read_program(Path(args.file))
+    checked = compile_program(source, file, args.devices)
+    print(f"{file}: ok ({len(checked.fns)} functions, {len(checked.models)} models, on {checked.devices})")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from .api import build
+
+    text = build(Path(args.file), standalone=args.standalone, devices=args.devices)
+    if args.output:
+        out = Path(args.output)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(out)  # never a half-written module
+        print(f"wrote {out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .api import load
+
+    prog = load(Path(args.file), devices=args.devices)
+    fn = prog.checked.fns.get(args.function)
+    if fn is None:
+        print(f"error: {args.file} has no function `{args.function}`; it has "
+              f"{', '.join(prog.checked.fns) or 'none'}", file=sys.stderr)
+        return 1
+    if fn.params:
+        print(f"error: `{fn.name}` takes {len(fn.params)} arguments; `run` calls functions that take none "
+              f"(call it from Python instead)", file=sys.stderr)
+        return 1
+    result = getattr(prog, fn.name)()
+    if result is not None:
+        from .runtime.calls import show
+        show(result)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .codes import CODES, explain
+
+    try:
+        print(explain(args.code), end="")
+    except KeyError:
+        print(f"error: no error code {args.code}; codes: {', '.join(CODES)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+COMMANDS = {"check": cmd_check, "build": cmd_build, "run": cmd_run, "explain": cmd_explain}
+
+if __name__ == "__main__":
+    sys.exit(main())

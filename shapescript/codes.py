@@ -1,0 +1,237 @@
+"""The registry of error codes: each with a title, an explanation, a program that triggers it and
+the way out. `shapescript explain CODE` prints an entry; docs/errors.md is generated from here
+(`python -m shapescript.codes > docs/errors.md`), and the tests compile every example and check
+that it fails with exactly its code.
+
+Codes are two digits of chapter and two of entry: 01 syntax, 02 names, 03 shapes and dtypes,
+04 values, 05 `mut`, 06 training, 18 several devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    code: str
+    title: str
+    explanation: str
+    example: str
+    fix: str
+
+
+CHAPTERS = {"01": "Syntax", "02": "Names", "03": "Shapes and dtypes", "04": "Values",
+            "05": "Changing values: `mut`", "06": "Training", "18": "Several devices"}
+
+_ENTRIES = [
+    Code("E0101", "Unexpected character",
+         "The lexer met a character that is no part of the language, such as `$` or `;`, or a "
+         "letter glued to a number.",
+         "fn f(x: [n]) -> [n] = x $ 2\n",
+         "Remove the character. Comments start with `#`."),
+    Code("E0102", "Bad indentation",
+         "Blocks are marked by indentation with spaces. A line indented less than its block but "
+         "more than the enclosing one belongs to no block; a tab in indentation is refused.",
+         "fn f(x: [n]) -> [n]:\n        y = x * 2\n    return y\n",
+         "Indent every line of a block by the same number of spaces."),
+    Code("E0103", "Unterminated string",
+         "A string starts with `\"` and must end with `\"` on the same line.",
+         "python fn load() -> int = \"mod.load\n",
+         "Close the string on the line it starts."),
+    Code("E0104", "Unbalanced bracket",
+         "Every `(` and `[` needs its own closing bracket, in order.",
+         "fn f(x: [n) -> [n] = x\n",
+         "Close each bracket with the matching one."),
+    Code("E0105", "Syntax error",
+         "The parser expected something else at this point: the message says what it expected "
+         "and what it found.",
+         "fn f(x [n]) -> [n] = x\n",
+         "Write the construct as the language guide shows it."),
+    Code("E0201", "Unknown name",
+         "A name, a function or a dim that the program doesn't define. Generic dims are written "
+         "in lower case and need no declaration; a capitalized dim must be declared with `dim`.",
+         "fn f(x: [n]) -> [n] = x * scale\n",
+         "Define the name, or fix its spelling (the help line suggests a near one)."),
+    Code("E0202", "Defined twice",
+         "Two items, fields, members or parameters share a name, or an item takes the name of a "
+         "built-in function.",
+         "dim D = 4\ndim D = 8\n",
+         "Rename one of them."),
+    Code("E0203", "Unknown field",
+         "A batch has the fields of its data type, and a model its params, buffers and "
+         "sub-models; nothing else can be read with `.`.",
+         "data Ex:\n    x: [4]\n\nfn f(batch: [b] Ex) -> [b 4] = batch.y\n",
+         "Use one of the fields the type declares."),
+    Code("E0204", "Unknown type",
+         "A type name that is neither a dtype (f16, bf16, f32, f64, i32, i64, bool), a data type, "
+         "a model, nor one of Dataset[T], AdamW[M], Sgd[M], Grad[M], Index[C], Sink, int, float, "
+         "bool, str.",
+         "fn f(x: [n] f33) -> [n] f33 = x\n",
+         "Fix the spelling, or declare the type."),
+    Code("E0205", "Not a function",
+         "Only functions can be called, by their name; a param's initializer must be one of "
+         "normal, uniform, zeros and ones.",
+         "model M:\n    param w: [4] = gaussian(std=0.1)\n",
+         "Call a function that exists; initialize params with normal(mean=, std=), "
+         "uniform(low=, high=), zeros() or ones()."),
+    Code("E0206", "Wrong arguments",
+         "A call gives too many or too few arguments, a keyword the function doesn't have, or "
+         "the same argument twice.",
+         "fn double(x: [n]) -> [n] = x * 2\n\nfn f(x: [n]) -> [n] = double(x, x)\n",
+         "Pass exactly the parameters the function declares."),
+    Code("E0301", "Shapes don't match",
+         "Two shapes that must be equal differ. Dims match by name, never by size: with `dim D = 4` "
+         "and `dim E = 4`, `[D]` and `[E]` are different shapes. In an elementwise operation the "
+         "smaller operand's dims must all appear, in order, in the larger one's.",
+         "dim D = 4\ndim E = 4\n\nfn f(x: [n D], y: [n E]) -> [n D] = x + y\n",
+         "Make the dims the same, or rearrange one side first."),
+    Code("E0302", "Wrong number of axes",
+         "An argument has a different number of axes from the parameter it is passed to.",
+         "dim D = 4\n\nfn norm2(x: [n D]) -> [n] = sum(x * x, over=D)\n\nfn f(x: [D]) -> [D] = norm2(x)\n",
+         "Pass a value with the declared axes, or declare the parameter as the values it takes."),
+    Code("E0303", "No such axis",
+         "`over=` names the dim of the axis an operation works along; the operand must have "
+         "exactly one axis of that dim.",
+         "dim D = 4\ndim C = 3\n\nfn f(x: [n D]) -> [n] = sum(x, over=C)\n",
+         "Name one of the operand's axes."),
+    Code("E0304", "Matrix product of mismatched axes",
+         "`@` contracts the last axis of its left operand with the first axis of its right one, "
+         "so the two must be the same dim.",
+         "dim D = 4\ndim H = 8\n\nfn f(x: [n D], w: [H D]) -> [n D] = x @ w\n",
+         "Transpose the weight in its declaration (`[D H]`), or rearrange an operand."),
+    Code("E0305", "Wrong result",
+         "What a function returns differs from its declared result type, or a function that "
+         "declares a result has no `return`.",
+         "dim D = 4\n\nfn f(x: [n D]) -> [n] = x * 2\n",
+         "Return a value of the declared type, or change the declaration."),
+    Code("E0306", "A generic dim bound twice",
+         "Within one call, every use of a generic dim such as `n` is one size. The first argument "
+         "that has it binds it; a later argument with a different dim there is an error.",
+         "dim D = 4\ndim E = 4\n\nfn add(x: [n], y: [n]) -> [n] = x + y\n\n"
+         "fn f(a: [D], b: [E]) -> [D] = add(a, b)\n",
+         "Pass arguments whose dims agree, or give the function two generic dims."),
+    Code("E0308", "Wrong dtype",
+         "The operands of an operation, or an argument and its parameter, have different dtypes; "
+         "or an operation is given a dtype it doesn't work on, such as `@` of integers or a "
+         "trained param that isn't a float.",
+         "fn f(x: [n] f32, y: [n] f64) -> [n] f32 = x + y\n",
+         "Use values of the same dtype."),
+    Code("E0309", "Index out of its bound",
+         "A value typed `Index[C]` is known to lie in 0..C; an integer tensor without that type, "
+         "or with another bound, can't stand where `Index[C]` is expected.",
+         "dim C = 10\ndim K = 5\n\nfn f(logits: [b C], y: [b] Index[K]) -> [] = "
+         "cross_entropy(logits, y, over=C)\n",
+         "Declare the labels with the bound the operation needs."),
+    Code("E0310", "Not a size",
+         "Sizes are positive whole numbers: a dim's value, a literal axis, a batch's size.",
+         "dim D = 0\n",
+         "Give a positive size."),
+    Code("E0311", "A result dim no parameter gives",
+         "Each generic dim of a function's result must appear in a parameter, so that each call "
+         "knows its size.",
+         "fn f(x: [n]) -> [m] = x\n",
+         "Use a dim of a parameter, or declare the dim with `dim`."),
+    Code("E0312", "A param without a fixed shape",
+         "Params and buffers are made when the model is initialized, so every dim of their "
+         "shapes must be declared with a size.",
+         "model M:\n    param w: [n 4] = zeros()\n",
+         "Declare the dim: `dim N = ...`."),
+    Code("E0401", "Wrong kind of value",
+         "A value of one kind (a model, a dataset, a number, a batch) is used where another kind "
+         "is expected.",
+         "dim D = 4\n\nmodel M:\n    param w: [D] = zeros()\n\nfn f(m: M) -> [D] = m * 2\n",
+         "Pass a value of the kind the operation takes, as its message says."),
+    Code("E0402", "A model that contains itself",
+         "A model's sub-models can't include the model itself, directly or through others: "
+         "it would never end.",
+         "model A:\n    b: B\n\nmodel B:\n    a: A\n",
+         "Break the cycle."),
+    Code("E0403", "A loop over something else than batches",
+         "A `for` loop goes over a dataset's batches: `for batch in data |> batches(64):`.",
+         "dim D = 4\n\nfn f(x: [n D]):\n    for row in x:\n        print(row)\n",
+         "Loop over `batches(n)` of a dataset; work on whole tensors otherwise."),
+    Code("E0404", "Indexing with [...]",
+         "Tensors are not indexed with `[...]`: positions are not part of the types.",
+         "fn f(x: [n]) -> [] = x[0]\n",
+         "Use a reduction, gather, or a pattern such as rearrange."),
+    Code("E0501", "Changing what isn't `mut`",
+         "A function may change only the parameters it declares `mut`; passing anything else to "
+         "a `mut` parameter is an error.",
+         "dim D = 4\n\nmodel M:\n    param w: [D] = zeros()\n\n"
+         "fn loss(m: M, x: [b D]) -> [] = mean(x @ m.w)\n\n"
+         "fn step(m: M, mut opt: Sgd[M], x: [b D]) -> []:\n"
+         "    l, g = value_and_grad(loss, m, x)\n    update(mut m, mut opt, g)\n    return l\n",
+         "Declare the parameter `mut` in the function that changes it."),
+    Code("E0502", "A change the call doesn't show",
+         "When a function changes an argument, the call says so with `mut`, so a reader sees "
+         "every change at the call site.",
+         "dim D = 4\n\nmodel M:\n    param w: [D] = zeros()\n\n"
+         "fn loss(m: M, x: [b D]) -> [] = mean(x @ m.w)\n\n"
+         "fn step(mut m: M, mut opt: Sgd[M], x: [b D]) -> []:\n"
+         "    l, g = value_and_grad(loss, m, x)\n    update(m, mut opt, g)\n    return l\n",
+         "Write `mut` before the argument."),
+    Code("E0503", "`mut` on an argument that isn't changed",
+         "`mut` at a call marks an argument the function changes; on any other it would mislead.",
+         "dim D = 4\n\nmodel M:\n    param w: [D] = zeros()\n\n"
+         "fn loss(m: M, x: [b D]) -> [] = mean(x @ m.w)\n\n"
+         "fn f(mut m: M, x: [b D]) -> [] = loss(mut m, x)\n",
+         "Remove `mut`."),
+    Code("E0601", "value_and_grad of something it can't differentiate",
+         "`value_and_grad(f, m, ...)` calls `f(m, ...)` and differentiates it with respect to the "
+         "model `m`: `f` must be a function, take the model first, and return a float scalar `[]`.",
+         "dim D = 4\n\nmodel M:\n    param w: [D] = zeros()\n\n"
+         "fn scores(m: M, x: [b D]) -> [b] = x @ m.w\n\n"
+         "fn f(m: M, x: [b D]) -> []:\n    v, g = value_and_grad(scores, m, x)\n    return mean(v)\n",
+         "Reduce the function's result to a scalar, as `mean(...)`."),
+    Code("E1803", "Device work in a function that runs in the controller",
+         "With several devices, a function that loops over a dataset, prints, saves, loads, "
+         "writes to a sink or calls Python runs in the controller, as does any function that "
+         "calls one. `value_and_grad` and `update` run on the workers, so they can't be in such "
+         "a function.",
+         "devices cpu[0 1 2]\n\ndim D = 4\ndim C = 3\n\nmodel M:\n    param w: [D C] = normal(std=0.02)\n\n"
+         "data Ex:\n    x: [D]\n    y: [] Index[C]\n\n"
+         "fn loss(m: M, batch: [b] Ex) -> []:\n    return cross_entropy(batch.x @ m.w, batch.y, over=C)\n\n"
+         "fn fit(mut m: M, mut opt: AdamW[M], data: Dataset[Ex]):\n"
+         "    for batch in data |> batches(64):\n        l, g = value_and_grad(loss, m, batch)\n"
+         "        update(mut m, mut opt, g)\n",
+         "Put the device work in a function of its own, as the README's `train_step`, and call it "
+         "from the loop."),
+    Code("E1805", "Standalone build for several devices",
+         "On several devices a program runs in a controller that starts a worker per device, and "
+         "those are the shapescript package's runtime; a module built with `--standalone` doesn't "
+         "use the package, so it can only run on one device. (Raised by `shapescript build "
+         "--standalone`.)",
+         "devices cpu[0 1 2]\n\nfn double(x: [n]) -> [n] = x * 2\n",
+         "Build without `--standalone`, or for one device."),
+]
+
+CODES: dict[str, Code] = {c.code: c for c in _ENTRIES}
+BUILD_ONLY = {"E1805"}  # raised when building, not when checking
+
+
+def explain(code: str) -> str:
+    c = CODES.get(code.upper())
+    if c is None:
+        raise KeyError(code)
+    example = "\n".join("    " + line if line else "" for line in c.example.rstrip("\n").split("\n"))
+    return f"{c.code}: {c.title}\n\n{c.explanation}\n\nFor example:\n\n{example}\n\n{c.fix}\n"
+
+
+def markdown() -> str:
+    out = ["# Error index", "",
+           "Every diagnostic has a code: two digits of chapter, two of entry. "
+           "`shapescript explain CODE` prints the entry. Each example below is compiled by the tests, "
+           "which check that it fails with exactly its code.", ""]
+    chapter = None
+    for c in _ENTRIES:
+        if c.code[1:3] != chapter:
+            chapter = c.code[1:3]
+            out += [f"## {CHAPTERS[chapter]}", ""]
+        out += [f"### {c.code}: {c.title}", "", c.explanation, "", "```", c.example.rstrip("\n"), "```", "",
+                c.fix, ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,70 @@
+"""Every error code: documented, explained, raised by its own example, with a golden message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, UPDATE_GOLDEN
+
+from shapescript.check.checker import check_source
+from shapescript.codes import BUILD_ONLY, CODES, explain, markdown
+from shapescript.errors import CompileError
+from shapescript.lower.codegen import generate
+
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def compile_example(code: str) -> CompileError:
+    example = CODES[code].example
+    with pytest.raises(CompileError) as info:
+        checked = check_source(example, f"{code}.ss")
+        if code in BUILD_ONLY:
+            generate(checked, standalone=True)
+    return info.value
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_example_raises_exactly_its_code(code: str) -> None:
+    err = compile_example(code)
+    assert set(err.codes) == {code}, str(err)
+    d = err.diagnostics[0]
+    assert d.line >= 1 and d.column >= 1 and d.message
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_golden_message(code: str) -> None:
+    text = str(compile_example(code)) + "\n"
+    path = GOLDEN / f"{code}.txt"
+    if UPDATE_GOLDEN or not path.exists():
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_every_code_has_a_golden_file_and_no_stale_ones() -> None:
+    files = {p.stem for p in GOLDEN.glob("E*.txt")}
+    assert files == set(CODES)
+
+
+def test_docs_error_index_is_generated_from_the_registry() -> None:
+    assert (ROOT / "docs" / "errors.md").read_text() == markdown()
+
+
+def test_every_code_raised_in_the_sources_is_registered() -> None:
+    import re
+    raised = set()
+    for path in (ROOT / "shapescript").rglob("*.py"):
+        raised |= set(re.findall(r'"(E\d{4})"', path.read_text()))
+    assert raised - set(CODES) == set(), "codes raised but not documented"
+
+
+def test_explain_on_the_command_line() -> None:
+    out = subprocess.run([sys.executable, "-m", "shapescript.cli", "explain", "E0304"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 0
+    assert out.stdout == explain("E0304")
+    assert "Matrix product" in out.stdout and "x @ w" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "shapescript.cli", "explain", "E9999"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "no error code E9999" in bad.stderr
