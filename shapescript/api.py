@@ -101,14 +101,14 @@ class Program:
     def devices(self) -> DeviceSet:
         return self.checked.devices
 
-    def locate(self, exc: BaseException) -> Span | None:
-        """The .ss location of the innermost generated line in an exception's traceback."""
+    def locate(self, exc: BaseException) -> list[tuple[str, Span]]:
+        """The (function, .ss location) of each generated frame in an exception's traceback, outermost first."""
         lines = self.namespace["SS_LINES"]
-        found = None
+        found = []
         for frame in traceback.extract_tb(exc.__traceback__):
             if frame.filename == self._module_file and frame.lineno in lines:
                 line, col = lines[frame.lineno]
-                found = Span(self.checked.file, line, col, line, col + 1)
+                found.append((frame.name, Span(self.checked.file, line, col, line, col + 1)))
         return found
 
 
@@ -146,9 +146,8 @@ class Function:
         except ShapeScriptError:
             raise
         except Exception as e:
-            span = self.program.locate(e)
-            if span is not None:
-                e.add_note(f"in `{self.name}` at {span}: {_source_line(self.program.checked, span)}")
+            for fn_name, span in self.program.locate(e):
+                e.add_note(f"in `{fn_name}` at {span}: {_source_line(self.program.checked, span)}")
             raise
 
     def _arrange(self, args: tuple, kwargs: dict) -> list[Any]:

@@ -1,0 +1,151 @@
+"""ShapeScript against hand-written PyTorch: one training step of the README's MLP, and compile time.
+
+    python benchmarks/step.py            # what `make bench` runs (about a minute on 2 cores)
+    python benchmarks/step.py --quick    # a few seconds, for a smoke test
+
+The step: examples/readme/mlp.ss loaded with devices='cpu' (D = 784, Hd = 256, C = 10), AdamW with
+lr = 1e-3, called from Python as `prog.train_step(m, opt, {"img": x, "label": y})`, against the same
+model written by hand (two param tensors, relu MLP, F.cross_entropy, torch.optim.AdamW,
+backward/step/zero_grad). Both start from the same weights, see the same batch, and run with the
+same torch.set_num_threads. Their steps alternate (ABBA order, so neither always goes first), after
+a warmup; each figure is the median of many repetitions. The ratio is ShapeScript / PyTorch.
+
+Compile time: shapescript.api.compile_program (parse and check) + shapescript.lower.codegen.generate
+(lower to Python source) of the README program, torch already imported; median of repeats, and
+the first call in the process on its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import shapescript as ss  # noqa: E402
+from shapescript.api import compile_program  # noqa: E402
+from shapescript.lower.codegen import generate  # noqa: E402
+
+PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
+D, HD, C = 784, 256, 10
+LR = 1e-3
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class Hand:
+    """The README's model written directly in PyTorch."""
+
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        self.w1 = w1.detach().clone().requires_grad_(True)
+        self.w2 = w2.detach().clone().requires_grad_(True)
+        self.opt = torch.optim.AdamW([self.w1, self.w2], lr=LR)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(torch.relu(x @ self.w1) @ self.w2, y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss.detach()
+
+
+def time_steps(batch: int, warmup: int, reps: int) -> tuple[float, float, float]:
+    """(median ShapeScript step, median PyTorch step, median of the per-pair ratios), seconds."""
+    prog = ss.load(PROGRAM, devices="cpu")
+    m = prog.Mlp.init(seed=0)
+    opt = ss.adamw(m, lr=LR)
+    hand = Hand(m.w1, m.w2)
+    g = torch.Generator().manual_seed(batch)
+    train_step = prog.train_step
+
+    def fresh() -> tuple[torch.Tensor, torch.Tensor]:
+        # A new random batch for every pair of steps (drawn outside the timing): the same batch
+        # over and over would be learnt by heart, its gradients would sink to subnormal floats,
+        # and those run several times slower on x86, timing the FPU rather than the step.
+        return torch.rand(batch, D, generator=g), torch.randint(0, C, (batch,), generator=g)
+
+    def ss_step(x: torch.Tensor, y: torch.Tensor) -> float:
+        data = {"img": x, "label": y}
+        t0 = time.perf_counter()
+        train_step(m, opt, data)
+        return time.perf_counter() - t0
+
+    def pt_step(x: torch.Tensor, y: torch.Tensor) -> float:
+        t0 = time.perf_counter()
+        hand.step(x, y)
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        x, y = fresh()
+        ss_step(x, y)
+        pt_step(x, y)
+    ss_times, pt_times = [], []
+    for i in range(reps):
+        x, y = fresh()
+        if i % 2 == 0:  # ABBA: ShapeScript first on even repetitions, PyTorch first on odd ones
+            ss_times.append(ss_step(x, y))
+            pt_times.append(pt_step(x, y))
+        else:
+            pt_times.append(pt_step(x, y))
+            ss_times.append(ss_step(x, y))
+    ratios = [a / b for a, b in zip(ss_times, pt_times)]
+    return statistics.median(ss_times), statistics.median(pt_times), statistics.median(ratios)
+
+
+def time_compile(reps: int) -> tuple[float, float]:
+    """(first compile in this process, median of `reps` more), seconds."""
+    source = PROGRAM.read_text()
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        generate(compile_program(source, str(PROGRAM), "cpu"))
+        return time.perf_counter() - t0
+
+    first = once()
+    return first, statistics.median(once() for _ in range(reps))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads for both sides (default: torch's own default)")
+    args = ap.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores; torch {torch.__version__}, "
+          f"{threads} threads; python {platform.python_version()}")
+    # (batch, warmup, repetitions): each side runs warmup + repetitions steps
+    plan = [(64, 20, 100), (6144, 3, 10)] if args.quick else [(64, 200, 2000), (6144, 10, 200)]
+    print(f"{'batch':>6}  {'ShapeScript':>12}  {'PyTorch':>12}  {'ratio':>6}  {'pair ratio':>10}  steps")
+    for batch, warmup, reps in plan:
+        a, b, r = time_steps(batch, warmup, reps)
+        print(f"{batch:>6}  {a * 1e3:>9.3f} ms  {b * 1e3:>9.3f} ms  {a / b:>6.3f}  {r:>10.3f}  {reps}",
+              flush=True)
+    first, median = time_compile(5 if args.quick else 50)
+    print(f"compile (check + lower) of {PROGRAM.relative_to(ROOT)}: {median * 1e3:.2f} ms median, "
+          f"{first * 1e3:.2f} ms the first time in the process")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Every `ss` block in docs/ compiles; every `ss-error CODE` block fails with exactly that code."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import ROOT
+
+from shapescript.check.checker import check_source
+from shapescript.errors import CompileError
+from shapescript.lower.codegen import generate
+
+BLOCK = re.compile(r"^```(ss(?:-error (E\d{4}))?)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def blocks() -> list:
+    out = []
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        for k, m in enumerate(BLOCK.finditer(path.read_text())):
+            out.append(pytest.param(m.group(3), m.group(2), id=f"{path.stem}-{k}"))
+    return out
+
+
+@pytest.mark.parametrize("source, code", blocks())
+def test_doc_block(source: str, code: str | None) -> None:
+    if code is None:
+        checked = check_source(source, "doc.ss")
+        compile(generate(checked), "<doc>", "exec")
+    else:
+        with pytest.raises(CompileError) as info:
+            check_source(source, "doc.ss")
+        assert set(info.value.codes) == {code}, str(info.value)
+
+
+def test_docs_have_blocks() -> None:
+    assert len(blocks()) >= 12
