@@ -74,13 +74,15 @@ def time_steps(batch: int, warmup: int, reps: int) -> tuple[float, float, float]
     opt = ss.adamw(m, lr=LR)
     hand = Hand(m.w1, m.w2)
     g = torch.Generator().manual_seed(batch)
+    teacher = torch.randn(D, C, generator=g)
     train_step = prog.train_step
 
     def fresh() -> tuple[torch.Tensor, torch.Tensor]:
-        # A new random batch for every pair of steps (drawn outside the timing): the same batch
-        # over and over would be learnt by heart, its gradients would sink to subnormal floats,
-        # and those run several times slower on x86, timing the FPU rather than the step.
-        return torch.rand(batch, D, generator=g), torch.randint(0, C, (batch,), generator=g)
+        # A new batch for every pair of steps, drawn outside the timing: "images" in [0, 1] and
+        # labels from a fixed random linear teacher, so there is something to learn and the loss
+        # falls as in real training, but no batch is seen twice.
+        x = torch.rand(batch, D, generator=g)
+        return x, ((x - 0.5) @ teacher).argmax(1)
 
     def ss_step(x: torch.Tensor, y: torch.Tensor) -> float:
         data = {"img": x, "label": y}
@@ -126,15 +128,23 @@ def time_compile(reps: int) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
+    ap.add_argument("--keep-subnormals", action="store_true",
+                    help="don't flush subnormal floats to zero (see docs/benchmarks.md)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads for both sides (default: torch's own default)")
     args = ap.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
+    # AdamW's first moments of dead ReLU units decay geometrically through the subnormal floats,
+    # whose arithmetic is many times slower on x86; after some hundred steps that stall swamps a
+    # small batch's step (1 ms -> 2 ms at batch 64 on our machine), equally on both sides. We
+    # measure the step, not the FPU's subnormal path: flush them to zero, on both sides alike.
+    flush = not args.keep_subnormals and torch.set_flush_denormal(True)
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; torch {torch.__version__}, "
-          f"{threads} threads; python {platform.python_version()}")
+          f"{threads} threads; python {platform.python_version()}; subnormals "
+          f"{'flushed to zero' if flush else 'kept'}")
     # (batch, warmup, repetitions): each side runs warmup + repetitions steps
     plan = [(64, 20, 100), (6144, 3, 10)] if args.quick else [(64, 200, 2000), (6144, 10, 200)]
     print(f"{'batch':>6}  {'ShapeScript':>12}  {'PyTorch':>12}  {'ratio':>6}  {'pair ratio':>10}  steps")

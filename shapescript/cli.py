@@ -61,6 +61,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     text = build(Path(args.file), standalone=args.standalone, devices=args.devices)
     if args.output:
         out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(text)
         tmp.replace(out)  # never a half-written module

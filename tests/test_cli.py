@@ -1,0 +1,95 @@
+"""The command line: check, build (and --standalone), run, explain."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT
+
+README = ROOT / "examples" / "readme" / "mlp.ss"
+
+BLOCK_SHAPESCRIPT = textwrap.dedent("""\
+    import sys
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "shapescript":
+                raise ImportError("a standalone module must not import shapescript")
+    sys.meta_path.insert(0, Block())
+    """)
+
+
+def cli(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "shapescript.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env)
+
+
+def test_check_ok_and_with_errors(tmp_path) -> None:
+    ok = cli("check", str(README))
+    assert ok.returncode == 0 and "ok (4 functions, 1 models, on cuda[0 1 2])" in ok.stdout
+    bad = tmp_path / "bad.ss"
+    bad.write_text(README.read_text().replace("relu(x @ m.w1) @ m.w2", "relu(x @ m.w1) @ m.w1"))
+    out = cli("check", str(bad))
+    assert out.returncode == 1 and out.stdout == ""
+    assert "error[E0304]" in out.stderr and "Traceback" not in out.stderr
+    assert "17 |     return relu(x @ m.w1) @ m.w1" in out.stderr
+    missing = cli("check", str(tmp_path / "nope.ss"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_build_writes_python_that_names_ss_lines(tmp_path) -> None:
+    out = tmp_path / "sub" / "mlp.py"
+    res = cli("build", str(README), "-o", str(out), "--devices", "cpu")
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    compile(text, str(out), "exec")
+    assert "return torch.relu(x @ m.w1) @ m.w2  # " in text and "mlp.ss:17:5" in text
+
+
+def test_standalone_build_runs_without_shapescript(tmp_path) -> None:
+    src = tmp_path / "mlp.ss"
+    src.write_text(README.read_text().replace("devices cuda[0 1 2]", "devices cpu"))
+    res = cli("build", "--standalone", str(src), "-o", str(tmp_path / "mlp_standalone.py"))
+    assert res.returncode == 0, res.stderr
+    script = BLOCK_SHAPESCRIPT + textwrap.dedent("""\
+        import torch, mlp_standalone as M
+        m = M.Model.init(M.Mlp_spec, 0)
+        opt = M.adamw(m, lr=1e-3)
+        g = torch.Generator().manual_seed(0)
+        b = M.Batch(M.Digit_spec, {"img": torch.randn(16, 784, generator=g),
+                                   "label": torch.randint(0, 10, (16,), generator=g)})
+        first = float(M.train_step(m, opt, b))
+        for _ in range(5):
+            last = float(M.train_step(m, opt, b))
+        assert last < first, (first, last)
+        assert not [k for k in sys.modules if k.startswith("shapescript")]
+        print("standalone ok", first, last)
+        """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert run.returncode == 0, run.stderr
+    assert "standalone ok" in run.stdout
+
+
+def test_standalone_build_for_several_devices_is_e1805() -> None:
+    res = cli("build", "--standalone", str(README))
+    assert res.returncode == 1 and "error[E1805]: a standalone build can't run on 3 devices" in res.stderr
+
+
+def test_run_calls_a_function_without_arguments(tmp_path) -> None:
+    src = tmp_path / "hello.ss"
+    src.write_text('fn main():\n    print("hello", 1 + 2)\n')
+    res = cli("run", str(src), "main")
+    assert res.returncode == 0 and res.stdout == "hello 3\n", res.stderr
+    res = cli("run", str(src), "nope")
+    assert res.returncode == 1 and "has no function `nope`" in res.stderr
+
+
+@pytest.mark.parametrize("args", [["bogus"], []])
+def test_usage_errors(args) -> None:
+    res = cli(*args)
+    assert res.returncode == 2 and "usage:" in res.stderr
