@@ -1,13 +1,10 @@
-"""Shared test helpers."""
+"""The tests run against this checkout's package."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # the tests run against this checkout
+if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-UPDATE_GOLDEN = os.environ.get("SHAPESCRIPT_UPDATE_GOLDEN") == "1"

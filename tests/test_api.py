@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import ROOT
+from support import ROOT
 
 import shapescript as ss
 

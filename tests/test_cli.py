@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 README = ROOT / "examples" / "readme" / "mlp.ss"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from shapescript.check.checker import check_source
 from shapescript.errors import CompileError

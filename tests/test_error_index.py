@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, UPDATE_GOLDEN
+from support import ROOT, UPDATE_GOLDEN
 
 from shapescript.check.checker import check_source
 from shapescript.codes import BUILD_ONLY, CODES, explain, markdown

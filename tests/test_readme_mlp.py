@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT
+from support import ROOT
 
 import shapescript as ss
 
