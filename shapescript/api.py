@@ -77,8 +77,9 @@ class Program:
             if fn.kind == "python":
                 namespace["PYTHON_RESULTS"][fn.name] = LG.result_check(checked, fn)
         self._members: dict[str, Any] = {}
+        self.device = torch.device(namespace["DEVICE"])
         for name, model in checked.models.items():
-            self._members[name] = ModelType(namespace[f"{name}_spec"])
+            self._members[name] = ModelType(namespace[f"{name}_spec"], self.device)
         for name in checked.data:
             self._members[name] = namespace[f"{name}_spec"]
         for name, fn in checked.fns.items():
@@ -115,11 +116,13 @@ class Program:
 class ModelType:
     """A model type of a program: `prog.Mlp.init(seed=0)`."""
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: Any, device: torch.device) -> None:
         self.spec = spec
+        self.device = device
 
-    def init(self, seed: int, device: str | torch.device = "cpu") -> Model:
-        return Model.init(self.spec, seed, device)
+    def init(self, seed: int) -> Model:
+        """The model drawn from `seed` (on the CPU, so every device gets the same), on the program's device."""
+        return Model.init(self.spec, seed, self.device)
 
     def __repr__(self) -> str:
         return f"<model type {self.spec.name} ({self.spec.where})>"

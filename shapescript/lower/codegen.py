@@ -78,6 +78,7 @@ class _Writer:
             self.emit("from shapescript.runtime import core as _rt")
         self.emit("")
         self.emit(f"DIMS = {dict(c.dim_values)!r}")
+        self.emit(f"DEVICE = {device_of(c)!r}  # where tensors live; the loader may set it")
         self.emit("PYTHON_RESULTS: dict = {}  # the loader fills in checks of python fns' results")
         for data in c.data.values():
             self.emit(f"{spec_var(data.name)} = {specs.data_spec(c, data)}")
@@ -200,13 +201,21 @@ class _Writer:
             logits = args[0] if axis == 1 or rank == 1 else f"{args[0]}.movedim({axis}, 1)"
             return f"_F.cross_entropy({logits}, {args[1]})"
         if name == "batches":
-            return f"_rt.batches({args[0]}, {args[1]}, {spec_var(str(opts['data']))})"
+            return f"_rt.batches({args[0]}, {args[1]}, {spec_var(str(opts['data']))}, DEVICE)"
         if name == "logs":
             pairs = ", ".join(f"{k}={v}" for k, v in zip(opts["names"], args))  # type: ignore[arg-type]
             return f"_rt.logs({pairs})"
         if name in RUNTIME_CALLS:
             return f"{RUNTIME_CALLS[name]}({', '.join(args)})"
         raise AssertionError(f"no lowering for built-in `{name}`")
+
+
+def device_of(c: Checked) -> str:
+    """The torch device of a one-device program: `cpu`, or `cuda:N` for `devices cuda[N]`."""
+    d = c.devices
+    if d.kind == "cpu":
+        return "cpu"
+    return f"cuda:{d.indices[0] if d.indices else 0}"
 
 
 def spec_var(name: str) -> str:

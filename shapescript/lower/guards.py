@@ -54,7 +54,10 @@ def dims_note(c: Checked, t: T.TensorT) -> str:
 
 
 def guard_for(c: Checked, fn: FnInfo, index: int, namespace: dict[str, Any]) -> Guard:
-    """The guard of `fn`'s parameter `index`; `namespace` is the built module's, holding its data specs."""
+    """The guard of `fn`'s parameter `index`; `namespace` is the built module's, holding its data specs
+    and the device its tensors live on."""
+    device = torch.device(namespace["DEVICE"])
+    on = None if device.type == "cpu" else device
     p = fn.params[index]
     param = G.Param(fn.name, p.name, str(p.node.span))
     t = p.ty
@@ -62,10 +65,10 @@ def guard_for(c: Checked, fn: FnInfo, index: int, namespace: dict[str, Any]) -> 
         bound = D.value(t.index, c.dim_values) if t.index is not None else None
         return G.TensorGuard(param, t.show(), dims_note(c, t), axis_checks(c, t.axes),
                              getattr(torch, TORCH_DTYPES[t.dtype].split(".")[1]), bound,
-                             D.show(t.index) if t.index is not None else None)
+                             D.show(t.index) if t.index is not None else None, on)
     if isinstance(t, T.BatchT):
         spec = namespace[f"{t.data.name}_spec"]
-        return G.BatchGuard(param, spec, axis_checks(c, t.axes))
+        return G.BatchGuard(param, spec, axis_checks(c, t.axes), on)
     if isinstance(t, T.ModelT):
         return G.KindGuard(param, "model", t.name, model=t.name)
     if isinstance(t, T.OptT):

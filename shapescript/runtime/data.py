@@ -366,8 +366,10 @@ def shuffle(ds: Any, seed: int) -> _Shuffled:
 class _Batches:
     """The batches of a dataset, re-iterable; the last one may be smaller."""
 
-    def __init__(self, base: Any, order: torch.Tensor | None, n: int, spec: DataSpec) -> None:
+    def __init__(self, base: Any, order: torch.Tensor | None, n: int, spec: DataSpec,
+                 device: torch.device | None = None) -> None:
         self.base, self.order, self.n, self.spec = base, order, n, spec
+        self.device = device if device is not None and torch.device(device).type != "cpu" else None
         self.total = len(order) if order is not None else _length(base, "batches")
 
     def __len__(self) -> int:
@@ -377,10 +379,13 @@ class _Batches:
         order = self.order.tolist() if self.order is not None else range(self.total)
         for start in range(0, self.total, self.n):
             indices = list(order[start:start + self.n])
-            yield Batch(self.spec, _load(self.base, indices, self.spec))
+            fields = _load(self.base, indices, self.spec)
+            if self.device is not None:  # loaded and checked on the CPU, then sent to the device
+                fields = {k: v.to(self.device, non_blocking=True) for k, v in fields.items()}
+            yield Batch(self.spec, fields)
 
 
-def batches(ds: Any, n: int, spec: DataSpec) -> _Batches:
+def batches(ds: Any, n: int, spec: DataSpec, device: torch.device | str | None = None) -> _Batches:
     """Checked batches of `n` items of `ds` (the last may be smaller, none is empty)."""
     n = _int_arg(n, "batches", "the batch size")
     if n <= 0:
@@ -390,4 +395,4 @@ def batches(ds: Any, n: int, spec: DataSpec) -> _Batches:
     while isinstance(ds, _Shuffled):
         order = ds.perm if order is None else ds.perm[order]
         ds = ds.base
-    return _Batches(ds, order, n, spec)
+    return _Batches(ds, order, n, spec, device)

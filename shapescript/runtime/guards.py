@@ -75,6 +75,7 @@ class TensorGuard:
     dtype: torch.dtype
     index_bound: int | None = None
     bound_label: str | None = None
+    device: torch.device | None = None  # where the program's tensors live, if not the CPU
 
     def __call__(self, value: Any, bindings: Bindings) -> torch.Tensor:
         if not isinstance(value, torch.Tensor):
@@ -100,6 +101,8 @@ class TensorGuard:
                 worst = lo if lo < 0 else hi
                 raise DomainError(f"{self.param}: value {worst} is outside Index[{self.bound_label}] with "
                                   f"{self.bound_label} = {self.index_bound} (0 to {self.index_bound - 1})")
+        if self.device is not None and value.device != self.device:
+            value = value.to(self.device)
         return value
 
 
@@ -108,9 +111,12 @@ class BatchGuard:
     param: Param
     spec: DataSpec
     axes: tuple[AxisCheck, ...]  # the batch's own axes, as [b]
+    device: torch.device | None = None
 
     def __call__(self, value: Any, bindings: Bindings) -> Batch:
         batch = batch_from_python(self.spec, value, str(self.param))
+        if self.device is not None:
+            batch = Batch(self.spec, {f.name: getattr(batch, f.name).to(self.device) for f in self.spec.fields})
         source = f"`{self.param.name}`"
         bad = _bind(self.axes, (batch.size,), bindings, source)
         if bad is not None:
