@@ -111,6 +111,14 @@ _ENTRIES = [
          "dim D = 4\ndim E = 4\n\nfn add(x: [n], y: [n]) -> [n] = x + y\n\n"
          "fn f(a: [D], b: [E]) -> [D] = add(a, b)\n",
          "Pass arguments whose dims agree, or give the function two generic dims."),
+    Code("E0307", "A pattern that doesn't fit",
+         "A pattern's left side names each axis of its operand, in order; a group `(a b)` splits one "
+         "axis into parts whose sizes multiply to the axis's size, with at most one part left to be "
+         "inferred. Every name on the right must come from the left (or, for `repeat`, be given a "
+         "size), and `rearrange` keeps every name.",
+         "fn f(x: [b d]) -> [d] = rearrange(x, b d -> d)\n",
+         "Reduce away the axes you drop (`reduce(x, b d -> d, sum)`), and give the sizes a group "
+         "needs as keywords (`h=4`)."),
     Code("E0308", "Wrong dtype",
          "The operands of an operation, or an argument and its parameter, have different dtypes; "
          "or an operation is given a dtype it doesn't work on, such as `@` of integers or a "

@@ -31,6 +31,8 @@ checker (codes E02xx-E06xx, E18xx), a few percent in the parser (from the delibe
 
 from __future__ import annotations
 
+import ast as pyast
+import builtins
 import os
 import random
 import re
@@ -104,18 +106,67 @@ def check_diagnostics(err: CompileError, source: str) -> None:
     assert isinstance(text, str) and text
 
 
+class CompilerRecursion(Exception):
+    """A RecursionError, re-raised from one place: where the stack overflows varies from run to
+    run, and hypothesis would take the varying places for different, flaky failures."""
+
+
 def compile_program(source: str) -> str:
     """'ok', 'syntax' (E01xx) or 'check' (other codes); any other exception is a compiler bug."""
-    with time_limit(TIME_LIMIT_S):
-        try:
-            checked = check_source(source, FILE)
-        except CompileError as err:
-            check_diagnostics(err, source)
-            return "syntax" if all(c.startswith("E01") for c in err.codes) else "check"
-        python = generate(checked)
-    assert isinstance(python, str)
-    compile(python, "<gen>", "exec")
+    stage, recursion = "check_source", ""
+    try:
+        with time_limit(TIME_LIMIT_S):
+            try:
+                checked = check_source(source, FILE)
+            except CompileError as err:
+                check_diagnostics(err, source)
+                return "syntax" if all(c.startswith("E01") for c in err.codes) else "check"
+            stage = "generate"
+            python = generate(checked)
+        assert isinstance(python, str)
+        stage = "compile"
+        compile(python, "<gen>", "exec")
+    except RecursionError as e:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if "shapescript" in f.filename]
+        where = Counter(f"{Path(f.filename).name}:{f.name}" for f in frames).most_common(3)
+        recursion = f"RecursionError in {stage}, recursing through {', '.join(w for w, _ in where)}"
+    if recursion:  # raised here, outside the handler, so that it carries no varying context
+        raise CompilerRecursion(recursion)
+    check_generated(python)
     return "ok"
+
+
+def check_generated(python: str) -> None:
+    """Beyond compiling: the module's functions have distinct names, no user name takes a name
+    the generated module itself binds (its imports, DIMS, the specs ...), and every name a
+    function reads is bound somewhere (a float literal that became `inf` isn't)."""
+    tree = pyast.parse(python)
+    prelude: set[str] = set()
+    defs: list[pyast.FunctionDef] = []
+    for node in tree.body:
+        if isinstance(node, (pyast.Import, pyast.ImportFrom)):
+            prelude |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (pyast.Assign, pyast.AnnAssign)):
+            targets = node.targets if isinstance(node, pyast.Assign) else [node.target]
+            prelude |= {n.id for t in targets for n in pyast.walk(t) if isinstance(n, pyast.Name)}
+        elif isinstance(node, pyast.FunctionDef):
+            defs.append(node)
+    prelude.discard("annotations")  # `from __future__ import annotations`
+    names = [d.name for d in defs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert not twice, f"generated module defines {twice} more than once"
+    clash = sorted(set(names) & prelude)
+    assert not clash, f"generated function {clash} replaces the module's own {clash}"
+    known = prelude | set(names) | set(dir(builtins))
+    for d in defs:
+        a = d.args
+        local = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+        local |= {n.id for n in pyast.walk(d) if isinstance(n, pyast.Name) and isinstance(n.ctx, pyast.Store)}
+        shadow = sorted(local & (prelude | {"getattr"}))
+        assert not shadow, f"in `{d.name}`, a local {shadow} hides the module's {shadow}"
+        unbound = sorted({n.id for n in pyast.walk(d) if isinstance(n, pyast.Name)
+                          and isinstance(n.ctx, pyast.Load) and n.id not in local | known})
+        assert not unbound, f"`{d.name}` reads {unbound}, which nothing binds"
 
 
 # ---- randomness: one interface over hypothesis' draw and random.Random -----------------------
@@ -344,16 +395,17 @@ def mutate_once(r: Rand, src: str) -> str:
         if op == "delete_token":
             return text[:a] + text[b:]
         if op == "replace_name":
-            names = sorted({m.group() for m in re.finditer(r"[A-Za-z_]\w*", text)})
-            if len(names) < 1:
+            names = sorted({m.group() for m in re.finditer(r"(?<!\w)[A-Za-z_]\w*", text)})
+            if not names:
                 return text
             old = r.choice(names)
             new = r.choice(names + ["b", "n", "D", "C", "Hd", "zz"])
-            if r.chance(0.5):  # one occurrence
-                hits = [m.span() for m in re.finditer(rf"\b{re.escape(old)}\b", text)]
+            pattern = rf"(?<!\w){re.escape(old)}(?!\w)"
+            hits = [m.span() for m in re.finditer(pattern, text)]
+            if hits and r.chance(0.5):  # one occurrence
                 a, b = r.choice(hits)
                 return text[:a] + new + text[b:]
-            return re.sub(rf"\b{re.escape(old)}\b", new, text)
+            return re.sub(pattern, lambda m: new, text)
         return text
     return "\n".join(lines)
 
@@ -821,6 +873,35 @@ class ProgramGen:
                         f"        write(log, logs(loss=l))\n{extra}{save}")
 
 
+def deep_program(r: Rand) -> str:
+    """Deep nesting and long chains: parentheses, unary minus, `**`, `+`, calls, pipes, blocks."""
+    n = r.choice([1, 2, 10, 50, 100, 200, 300, 500])
+    form = r.randint(0, 8)
+    if form == 0:
+        body = "(" * n + "x" + ")" * n
+    elif form == 1:
+        body = "-" * n + "x"
+    elif form == 2:
+        body = " ** ".join(["x"] * n)
+    elif form == 3:
+        body = " + ".join(["x"] * n)
+    elif form == 4:
+        body = "relu(" * n + "x" + ")" * n
+    elif form == 5:
+        body = "x" + " |> relu" * n
+    elif form == 6:
+        body = "not " * n + "(x > 0.0)"
+    elif form == 7:  # nested blocks
+        lines = ["fn f(d: Dataset[Ex]):"]
+        for k in range(1, min(n, 90) + 1):
+            lines.append("    " * k + f"for b{k} in d |> batches(2):")
+        lines.append("    " * (min(n, 90) + 1) + "print(1)")
+        return "dim D = 2\ndata Ex:\n    x: [D]\n" + "\n".join(lines) + "\n"
+    else:  # a long dim expression
+        return "fn f(x: [" + "*".join(["n"] * n) + "]) -> [" + "*".join(["n"] * n) + "] = x\n"
+    return f"fn f(x: [n]) -> [n] = {body}\n"
+
+
 def grammar_program(r: Rand) -> str:
     return ProgramGen(r).program()
 
@@ -831,7 +912,67 @@ def grammar_mutant(r: Rand) -> str:
 
 
 KINDS: dict[str, Callable[[Rand], str]] = {
-    "mutant": mutant, "soup": soup, "grammar": grammar_program, "grammar_mutant": grammar_mutant}
+    "mutant": mutant, "soup": soup, "grammar": grammar_program, "grammar_mutant": grammar_mutant,
+    "deep": deep_program}
+
+# Programs aimed at corners the random ones rarely reach: non-ASCII digits and letters, names the
+# generated Python mangles, dims without a size, types in odd places, literals out of range,
+# and the end of the file in the middle of a construct.
+TRICKY = [
+    "fn f(x: [n]) -> [n] = x * \u00b2\n",
+    "fn f(x: [n]) -> [n] = x * 1.\u00b2\n",
+    "dim D = \u00b2\n",
+    "devices cpu[\u00b9]\n",
+    "fn f(x: [\u2460]) -> [\u2460] = x\n",
+    "fn f(x: [n]) -> [n] = x * \u0663\n",
+    "fn f(x\u00b2: [n]) -> [n] = x\u00b2\n",
+    "fn \ufb01x(x: [n]) -> [n] = x\nfn fix(x: [n]) -> [n] = x * 2\n",
+    "fn f(_x: [n], ss__x: [n]) -> [n] = _x + ss__x\n",
+    "fn f(class: [n], ss_class: [n]) -> [n] = class + ss_class\n",
+    "fn _g(x: [n]) -> [n] = x\nfn ss__g(x: [n]) -> [n] = x\n",
+    "fn DIMS(x: [n]) -> [n] = x\n",
+    "fn SS_LINES(x: [n]) -> [n] = x\n",
+    "dim D = 2\ndata E:\n    x: [D]\n\nfn E_spec(x: [n]) -> [n] = x\n",
+    "dim D = 2\ndata E:\n    x: [D]\n\nfn f(d: Dataset[E], E_spec: int):\n    for b in d |> batches(2):\n"
+    "        print(b.x)\n",
+    "dim D = 2\ndata E:\n    class: [D]\n\nfn f(getattr: [n], b: [k] E) -> [k D] = b.class\n",
+    "python fn f(PYTHON_RESULTS: int) -> int = \"m.f\"\n",
+    "fn f(x: [n]) -> [n] = x * 1e999\n",
+    "fn f(x: [n]) -> [n] = x * 1e400 - 1e400\n",
+    "fn f(y: [n] Index[[D]]) -> [n] = y\n",
+    "fn f(y: [n] Index[[]]) -> [n] = y\n",
+    "dim C = 3\nfn f(y: Index[Index[C]]) -> [] = y\n",
+    "dim D = 3\nfn f(y: Dataset[[D]], z: AdamW[[D]]) -> [] = 1.0\n",
+    "dim D\nmodel M:\n    param w: [D] = zeros()\n",
+    "dim V\nmodel M:\n    param w: [V*2] = zeros()\n",
+    "dim V\ndata T:\n    y: [] Index[V]\n",
+    "dim D\ndim E\nfn g(x: [D]) -> [D] = x\nfn f(y: [E]) -> [D] = g(y)\n",
+    "dim D\ndim E\nfn f(x: [D], y: [E]) -> [] = x @ y\n",
+    "dim D = 3\ndim C = 2\nmodel M:\n    param w: [D/C] = zeros()\n",
+    "dim D = 3\nmodel M:\n    param w: [D/(D-D)] = zeros()\n",
+    "dim D = 3\nfn f(x: [n/(D-D)]) -> [n/(D-D)] = x\n",
+    "model A:",
+    "fn f(x: [n]) -> [n]:",
+    "data E:\n    x:",
+    "fn f(x: [n]) -> [n] =",
+    "fn f(x: [n]) -> [n] = sum(x,",
+    "fn f(x: [n]) -> [n] = einsum(x, x, a, a -> a)\n",
+    "fn f(x: [n]) -> [n] = g(-> a)\n",
+    "fn f(x: [n]) -> [n] = rearrange(x, n -> (n n) 2)\n",
+    "fn f(x: [(n)*2]) -> [2*n] = x\n",
+    "fn f(x: [(n) (m)]) -> [n m] = x\n",
+    "fn f(x: [n]) -> [n]:\n    return x\n  return x\n",
+    "fn f(x: [n]) -> [n]:\r\n    return x\r\n",
+    "fn f(x: [n]) -> [n]:\n\x0c    return x\n",
+    "fn f(x: [n]) -> [n] = x # \u2028 comment\n",
+    "devices cpu[0 1]\n    split\n",
+    "devices cpu[]\n",
+    "fn f():\n    return\n",
+    "fn f() -> []:\n    for b in 1:\n        return 1.0\n",
+    "fn f(x: [n]) -> (x):\n    return x\n",
+    "fn f(x: [n]) -> [n] = (x, x)\n",
+    "fn f(x: [n]):\n    print((x, x), ())\n",
+]
 
 
 # ---- the tests ---------------------------------------------------------------------------------
@@ -889,6 +1030,15 @@ if st is not None:
     def test_mutated_grammar_programs(source: str) -> None:
         compile_program(source)
 
+    @pytest.mark.parametrize("source", TRICKY, ids=[f"tricky{k:02d}" for k in range(len(TRICKY))])
+    def test_tricky_programs(source: str) -> None:
+        compile_program(source)
+
+    @fuzz_settings(100)
+    @given(strategy("deep"))
+    def test_deep_programs(source: str) -> None:
+        compile_program(source)
+
     def test_grammar_programs_mostly_compile() -> None:
         """The generator keeps its purpose: many programs compile, many fail in the checker."""
         counts = Counter(outcome(grammar_program(RandomRand(seed))) for seed in range(300))
@@ -909,11 +1059,18 @@ def bug_key(exc: BaseException) -> str:
     """Where an internal error comes from: the innermost frame in the compiler (or the assertion)."""
     frames = traceback.extract_tb(exc.__traceback__)
     ours = [f for f in frames if "shapescript" in f.filename and "tests" not in f.filename]
-    f = ours[-1] if ours else frames[-1]
+    if ours:  # the innermost two frames in the compiler
+        where = " < ".join(f"{Path(f.filename).name}:{f.lineno} ({f.name})" for f in reversed(ours[-2:]))
+        return f"{type(exc).__name__} at {where}"
+    f = frames[-1]
     detail = ""
-    if isinstance(exc, AssertionError) and not ours:
-        detail = " " + re.sub(r"\d+", "N", str(exc).split(":")[-1].strip())[:60]
-        detail += " " + (re.match(r"E\d{4}", str(exc)) or [""])[0]
+    if isinstance(exc, AssertionError):  # one of our checks: its kind, and the code it is about
+        text = str(exc)
+        code = re.match(r"E\d{4}", text)
+        detail = " " + (code.group() + " " if code else "") + re.sub(r"`[^`]*`|'[^']*'|\[[^]]*\]|\d+", "_",
+                                                                       text.split("\n")[0])[-60:]
+    elif isinstance(exc, SyntaxError):
+        detail = " " + re.sub(r"'[^']*'|\(.*\)", "_", str(exc))[:60]
     return f"{type(exc).__name__} at {Path(f.filename).name}:{f.lineno} ({f.name}){detail}"
 
 

@@ -250,6 +250,6 @@ def _unused_args(ck: "BodyChecker", node: A.Call) -> T.UnknownT:
     return T.UNKNOWN
 
 
-from . import rules  # noqa: E402,F401  (registers the built-in functions' rules)
+from . import rules, rules_patterns  # noqa: E402,F401  (each registers its built-in functions' rules)
 
 BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "AdamW", "Sgd", "Index", "Axis", "Grad"}

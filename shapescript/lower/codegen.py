@@ -200,6 +200,13 @@ class _Writer:
             axis, rank = opts["axis"], opts["rank"]
             logits = args[0] if axis == 1 or rank == 1 else f"{args[0]}.movedim({axis}, 1)"
             return f"_F.cross_entropy({logits}, {args[1]})"
+        if name in ("rearrange", "split", "reduce", "repeat"):
+            runtime = "split_parts" if name == "split" else name
+            keys = {"reduce": ("split", "dims", "op", "perm", "merge"),
+                    "repeat": ("split", "perm", "view", "sizes", "merge")}.get(name, ("split", "perm", "merge"))
+            return f"_rt.{runtime}({args[0]}, {', '.join(repr(opts[k]) for k in keys)})"
+        if name == "einsum":
+            return f"torch.einsum({opts['spec']!r}, {', '.join(args)})"
         if name == "batches":
             return f"_rt.batches({args[0]}, {args[1]}, {spec_var(str(opts['data']))}, DEVICE)"
         if name == "logs":

@@ -6,6 +6,7 @@ nested lists when written, so records can be printed, stored as JSON or kept in 
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 import numbers
@@ -66,7 +67,7 @@ def _text(value: Value) -> str:
     return str(value)
 
 
-class Sink:
+class Sink(abc.ABC):
     """Receives records; numbers them from step 1."""
 
     def __init__(self) -> None:
@@ -80,8 +81,9 @@ class Sink:
         self.step += 1
         self._emit(self.step, values)
 
+    @abc.abstractmethod
     def _emit(self, step: int, values: dict[str, Value]) -> None:
-        raise NotImplementedError
+        """Send one numbered record somewhere; each kind of sink says where."""
 
     def close(self) -> None:
         self.closed = True

@@ -1,0 +1,87 @@
+"""Patterns at run time: the checker's recipes applied with reshape, permute, expand and reductions.
+
+A recipe holds only what the shapes can't say until the program runs: which sizes to read off the
+operand. Everything else (the permutation, which axes merge) was fixed when the program compiled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+Split = tuple[tuple[Any, ...] | None, ...] | None
+
+
+def _split(x: torch.Tensor, split: Split) -> torch.Tensor:
+    if split is None:
+        return x
+    shape: list[int] = []
+    for k, parts in enumerate(split):
+        if parts is None:
+            shape.append(x.shape[k])
+        else:
+            shape.extend(x.shape[p[1]] if isinstance(p, tuple) else p for p in parts)
+    return x.reshape(shape)
+
+
+def _merge(x: torch.Tensor, merge: tuple[int, ...] | None) -> torch.Tensor:
+    if merge is None:
+        return x
+    shape, k = [], 0
+    for count in merge:
+        n = 1
+        for j in range(k, k + count):
+            n *= x.shape[j]
+        shape.append(n)
+        k += count
+    return x.reshape(shape)
+
+
+def rearrange(x: torch.Tensor, split: Split, perm: tuple[int, ...] | None,
+              merge: tuple[int, ...] | None) -> torch.Tensor:
+    x = _split(x, split)
+    if perm is not None:
+        x = x.permute(perm)
+    return _merge(x, merge)
+
+
+def split_parts(x: torch.Tensor, split: Split, perm: tuple[int, ...],
+                merge: tuple[int, ...] | None) -> tuple[torch.Tensor, ...]:
+    """`q, k, v = split(...)`: the literal-sized atom goes first, then each part is rearranged."""
+    x = _split(x, split).permute(perm)
+    return tuple(_merge(part, merge) for part in x.unbind(0))
+
+
+_REDUCE: dict[str, Callable[..., torch.Tensor]] = {
+    "sum": torch.sum, "mean": torch.mean, "max": torch.amax, "min": torch.amin,
+    "prod": lambda x, dim: _prod(x, dim),
+}
+
+
+def _prod(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    for d in sorted(dims, reverse=True):  # torch.prod takes one dim at a time
+        x = torch.prod(x, dim=d)
+    return x
+
+
+def reduce(x: torch.Tensor, split: Split, dims: tuple[int, ...], op: str, perm: tuple[int, ...] | None,
+           merge: tuple[int, ...] | None) -> torch.Tensor:
+    x = _split(x, split)
+    if dims:
+        x = _REDUCE[op](x, dims)
+    if perm is not None:
+        x = x.permute(perm)
+    return _merge(x, merge)
+
+
+def repeat(x: torch.Tensor, split: Split, perm: tuple[int, ...] | None, view: tuple[Any, ...],
+           sizes: tuple[Any, ...], merge: tuple[int, ...] | None) -> torch.Tensor:
+    """Arrange the kept atoms, add the new ones as axes of size 1 (`view`), expand them to `sizes`."""
+    x = _split(x, split)
+    if perm is not None:
+        x = x.permute(perm)
+    kept = iter(x.shape)
+    x = x.reshape([next(kept) if v is None else 1 for v in view])
+    x = x.expand([-1 if s is None else s for s in sizes])
+    return _merge(x, merge)
