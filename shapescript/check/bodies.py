@@ -139,6 +139,10 @@ class BodyChecker:
 
     def loop(self, s: A.For) -> None:
         t = self.expr(s.iter)
+        if isinstance(t, T.StackT):  # the blocks of a model, one after another
+            self.bind(s.var, t.model)
+            self.stmts(s.body)
+            return
         self.use("loop", s.span)
         if isinstance(t, T.BatchesT):
             b = D.generic("b")
@@ -147,8 +151,9 @@ class BodyChecker:
         elif t is T.UNKNOWN:
             var_t = T.UNKNOWN
         else:
-            var_t = self.error("E0403", f"a loop goes over a dataset's batches, not {t.show()}", s.iter.span,
-                               f"this is {t.show()}", "write `for batch in data |> batches(64):`")
+            var_t = self.error("E0403", f"a loop goes over a dataset's batches or a stack of models, not "
+                               f"{t.show()}", s.iter.span, f"this is {t.show()}",
+                               "write `for batch in data |> batches(64):` or `for block in m.blocks:`")
         self.bind(s.var, var_t)
         self.stmts(s.body)
 
@@ -213,6 +218,8 @@ class BodyChecker:
                 return self.error("E0203", f"model `{t.name}` has no member `{node.name}`", node.name_span,
                                   "unknown member", similar(node.name, list(t.members))
                                   or f"its members: {', '.join(t.members)}")
+            if member.count is not None:
+                return T.StackT(member.count, member.model)  # type: ignore[arg-type]
             return member.tensor if member.tensor is not None else member.model  # type: ignore[return-value]
         if t is T.UNKNOWN:
             return t

@@ -172,9 +172,11 @@ def members(ctx: Context, model: T.ModelT) -> None:
                       "a reserved name", "rename the member")
             continue
         if m.kind == "sub":
-            t = resolve_type(ctx, m.type, {}, allow_generic=False)
+            t = resolve_type(ctx, m.type, {}, allow_generic=False, what=f"stack `{m.name}`")
             if isinstance(t, T.ModelT):
                 model.members[m.name] = T.MemberT("sub", m.name, m, model=t)
+            elif isinstance(t, T.StackT):
+                model.members[m.name] = T.MemberT("sub", m.name, m, model=t.model, count=t.count)
             elif t is not T.UNKNOWN:
                 ctx.error("E0401", f"`{m.name}` is a {t.show()}, but a model's fields are params, buffers "
                           "and sub-models", m.type.span, "not a model",
@@ -288,6 +290,11 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
         inner = resolve_type(ctx, el, generics, allow_generic, what)
         if isinstance(inner, T.BatchT) and not inner.axes:
             return T.BatchT(tuple(axes), inner.data)
+        if isinstance(inner, T.ModelT) and len(axes) == 1:
+            if D.value(axes[0].size, ctx.dim_values) is None:
+                return ctx.error("E0312", f"a stack of models needs a declared size, not {axes[0].show()}",
+                                 node.span, "not a declared dim", "declare it: `dim L = 4`")
+            return T.StackT(axes[0].size, inner)
         if inner is T.UNKNOWN:
             return inner
         return ctx.error("E0401", f"`{show_type_expr(node)}` isn't a type: a shape can hold a dtype, "

@@ -118,6 +118,7 @@ class MemberT:
     node: A.Member
     tensor: TensorT | None = None
     model: "ModelT | None" = None
+    count: D.Dim | None = None  # a stack of `count` sub-models
     init: str = ""
     init_args: dict[str, float] = field(default_factory=dict)
 
@@ -130,6 +131,16 @@ class ModelT(Ty):
 
     def show(self) -> str:
         return self.name
+
+
+@dataclass(frozen=True)
+class StackT(Ty):
+    """`blocks: [L] Block`: L models of one type, used one after another in a loop."""
+    count: D.Dim
+    model: ModelT
+
+    def show(self) -> str:
+        return f"[{D.show(self.count)}] {self.model.name}"
 
 
 @dataclass(frozen=True)

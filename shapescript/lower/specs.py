@@ -46,7 +46,8 @@ def model_spec(c: Checked, model: T.ModelT) -> str:
     members = []
     for m in model.members.values():
         if m.model is not None:
-            members.append(f"_rt.SubSpec({m.name!r}, {m.model.name}_spec, {where(m.node.span)!r})")
+            count = D.value(m.count, c.dim_values) if m.count is not None else None
+            members.append(f"_rt.SubSpec({m.name!r}, {m.model.name}_spec, {where(m.node.span)!r}, {count!r})")
             continue
         assert m.tensor is not None
         shape = tuple(v for _, v in axis_sizes(c, m.tensor, True))

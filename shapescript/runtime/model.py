@@ -76,6 +76,7 @@ class SubSpec:
     name: str
     model: "ModelSpec"
     where: str
+    count: int | None = None  # a stack of `count` models, as `blocks: [L] Block`
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,10 @@ class ModelSpec:
 def leaves(spec: ModelSpec, prefix: str = "") -> Iterator[tuple[str, ParamSpec]]:
     """Every param and buffer with its dotted name, in declaration order, depth-first."""
     for member in spec.members:
-        if isinstance(member, SubSpec):
+        if isinstance(member, SubSpec) and member.count is not None:
+            for k in range(member.count):
+                yield from leaves(member.model, f"{prefix}{member.name}.{k}.")
+        elif isinstance(member, SubSpec):
             yield from leaves(member.model, f"{prefix}{member.name}.")
         else:
             yield prefix + member.name, member
@@ -149,9 +153,11 @@ class Model:
         params: list[torch.Tensor] = []
         for member in spec.members:
             if isinstance(member, SubSpec):
-                sub = Model._build(member.model, g, device)
-                values[member.name] = sub
-                params.extend(sub._params)
+                # A stack is a tuple of models, drawn one after another from the same generator.
+                subs = tuple(Model._build(member.model, g, device) for _ in range(member.count or 1))
+                values[member.name] = subs if member.count is not None else subs[0]
+                for sub in subs:
+                    params.extend(sub._params)
                 continue
             t = _draw(member, g).to(device)
             if member.kind == "param":
@@ -171,7 +177,7 @@ class Model:
     def _leaf(self, dotted: str) -> torch.Tensor:
         obj: object = self
         for part in dotted.split("."):
-            obj = obj.__dict__[part]
+            obj = obj[int(part)] if isinstance(obj, tuple) else obj.__dict__[part]
         assert isinstance(obj, torch.Tensor)
         return obj
 
@@ -188,7 +194,9 @@ class Model:
         parts = []
         for member in self.spec.members:
             value = self.__dict__[member.name]
-            if isinstance(member, SubSpec):
+            if isinstance(member, SubSpec) and member.count is not None:
+                parts.append(f"{member.name}: [{member.count}] {member.model.name}")
+            elif isinstance(member, SubSpec):
                 parts.append(f"{member.name}: {value!r}")
             else:
                 extra = " buffer" if member.kind == "buffer" else ""
