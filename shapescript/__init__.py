@@ -14,8 +14,9 @@ from shapescript.runtime.checkpoint import load as restore
 from shapescript.runtime.checkpoint import save
 from shapescript.runtime.data import Batch, TensorDataset
 from shapescript.runtime.model import Model
+from shapescript.runtime.modes import Eval, Mode, Train
 from shapescript.runtime.optim import Optimizer, adamw, sgd
 
-__all__ = ["Batch", "CompileError", "Diagnostic", "DomainError", "Model", "Optimizer", "Program", "ShapeError",
-           "ShapeScriptError", "TensorDataset", "WorkerError", "adamw", "build", "load", "restore", "save", "sgd",
+__all__ = ["Batch", "CompileError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer", "Program", "ShapeError",
+           "ShapeScriptError", "TensorDataset", "Train", "WorkerError", "adamw", "build", "load", "restore", "save", "sgd",
            "sinks"]

@@ -74,7 +74,7 @@ class Program:
         exec(compile(self.python_source, self._module_file, "exec"), namespace)  # our generated code
         self.namespace = namespace
         for fn in checked.fns.values():
-            if fn.kind == "python":
+            if fn.kind in ("python", "extern"):
                 namespace["PYTHON_RESULTS"][fn.name] = LG.result_check(checked, fn)
         self._members: dict[str, Any] = {}
         self.device = torch.device(namespace["DEVICE"])

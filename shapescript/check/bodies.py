@@ -404,13 +404,44 @@ class BodyChecker:
                 if not isinstance(a.value, A.Pattern):
                     self.expr(a.value)
             return T.UNKNOWN
-        arg_types = [self.expr(a.value) for a in args]  # type: ignore[union-attr]
+        arg_types = [self.axis_arg(a) if isinstance(p.ty, T.AxisArgT) else self.expr(a.value)  # type: ignore
+                     for a, p in zip(args, fn.params)]
         for a, p in zip(args, fn.params):
             self.check_mut(a, p.mut, p.name, what)  # type: ignore[arg-type]
         self.record_call(node, fn.kind, fn.name, [a.value for a in args])  # type: ignore[union-attr]
         if fn.kind == "python":
             self.use("python", node.span)
-        return self.instantiate(fn, fn.params, args, arg_types, fn.ret)  # type: ignore[arg-type]
+        result = self.instantiate(fn, fn.params, args, arg_types, fn.ret)  # type: ignore[arg-type]
+        if any(isinstance(p.ty, T.AxisArgT) for p in fn.params) and result is not T.UNKNOWN:
+            self.axis_indices(node, fn, arg_types)
+        return result
+
+    def axis_arg(self, arg: A.Arg) -> T.Ty:
+        """`over=D` given to an `Axis[...]` parameter: a dim, not a value."""
+        node = arg.value
+        dim = self.dims.get(node.id) if isinstance(node, A.Name) else None
+        if isinstance(node, A.Name) and dim is None and node.id in self.ctx.dim_values:
+            dim = D.declared(node.id)
+        if dim is None:
+            return self.error("E0303", "an `Axis[...]` argument names a dim, as `over=D`", arg.span, "not a dim")
+        t = T.AxisArgT(dim)
+        self.checked.types[id(node)] = t
+        return t
+
+    def axis_indices(self, node: A.Call, fn: FnInfo, arg_types: list[T.Ty]) -> None:
+        """Each Axis argument's index in the first tensor argument that has that dim."""
+        tensors = [t for t in arg_types if isinstance(t, T.TensorT)]
+        found: dict[int, int] = {}
+        for k, (p, t) in enumerate(zip(fn.params, arg_types)):
+            if not isinstance(t, T.AxisArgT):
+                continue
+            index = next((i for x in tensors for i, a in enumerate(x.axes) if D.equal(a.size, t.dim)), None)
+            if index is None:
+                self.error("E0303", f"no tensor given to `{fn.name}` has an axis {D.show(t.dim)}", node.span,
+                           f"`{p.name}` names {D.show(t.dim)}")
+                return
+            found[k] = index
+        self.checked.calls[id(node)].options["axis_args"] = found
 
     def record_call(self, node: A.Call, kind: str, name: str, args: list, **options: object) -> None:
         self.checked.calls[id(node)] = CallInfo(kind, name, args, dict(options))

@@ -39,6 +39,9 @@ def bind_generics(param: T.Ty, arg: T.Ty, mapping: dict, bound_by: dict, pname: 
             _bind(param.index, arg.index, mapping, bound_by, pname)
     elif isinstance(param, T.BatchT) and isinstance(arg, T.BatchT) and len(param.axes) == len(arg.axes):
         pairs = list(zip(param.axes, arg.axes))
+    elif isinstance(param, T.AxisArgT) and isinstance(arg, T.AxisArgT):
+        _bind(param.dim, arg.dim, mapping, bound_by, pname)
+        return
     else:
         return
     for p, a in pairs:
@@ -58,6 +61,8 @@ def _bind(p: D.Dim, a: D.Dim, mapping: dict, bound_by: dict, pname: str) -> None
 def substitute(t: T.Ty, mapping: dict) -> T.Ty:
     if isinstance(t, (T.TensorT, T.BatchT)):
         return t.subs(mapping)
+    if isinstance(t, T.AxisArgT):
+        return T.AxisArgT(D.substitute(t.dim, mapping))
     if isinstance(t, T.TupleT):
         return T.TupleT(tuple(substitute(i, mapping) for i in t.items))
     return t
@@ -103,6 +108,12 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
         if isinstance(expected, T.TensorT):
             return _check_element(ck, where, expected, t, span)  # type: ignore[arg-type]
         return True
+    if isinstance(expected, T.AxisArgT) and isinstance(t, T.AxisArgT):
+        if D.equal(expected.dim, t.dim):
+            return True
+        ck.error("E0303", f"{where} is {expected.show()}, but this names {D.show(t.dim)}", span,
+                 f"not {D.show(expected.dim)}")
+        return False
     if isinstance(expected, T.ScalarT) and isinstance(t, T.ScalarT):
         if expected == t or (expected.kind == "float" and t.kind == "int"):
             return True
@@ -250,6 +261,6 @@ def _unused_args(ck: "BodyChecker", node: A.Call) -> T.UnknownT:
     return T.UNKNOWN
 
 
-from . import rules, rules_patterns  # noqa: E402,F401  (each registers its built-in functions' rules)
+from . import rules, rules_ops, rules_patterns  # noqa: E402,F401  (each registers its built-in functions' rules)
 
-BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "AdamW", "Sgd", "Index", "Axis", "Grad"}
+BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "AdamW", "Sgd", "Index", "Axis", "Grad", "Mode"}

@@ -265,6 +265,10 @@ def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
                       f"`{name}` is unknown at each call",
                       f"use a dim of a parameter, or declare it with `dim {name} = ...`")
     kind = "fn" if isinstance(node, A.Fn) else node.kind
+    for p in params:
+        if isinstance(p.ty, T.AxisArgT) and kind != "extern":
+            ctx.error("E0401", f"an `Axis[...]` parameter belongs to an extern fn, not to a {kind} fn",
+                      p.node.type.span, "not allowed here", "use `over=` with the built-in operations")
     return FnInfo(node.name, kind, node, params, ret, generics)
 
 
@@ -305,10 +309,12 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
         return T.TensorT((), name)
     if name in SCALAR_TYPES and not node.args:
         return SCALAR_TYPES[name]
-    if name == "Index":
+    if name in ("Index", "Axis"):
         bound = index_bound(ctx, node, generics, allow_generic, what)
-        return T.TensorT((), "i64", bound) if bound is not None else T.UNKNOWN
-    if name in ("Sink", "Logs") and not node.args:
+        if bound is None:
+            return T.UNKNOWN
+        return T.TensorT((), "i64", bound) if name == "Index" else T.AxisArgT(bound)
+    if name in ("Sink", "Logs", "Mode") and not node.args:
         return T.NamedT(name)
     if name in ctx.data and not node.args:
         return T.BatchT((), ctx.data[name])
@@ -338,7 +344,7 @@ def describe_names(ctx: Context, wrapper: str) -> str:
 
 def index_bound(ctx: Context, node: A.NamedType, generics, allow_generic, what) -> D.Dim | None:
     if len(node.args) != 1 or isinstance(node.args[0], (A.ShapeType, A.NamedType)) and getattr(node.args[0], "args", None):
-        ctx.error("E0204", "`Index` takes one dim, as `Index[C]`", node.span, "expected Index[C]")
+        ctx.error("E0204", f"`{node.name}` takes one dim, as `{node.name}[C]`", node.span, f"expected {node.name}[C]")
         return None
     arg = node.args[0]
     if isinstance(arg, A.NamedType):

@@ -134,6 +134,15 @@ class ModelT(Ty):
 
 
 @dataclass(frozen=True)
+class AxisArgT(Ty):
+    """`over: Axis[D]`, a parameter of an extern fn: the axis it works along, passed as its index."""
+    dim: D.Dim
+
+    def show(self) -> str:
+        return f"Axis[{D.show(self.dim)}]"
+
+
+@dataclass(frozen=True)
 class StackT(Ty):
     """`blocks: [L] Block`: L models of one type, used one after another in a loop."""
     count: D.Dim

@@ -179,8 +179,11 @@ class _Writer:
 
     def call(self, node: A.Call) -> str:
         info = self.c.calls[id(node)]
-        args = [self.expr(a) for a in info.args]  # type: ignore[arg-type]
+        skip = info.options.get("axis_args", {})
+        args = ["" if k in skip else self.expr(a) for k, a in enumerate(info.args)]  # type: ignore[arg-type]
         if info.kind in ("fn", "python", "extern"):
+            for k, axis in info.options.get("axis_args", {}).items():
+                args[k] = str(axis)  # an Axis[...] argument is passed as the axis's index
             return f"{py_name(info.name)}({', '.join(args)})"
         if info.kind == "grad":
             return f"_rt.value_and_grad({', '.join([py_name(info.name)] + args)})"
@@ -214,7 +217,57 @@ class _Writer:
             return f"_rt.logs({pairs})"
         if name in RUNTIME_CALLS:
             return f"{RUNTIME_CALLS[name]}({', '.join(args)})"
+        return self.library_call(node, name, args, opts)
+
+    def library_call(self, node: A.Call, name: str, args: list[str], opts: dict) -> str:
+        """The standard library's operations beyond arithmetic, reductions and patterns."""
+        if name in ("maximum", "minimum"):
+            recipe = self.c.recipes.get(id(node), {})
+            left, right = args[0] + index_text(recipe.get("left")), args[1] + index_text(recipe.get("right"))
+            return f"torch.{name}({left}, {right})"
+        if name == "clamp":
+            bounds = [f"{k}={self.expr(opts[k].value)}" for k in ("min", "max") if opts[k] is not None]
+            return f"torch.clamp({args[0]}, {', '.join(bounds)})"
+        if name == "where":
+            return f"torch.where({args[0]}{index_text(opts['cond_index'])}, {args[1]}, {args[2]})"
+        if name == "masked_fill":
+            return f"{self.expr(self.c.calls[id(node)].args[0], True)}.masked_fill(" \
+                   f"{args[1]}{index_text(opts['mask_index'])}, {args[2]})"
+        if name == "causal":
+            rows, cols = (self.size_text(s) for s in opts["sizes"])
+            return f"_rt.causal({rows}, {cols}, DEVICE)"
+        if name == "one_hot":
+            return f"_F.one_hot({args[0]}, {opts['classes']}).to(torch.float32)"
+        if name == "embedding":
+            return f"_F.embedding({args[1]}, {args[0]})"
+        if name == "cumsum":
+            return f"torch.cumsum({args[0]}, dim={opts['axis']})"
+        if name == "sort":
+            return f"torch.sort({args[0]}, dim={opts['axis']}).values"
+        if name == "topk":
+            return f"tuple(torch.topk({args[0]}, {opts['k']}, dim={opts['axis']}))"
+        if name == "gather":
+            return f"torch.gather({args[0]}, {opts['axis']}, {args[1]})"
+        if name == "scatter":
+            return f"torch.scatter({args[0]}, {opts['axis']}, {args[1]}, {args[2]})"
+        if name == "norm":
+            axis = opts["axis"]
+            return f"torch.linalg.vector_norm({args[0]}{'' if axis is None else f', dim={axis}'})"
+        simple = {"grad_norm": "_rt.grad_norm", "clip_norm": "_rt.clip_norm", "dropout": "_rt.dropout",
+                  "Train": "_rt.Train"}
+        if name in simple:
+            return f"{simple[name]}({', '.join(args)})"
+        if name == "Eval":
+            return "_rt.Eval"
         raise AssertionError(f"no lowering for built-in `{name}`")
+
+    @staticmethod
+    def size_text(source: object) -> str:
+        """A dim's size at run time: a number, or read off the parameter whose shape gives it."""
+        if isinstance(source, int):
+            return str(source)
+        param, axis = source  # type: ignore[misc]
+        return f"{py_name(param)}.size" if axis == "size" else f"{py_name(param)}.shape[{axis}]"
 
 
 def device_of(c: Checked) -> str:

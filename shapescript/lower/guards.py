@@ -77,8 +77,12 @@ def guard_for(c: Checked, fn: FnInfo, index: int, namespace: dict[str, Any]) -> 
         return G.KindGuard(param, "dataset", t.show())
     if t == T.SINK:
         return G.KindGuard(param, "sink", "a Sink")
+    if t == T.NamedT("Mode"):
+        return G.KindGuard(param, "mode", "a mode, ss.Train(seed=...) or ss.Eval")
     if isinstance(t, T.ScalarT):
         return G.KindGuard(param, t.kind, t.kind)
+    if isinstance(t, T.AxisArgT):  # from Python, an axis is its index
+        return G.KindGuard(param, "int", "an axis index (int)")
     raise ValueError(f"`{fn.name}`'s parameter `{p.name}` of type {t.show()} can't be passed from Python")
 
 

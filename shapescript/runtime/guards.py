@@ -17,6 +17,7 @@ import torch
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.data import Batch, DataSpec, batch_from_python
 from shapescript.runtime.model import Model, dtype_name, shape_text
+from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
 from shapescript.runtime.sinks import Sink
 
@@ -130,7 +131,7 @@ class BatchGuard:
 class KindGuard:
     """Models, optimizers, datasets, sinks and plain values: checked by kind and type name."""
     param: Param
-    kind: str  # model | optimizer | dataset | sink | int | float | bool | str
+    kind: str  # model | optimizer | dataset | sink | mode | int | float | bool | str
     type_name: str  # "Mlp", "AdamW[Mlp]", "Dataset[Digit]"...
     model: str | None = None
     optimizer: str | None = None
@@ -142,6 +143,7 @@ class KindGuard:
             and value.model.spec.name == self.model,
             "dataset": lambda: hasattr(value, "__len__") and hasattr(value, "__getitem__"),
             "sink": lambda: isinstance(value, Sink) or callable(getattr(value, "write", None)),
+            "mode": lambda: isinstance(value, Mode),
             "int": lambda: isinstance(value, numbers.Integral) and not isinstance(value, bool),
             "float": lambda: isinstance(value, numbers.Real) and not isinstance(value, bool),
             "bool": lambda: isinstance(value, bool),

@@ -1,0 +1,339 @@
+"""Rules of the standard library's tensor operations beyond arithmetic and reductions: elementwise
+pairs, masks, lookups, operations along an axis, gradient norms and dropout."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..syntax import ast as A
+from . import dims as D
+from . import types as T
+from .builtins import _unused_args, broadcast, int_arg, over_axis, rule, tensor_arg
+
+if TYPE_CHECKING:
+    from .bodies import BodyChecker
+
+MODE = T.NamedT("Mode")
+
+
+def _number(ck: "BodyChecker", arg: A.Arg | None, what: str) -> bool:
+    if arg is None:
+        return True
+    t = ck.expr(arg.value)
+    if t in (T.INT, T.FLOAT) or t is T.UNKNOWN:
+        return True
+    ck.error("E0401", f"{what} is a number, not {t.show()}", arg.span, f"this is {t.show()}")
+    return False
+
+
+def _subsequence(ck: "BodyChecker", node: A.Node, big: T.TensorT, small: T.TensorT, what: str) -> tuple | None:
+    """Where `small`'s axes sit in `big`'s (by name, in order): the index to lower it with, or None."""
+    from .builtins import _match_from_right
+    if small.rank == big.rank and all(a.same(b) for a, b in zip(small.axes, big.axes)):
+        return ()
+    positions = _match_from_right(big.axes, small.axes) if small.rank <= big.rank else None
+    if positions is None:
+        ck.error("E0301", f"{what} is {small.show()}, which doesn't fit {big.show()}", node.span,
+                 f"this is {small.show()}", "its dims must all be dims of the other, in the same order")
+        return None
+    if positions == list(range(big.rank - small.rank, big.rank)):
+        return ()
+    return tuple(":" if k in positions else None for k in range(big.rank))
+
+
+@rule("maximum", "minimum")
+def pairwise(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    name = node.func.id  # type: ignore[union-attr]
+    args = ck.arrange(node, ["a", "b"], f"`{name}`")
+    if args is None:
+        return _unused_args(ck, node)
+    a, b = (tensor_arg(ck, x, f"`{name}`") for x in args)
+    if a is None or b is None:
+        return T.UNKNOWN
+    if a.dtype != b.dtype:
+        return ck.error("E0308", f"`{name}` of {a.dtype} and {b.dtype}", node.span, "different dtypes")
+    axes = broadcast(ck, node, a, b)
+    if axes is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", name, [x.value for x in args])  # type: ignore[union-attr]
+    return T.TensorT(axes, a.dtype)
+
+
+@rule("clamp")
+def clamp(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["x", "min", "max"], "`clamp`", required=1)
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], "`clamp`")
+    ok = _number(ck, args[1], "`clamp`'s min") and _number(ck, args[2], "`clamp`'s max")
+    if t is None or not ok:
+        return T.UNKNOWN
+    if args[1] is None and args[2] is None:
+        return ck.error("E0206", "`clamp` needs `min=`, `max=` or both", node.span, "no bounds")
+    ck.record_call(node, "builtin", "clamp", [args[0].value], min=args[1], max=args[2])  # type: ignore[union-attr]
+    return T.TensorT(t.axes, t.dtype)
+
+
+@rule("where")
+def where(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["cond", "a", "b"], "`where`")
+    if args is None:
+        return _unused_args(ck, node)
+    cond = tensor_arg(ck, args[0], "`where`'s condition")
+    a, b = (ck.operand(x.value) for x in args[1:])  # type: ignore[union-attr]
+    if cond is None or T.UNKNOWN in (a, b):
+        return T.UNKNOWN
+    if cond.dtype != "bool":
+        return ck.error("E0308", f"`where`'s condition must be bool, not {cond.dtype}", args[0].span,  # type: ignore
+                        f"this is {cond.show()}", "compare it first, as `x > 0`")
+    tensors = [t for t in (a, b) if isinstance(t, T.TensorT)]
+    if not tensors:
+        return ck.error("E0401", "`where` needs a tensor to choose from", node.span, "two plain numbers")
+    if len(tensors) == 2 and (a.dtype != b.dtype or not all(  # type: ignore[union-attr]
+            x.same(y) for x, y in zip(a.axes, b.axes)) or a.rank != b.rank):  # type: ignore[union-attr]
+        return ck.error("E0301", f"`where` chooses between {a.show()} and {b.show()}, which must be the same",
+                        node.span, "different types")
+    result = tensors[0]
+    index = _subsequence(ck, args[0], result, cond, "the condition")  # type: ignore[arg-type]
+    if index is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", "where", [x.value for x in args], cond_index=index)  # type: ignore[union-attr]
+    return T.TensorT(result.axes, result.dtype)
+
+
+@rule("masked_fill")
+def masked_fill(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["x", "mask", "value"], "`masked_fill`")
+    if args is None:
+        return _unused_args(ck, node)
+    x = tensor_arg(ck, args[0], "`masked_fill`")
+    mask = tensor_arg(ck, args[1], "`masked_fill`'s mask")
+    if not _number(ck, args[2], "the fill value") or x is None or mask is None:
+        return T.UNKNOWN
+    if mask.dtype != "bool":
+        return ck.error("E0308", f"a mask is bool, not {mask.dtype}", args[1].span, f"this is {mask.show()}")  # type: ignore
+    index = _subsequence(ck, args[1], x, mask, "the mask")  # type: ignore[arg-type]
+    if index is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", "masked_fill", [a.value for a in args], mask_index=index)  # type: ignore
+    return T.TensorT(x.axes, x.dtype)
+
+
+def dim_source(ck: "BodyChecker", arg: A.Arg) -> tuple[D.Dim, object] | None:
+    """A dim named by an argument, and how to get its size when the program runs: an int, or
+    (parameter, axis) for a generic dim that a parameter's shape gives."""
+    node = arg.value
+    if not isinstance(node, A.Name):
+        ck.error("E0303", "expected a dim, as `causal(i, j)`", arg.span, "not a dim name")
+        return None
+    if ck.ctx.dim_values.get(node.id) is not None and node.id not in ck.dims:
+        return D.declared(node.id), ck.ctx.dim_values[node.id]
+    dim = ck.dims.get(node.id)
+    if dim is None:
+        ck.error("E0303", f"`{node.id}` isn't a dim here", node.span, "unknown dim")
+        return None
+    for p in ck.fn.params:
+        t = p.ty
+        axes = t.axes if isinstance(t, (T.TensorT, T.BatchT)) else ()
+        for k, a in enumerate(axes):
+            if a.size == dim:
+                return dim, (p.name, "size" if isinstance(t, T.BatchT) else k)
+    ck.error("E0303", f"the size of `{node.id}` isn't known here", node.span, "no parameter has this axis",
+             f"take a parameter with an axis `{node.id}`")
+    return None
+
+
+@rule("causal")
+def causal(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["i", "j"], "`causal`")
+    if args is None:
+        return T.UNKNOWN
+    i, j = dim_source(ck, args[0]), dim_source(ck, args[1])  # type: ignore[arg-type]
+    if i is None or j is None:
+        return T.UNKNOWN
+    ck.use("tensors", node.span)
+    ck.record_call(node, "builtin", "causal", [], sizes=(i[1], j[1]))
+    return T.TensorT((T.axis(i[0]), T.axis(j[0])), "bool")
+
+
+@rule("one_hot")
+def one_hot(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["labels"], "`one_hot`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], "`one_hot`")
+    if t is None:
+        return T.UNKNOWN
+    count = D.value(t.index, ck.ctx.dim_values) if t.index is not None else None
+    if count is None:
+        return ck.error("E0309", f"`one_hot` takes labels typed `Index[C]` with a declared C, not {t.show()}",
+                        args[0].span, "no known bound")  # type: ignore[union-attr]
+    ck.record_call(node, "builtin", "one_hot", [args[0].value], classes=count)  # type: ignore[union-attr]
+    return T.TensorT(t.axes + (T.axis(t.index),), "f32")  # type: ignore[arg-type]
+
+
+@rule("embedding")
+def embedding(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["table", "ids"], "`embedding`")
+    if args is None:
+        return _unused_args(ck, node)
+    table = tensor_arg(ck, args[0], "`embedding`", floats=True)
+    ids = tensor_arg(ck, args[1], "`embedding`'s ids")
+    if table is None or ids is None:
+        return T.UNKNOWN
+    if table.rank != 2:
+        return ck.error("E0302", f"an embedding table has two axes, [V D], not {table.show()}", args[0].span)  # type: ignore
+    if ids.index is None or not D.equal(ids.index, table.axes[0].size):
+        return ck.error("E0309", f"the ids must be `Index[{table.axes[0].show()}]`, the table's rows, but are "
+                        f"{ids.show()}", args[1].span, "not known to be in range")  # type: ignore[union-attr]
+    ck.record_call(node, "builtin", "embedding", [a.value for a in args])  # type: ignore[union-attr]
+    return T.TensorT(ids.axes + table.axes[1:], table.dtype)
+
+
+@rule("cumsum", "sort")
+def along(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    name = node.func.id  # type: ignore[union-attr]
+    args = ck.arrange(node, ["x", "over"], f"`{name}`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], f"`{name}`")
+    if t is None:
+        return T.UNKNOWN
+    axis = over_axis(ck, args[1], t, f"`{name}`")  # type: ignore[arg-type]
+    if axis is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", name, [args[0].value], axis=axis)  # type: ignore[union-attr]
+    return T.TensorT(t.axes, t.dtype)
+
+
+@rule("topk")
+def topk(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["x", "k", "over"], "`topk`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], "`topk`")
+    k_node = args[1].value  # type: ignore[union-attr]
+    if not (isinstance(k_node, A.IntLit) and k_node.value > 0):
+        int_arg(ck, args[1], "`topk`'s k")
+        return ck.error("E0310", "`topk`'s k is a positive literal, as `topk(x, 5, over=C)`", args[1].span)  # type: ignore
+    if t is None:
+        return T.UNKNOWN
+    axis = over_axis(ck, args[2], t, "`topk`")  # type: ignore[arg-type]
+    if axis is None:
+        return T.UNKNOWN
+    picked = t.axes[axis]
+    size = D.value(picked.size, ck.ctx.dim_values)
+    if size is not None and k_node.value > size:
+        return ck.error("E0310", f"`topk` of {k_node.value} from {picked.show()} = {size}", args[1].span, "too many")  # type: ignore
+    ck.record_call(node, "builtin", "topk", [args[0].value], axis=axis, k=k_node.value)  # type: ignore[union-attr]
+    axes = t.axes[:axis] + (T.axis(D.literal(k_node.value)),) + t.axes[axis + 1:]
+    return T.TupleT((T.TensorT(axes, t.dtype), T.TensorT(axes, "i64", picked.size)))
+
+
+@rule("gather", "scatter")
+def gather(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    name = node.func.id  # type: ignore[union-attr]
+    names = ["x", "index", "over"] if name == "gather" else ["x", "index", "src", "over"]
+    args = ck.arrange(node, names, f"`{name}`")
+    if args is None:
+        return _unused_args(ck, node)
+    x = tensor_arg(ck, args[0], f"`{name}`")
+    idx = tensor_arg(ck, args[1], f"`{name}`'s index")
+    src = tensor_arg(ck, args[2], f"`{name}`'s src") if name == "scatter" else None
+    if x is None or idx is None or (name == "scatter" and src is None):
+        return T.UNKNOWN
+    axis = over_axis(ck, args[-1], x, f"`{name}`")  # type: ignore[arg-type]
+    if axis is None:
+        return T.UNKNOWN
+    picked = x.axes[axis]
+    if idx.index is None or not D.equal(idx.index, picked.size):
+        return ck.error("E0309", f"`{name}`'s index must be `Index[{picked.show()}]`, but is {idx.show()}",
+                        args[1].span, "not known to be in range")  # type: ignore[union-attr]
+    others_x = x.axes[:axis] + x.axes[axis + 1:]
+    others_i = idx.axes[:axis] + idx.axes[axis + 1:] if idx.rank == x.rank else None
+    if others_i is None or not all(a.same(b) for a, b in zip(others_x, others_i)):
+        return ck.error("E0301", f"`{name}`'s index must be {x.show()} but for its {picked.show()} axis; it is "
+                        f"{idx.show()}", args[1].span, f"this is {idx.show()}")  # type: ignore[union-attr]
+    if src is not None and (src.dtype != x.dtype or src.rank != idx.rank
+                            or not all(a.same(b) for a, b in zip(src.axes, idx.axes))):
+        return ck.error("E0301", f"`scatter`'s src must be {T.TensorT(idx.axes, x.dtype).show()}, like the index",
+                        args[2].span, f"this is {src.show()}")  # type: ignore[union-attr]
+    ck.record_call(node, "builtin", name, [a.value for a in args[:-1]], axis=axis)  # type: ignore[union-attr]
+    return T.TensorT(idx.axes, x.dtype) if name == "gather" else T.TensorT(x.axes, x.dtype)
+
+
+@rule("clip_norm")
+def clip_norm(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["grads", "max"], "`clip_norm`")
+    if args is None:
+        return _unused_args(ck, node)
+    g = ck.expr(args[0].value)  # type: ignore[union-attr]
+    if not _number(ck, args[1], "`clip_norm`'s max"):
+        return T.UNKNOWN
+    if not isinstance(g, T.GradT):
+        return g if g is T.UNKNOWN else ck.error("E0401", f"`clip_norm` takes gradients, not {g.show()}",
+                                                 args[0].span, f"this is {g.show()}")  # type: ignore
+    ck.record_call(node, "builtin", "clip_norm", [a.value for a in args])  # type: ignore[union-attr]
+    return g
+
+
+@rule("dropout")
+def dropout(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["x", "p", "mode"], "`dropout`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], "`dropout`", floats=True)
+    p_node = args[1].value  # type: ignore[union-attr]
+    if not _number(ck, args[1], "`dropout`'s p"):
+        return T.UNKNOWN
+    if isinstance(p_node, A.FloatLit | A.IntLit) and not 0 <= p_node.value < 1:
+        return ck.error("E0310", f"`dropout`'s p is a probability below 1, not {p_node.value}", args[1].span)  # type: ignore
+    mode = ck.expr(args[2].value)  # type: ignore[union-attr]
+    if mode != MODE and mode is not T.UNKNOWN:
+        return ck.error("E0401", f"`dropout`'s mode is Train(seed=...) or Eval, not {mode.show()}",
+                        args[2].span, f"this is {mode.show()}", "take a `mode: Mode` parameter")  # type: ignore
+    if t is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", "dropout", [a.value for a in args])  # type: ignore[union-attr]
+    return T.TensorT(t.axes, t.dtype)
+
+
+@rule("Train")
+def train_mode(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["seed"], "`Train`")
+    if args is None or not int_arg(ck, args[0], "`Train`'s seed"):
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", "Train", [args[0].value])  # type: ignore[union-attr]
+    return MODE
+
+
+@rule("Eval")
+def eval_mode(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    if node.args:
+        return ck.error("E0206", "`Eval()` takes no arguments", node.span)
+    ck.record_call(node, "builtin", "Eval", [])
+    return MODE
+
+
+@rule("norm")
+def norm(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    """The 2-norm of a tensor (over one axis, or all), or of a model's gradients taken together."""
+    args = ck.arrange(node, ["x", "over"], "`norm`", required=1)
+    if args is None:
+        return _unused_args(ck, node)
+    t = ck.expr(args[0].value)  # type: ignore[union-attr]
+    if isinstance(t, T.GradT):
+        if args[1] is not None:
+            return ck.error("E0206", "the norm of gradients is over all of them; it takes no `over=`",
+                            args[1].span, "unexpected")
+        ck.record_call(node, "builtin", "grad_norm", [args[0].value])  # type: ignore[union-attr]
+        return T.scalar_tensor()
+    if not isinstance(t, T.TensorT) or not t.is_float:
+        return t if t is T.UNKNOWN else ck.error("E0401", f"`norm` takes float tensors or gradients, not "
+                                                 f"{t.show()}", args[0].span, f"this is {t.show()}")  # type: ignore
+    ck.use("tensors", node.span)
+    axis = over_axis(ck, args[1], t, "`norm`") if args[1] is not None else None
+    if args[1] is not None and axis is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", "norm", [args[0].value], axis=axis)  # type: ignore[union-attr]
+    return T.TensorT(t.axes[:axis] + t.axes[axis + 1:] if axis is not None else (), t.dtype)
