@@ -327,7 +327,8 @@ def norm(ck: "BodyChecker", node: A.Call) -> T.Ty:
             return ck.error("E0206", "the norm of gradients is over all of them; it takes no `over=`",
                             args[1].span, "unexpected")
         ck.record_call(node, "builtin", "grad_norm", [args[0].value])  # type: ignore[union-attr]
-        return T.scalar_tensor()
+        dtypes = _param_dtypes(t.model)
+        return T.scalar_tensor(dtypes.pop() if len(dtypes) == 1 else "f32")
     if not isinstance(t, T.TensorT) or not t.is_float:
         return t if t is T.UNKNOWN else ck.error("E0401", f"`norm` takes float tensors or gradients, not "
                                                  f"{t.show()}", args[0].span, f"this is {t.show()}")  # type: ignore
@@ -337,3 +338,13 @@ def norm(ck: "BodyChecker", node: A.Call) -> T.Ty:
         return T.UNKNOWN
     ck.record_call(node, "builtin", "norm", [args[0].value], axis=axis)  # type: ignore[union-attr]
     return T.TensorT(t.axes[:axis] + t.axes[axis + 1:] if axis is not None else (), t.dtype)
+
+
+def _param_dtypes(model: T.ModelT) -> set[str]:
+    out: set[str] = set()
+    for m in model.members.values():
+        if m.kind == "param" and m.tensor is not None:
+            out.add(m.tensor.dtype)
+        elif m.model is not None:
+            out |= _param_dtypes(m.model)
+    return out
