@@ -198,11 +198,19 @@ class BodyChecker:
         if node.id in self.ctx.fns:
             return T.FnRefT(node.id)
         if node.id in self.dims or node.id in self.ctx.dim_values:
-            return self.error("E0401", f"`{node.id}` is a dim, not a value", node.span, "a dim",
-                              "dims name axes (`over=D`); a dim's size as a number isn't a value here")
+            return self.dim_value(node)
         candidates = list(self.vars) + list(self.ctx.fns)
         return self.error("E0201", f"unknown name `{node.id}`", node.span, "not defined",
                           similar(node.id, candidates))
+
+    def dim_value(self, node: A.Name) -> T.Ty:
+        """A dim used as a number, as `1.0 / Dh ** 0.5`: its size, known or read off a parameter."""
+        from .rules_ops import dim_source
+        found = dim_source(self, node)
+        if found is None:
+            return T.UNKNOWN
+        self.checked.recipes[id(node)] = {"size": found[1]}
+        return T.INT
 
     def attr(self, node: A.Attr) -> T.Ty:
         t = self.expr(node.obj)

@@ -119,12 +119,11 @@ def masked_fill(ck: "BodyChecker", node: A.Call) -> T.Ty:
     return T.TensorT(x.axes, x.dtype)
 
 
-def dim_source(ck: "BodyChecker", arg: A.Arg) -> tuple[D.Dim, object] | None:
-    """A dim named by an argument, and how to get its size when the program runs: an int, or
+def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, object] | None:
+    """A dim named by `node`, and how to get its size when the program runs: an int, or
     (parameter, axis) for a generic dim that a parameter's shape gives."""
-    node = arg.value
     if not isinstance(node, A.Name):
-        ck.error("E0303", "expected a dim, as `causal(i, j)`", arg.span, "not a dim name")
+        ck.error("E0303", "expected a dim, as `causal(i, j)`", node.span, "not a dim name")
         return None
     if ck.ctx.dim_values.get(node.id) is not None and node.id not in ck.dims:
         return D.declared(node.id), ck.ctx.dim_values[node.id]
@@ -148,7 +147,7 @@ def causal(ck: "BodyChecker", node: A.Call) -> T.Ty:
     args = ck.arrange(node, ["i", "j"], "`causal`")
     if args is None:
         return T.UNKNOWN
-    i, j = dim_source(ck, args[0]), dim_source(ck, args[1])  # type: ignore[arg-type]
+    i, j = dim_source(ck, args[0].value), dim_source(ck, args[1].value)  # type: ignore[union-attr]
     if i is None or j is None:
         return T.UNKNOWN
     ck.use("tensors", node.span)

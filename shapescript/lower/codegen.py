@@ -141,7 +141,8 @@ class _Writer:
 
     def _expr(self, node: A.Expr) -> str:
         if isinstance(node, A.Name):
-            return py_name(node.id)
+            recipe = self.c.recipes.get(id(node))
+            return self.size_text(recipe["size"]) if recipe else py_name(node.id)
         if isinstance(node, (A.IntLit, A.FloatLit, A.StrLit)):
             return repr(node.value)
         if isinstance(node, A.BoolLit):
