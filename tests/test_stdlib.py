@@ -183,3 +183,38 @@ def test_misuse_is_a_compile_error(src: str, code: str) -> None:
     with pytest.raises(CompileError) as info:
         ss.load(DIMS + src + "\n", name="bad.ss")
     assert set(info.value.codes) == {code}, str(info.value)
+
+
+BATCH_NORM = DIMS + """
+model Stats:
+    buffer mean: [C] f64 = zeros()
+    buffer var: [C] f64 = ones()
+
+fn f(s: Stats, x: [b n C] f64, mode: Mode) -> [b n C] f64 = batch_norm(x, s, mode, over=C)
+"""
+
+
+def test_batch_norm_matches_torch_in_train_and_eval() -> None:
+    prog = ss.load(BATCH_NORM, name="bn.ss")
+    stats = prog.Stats.init(seed=0)
+    ref = torch.nn.BatchNorm1d(4, affine=False, dtype=torch.float64)
+    for _ in range(3):  # Train: batch statistics, and the running ones move
+        x = r(2, 5, 4)
+        torch.testing.assert_close(prog.namespace["f"](stats, x, ss.Train(seed=0)),
+                                   ref(x.transpose(1, 2)).transpose(1, 2))
+    torch.testing.assert_close(stats.mean, ref.running_mean)
+    torch.testing.assert_close(stats.var, ref.running_var)
+    ref.eval()
+    x = r(3, 2, 4).requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    out, expected = prog.namespace["f"](stats, x, ss.Eval), ref(xr.transpose(1, 2)).transpose(1, 2)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+
+
+def test_batch_norm_needs_its_statistics() -> None:
+    with pytest.raises(CompileError) as info:
+        ss.load(BATCH_NORM.replace("buffer var: [C] f64 = ones()", "buffer var: [D] f64 = ones()"), name="bn.ss")
+    assert info.value.codes == ["E0401"] and "buffers `mean: [C]`" in str(info.value)

@@ -347,3 +347,40 @@ def _param_dtypes(model: T.ModelT) -> set[str]:
         elif m.model is not None:
             out |= _param_dtypes(m.model)
     return out
+
+
+@rule("batch_norm")
+def batch_norm(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    """`batch_norm(x, stats, mode, over=C)`: normalize each C-channel over every other axis; `stats`
+    is a model with buffers `mean: [C]` and `var: [C]`, the running statistics that Train updates
+    (as PyTorch's buffers are, without `mut`) and Eval uses."""
+    args = ck.arrange(node, ["x", "stats", "mode", "over"], "`batch_norm`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], "`batch_norm`", floats=True)
+    stats = ck.expr(args[1].value)  # type: ignore[union-attr]
+    mode = ck.expr(args[2].value)  # type: ignore[union-attr]
+    if mode != MODE and mode is not T.UNKNOWN:
+        return ck.error("E0401", f"`batch_norm`'s mode is Train(seed=...) or Eval, not {mode.show()}",
+                        args[2].span, f"this is {mode.show()}")  # type: ignore[union-attr]
+    if t is None or stats is T.UNKNOWN:
+        return T.UNKNOWN
+    axis = over_axis(ck, args[3], t, "`batch_norm`")  # type: ignore[arg-type]
+    if axis is None:
+        return T.UNKNOWN
+    if t.rank < 2:
+        return ck.error("E0302", f"`batch_norm` needs an axis to take statistics over besides "
+                        f"{t.axes[axis].show()}", args[0].span, f"this is {t.show()}")  # type: ignore[union-attr]
+    channel = T.TensorT((t.axes[axis],), t.dtype)
+    ok = isinstance(stats, T.ModelT) and all(
+        (mem := stats.members.get(name)) is not None and mem.kind == "buffer" and mem.tensor is not None
+        and mem.tensor.rank == 1 and mem.tensor.axes[0].same(channel.axes[0]) and mem.tensor.dtype == t.dtype
+        for name in ("mean", "var"))
+    if not ok:
+        return ck.error("E0401", f"`batch_norm`'s statistics are a model with buffers `mean: {channel.show()}` and "
+                        f"`var: {channel.show()}`, not {stats.show()}", args[1].span,  # type: ignore[union-attr]
+                        f"this is {stats.show()}",
+                        f"declare `model Stats:` with `buffer mean: {channel.show()} = zeros()` and "
+                        f"`buffer var: {channel.show()} = ones()`")
+    ck.record_call(node, "builtin", "batch_norm", [a.value for a in args[:3]], axis=axis)  # type: ignore[union-attr]
+    return T.TensorT(t.axes, t.dtype)

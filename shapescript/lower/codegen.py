@@ -260,6 +260,8 @@ class _Writer:
             return f"{simple[name]}({', '.join(args)})"
         if name == "Eval":
             return "_rt.Eval"
+        if name == "batch_norm":
+            return f"_rt.batch_norm({', '.join(args)}, {opts['axis']})"
         raise AssertionError(f"no lowering for built-in `{name}`")
 
     @staticmethod

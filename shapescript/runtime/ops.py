@@ -24,3 +24,12 @@ def clip_norm(g: Grads, max_norm: float) -> Grads:
 def causal(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
     """True where a column lies after its row: the future, which a causal model must not see."""
     return torch.ones(rows, cols, dtype=torch.bool, device=device).triu(1)
+
+
+def batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int) -> torch.Tensor:
+    """PyTorch's batch_norm with the channels on `axis`: batch statistics and a momentum-0.1 update
+    of the running ones in Train, the running ones in Eval."""
+    moved = x if axis == 1 else x.movedim(axis, 1)
+    out = torch.nn.functional.batch_norm(moved, stats.mean, stats.var, training=mode.training,  # type: ignore
+                                         momentum=0.1, eps=1e-5)
+    return out if axis == 1 else out.movedim(1, axis)
