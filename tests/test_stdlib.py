@@ -217,4 +217,4 @@ def test_batch_norm_matches_torch_in_train_and_eval() -> None:
 def test_batch_norm_needs_its_statistics() -> None:
     with pytest.raises(CompileError) as info:
         ss.load(BATCH_NORM.replace("buffer var: [C] f64 = ones()", "buffer var: [D] f64 = ones()"), name="bn.ss")
-    assert info.value.codes == ["E0401"] and "buffers `mean: [C]`" in str(info.value)
+    assert info.value.codes == ["E0401"] and "buffers `mean: [C] f64`" in str(info.value)
