@@ -147,7 +147,10 @@ class BodyChecker:
         if isinstance(t, T.BatchesT):
             b = D.generic("b")
             self.dims.setdefault("b", b)
-            var_t: T.Ty = T.BatchT((T.axis(b),), t.data)
+            # Each batch of the loop pads to its own longest item: dims of its own, by the data's names.
+            padded = tuple((name, D.generic(name)) for name in t.data.generics)
+            self.dims.update(padded)
+            var_t: T.Ty = T.BatchT((T.axis(b),), t.data, padded)
         elif t is T.UNKNOWN:
             var_t = T.UNKNOWN
         else:

@@ -39,6 +39,10 @@ def bind_generics(param: T.Ty, arg: T.Ty, mapping: dict, bound_by: dict, pname: 
             _bind(param.index, arg.index, mapping, bound_by, pname)
     elif isinstance(param, T.BatchT) and isinstance(arg, T.BatchT) and len(param.axes) == len(arg.axes):
         pairs = list(zip(param.axes, arg.axes))
+        theirs = dict(arg.padded)
+        for name, dim in param.padded:
+            if name in theirs:
+                _bind(dim, theirs[name], mapping, bound_by, pname)
     elif isinstance(param, T.AxisArgT) and isinstance(arg, T.AxisArgT):
         _bind(param.dim, arg.dim, mapping, bound_by, pname)
         return
@@ -168,6 +172,21 @@ def broadcast(ck: "BodyChecker", node: A.Node, left: T.TensorT, right: T.TensorT
         side = "right" if small is right else "left"
         ck.checked.recipes[id(node)] = {side: index}
     return big.axes
+
+
+def placed_within(ck: "BodyChecker", node: A.Node, big: T.TensorT, small: T.TensorT, what: str) -> tuple | None:
+    """Where `small`'s axes sit in `big`'s (by name, in order): the index to lower it with ('()' when
+    torch's own broadcasting places it), or None after an error."""
+    if small.rank == big.rank and all(a.same(b) for a, b in zip(small.axes, big.axes)):
+        return ()
+    positions = _match_from_right(big.axes, small.axes) if small.rank <= big.rank else None
+    if positions is None:
+        ck.error("E0301", f"{what} is {small.show()}, which doesn't fit {big.show()}", node.span,
+                 f"this is {small.show()}", "its dims must all be dims of the other, in the same order")
+        return None
+    if positions == list(range(big.rank - small.rank, big.rank)):
+        return ()
+    return tuple(":" if k in positions else None for k in range(big.rank))
 
 
 def _match_from_right(big: tuple[T.AxisT, ...], small: tuple[T.AxisT, ...]) -> list[int] | None:

@@ -18,7 +18,7 @@ INIT_DEFAULTS = {"mean": 0.0, "std": 1.0, "low": 0.0, "high": 1.0}
 OPTIMIZERS = {"AdamW", "Sgd"}
 # Names the runtime's Model and Batch already use for themselves.
 RESERVED_MEMBERS = {"init", "params", "named_params", "state_dict", "load_state_dict", "spec"}
-RESERVED_FIELDS = {"spec", "size"}
+RESERVED_FIELDS = {"spec", "size", "lengths"}
 SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
 
 
@@ -121,7 +121,7 @@ def collect(ctx: Context) -> DeviceSet:
                 ctx.error("E0202", f"`{f.name}` is reserved: a batch has it already", f.span,
                           "a reserved name", "rename the field")
                 continue
-            t = resolve_type(ctx, f.type, {}, allow_generic=True)
+            t = resolve_type(ctx, f.type, data.generics, allow_generic=True)
             if isinstance(t, T.TensorT):
                 data.fields[f.name] = t
                 data.field_nodes[f.name] = f
@@ -293,7 +293,7 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
             return T.TensorT(tuple(axes), "i64", bound) if bound is not None else T.UNKNOWN
         inner = resolve_type(ctx, el, generics, allow_generic, what)
         if isinstance(inner, T.BatchT) and not inner.axes:
-            return T.BatchT(tuple(axes), inner.data)
+            return T.BatchT(tuple(axes), inner.data, padded_dims(inner.data, generics))
         if isinstance(inner, T.ModelT) and len(axes) == 1:
             if D.value(axes[0].size, ctx.dim_values) is None:
                 return ctx.error("E0312", f"a stack of models needs a declared size, not {axes[0].show()}",
@@ -334,6 +334,16 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
                          f"the program declares {describe_names(ctx, name)}")
     return ctx.error("E0204", f"unknown type `{name}`", node.span, "not a type",
                      similar(name, list(ctx.data) + list(ctx.models) + list(T.DTYPES) + ["Dataset", "Sink"]))
+
+
+def padded_dims(data: T.DataT, generics: dict[str, D.Dim]) -> tuple[tuple[str, D.Dim], ...]:
+    """The data's generic dims for one batch value, shared by name with the function's own."""
+    out = []
+    for name in data.generics:
+        if name not in generics:
+            generics[name] = D.generic(name)
+        out.append((name, generics[name]))
+    return tuple(out)
 
 
 def describe_names(ctx: Context, wrapper: str) -> str:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..syntax import ast as A
 from . import types as T
-from .builtins import _unused_args, int_arg, matmul, over_axis, rule, tensor_arg
+from .builtins import _unused_args, int_arg, matmul, over_axis, placed_within, rule, tensor_arg
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -36,7 +36,8 @@ def unary(ck: "BodyChecker", node: A.Call) -> T.Ty:
 @rule(*REDUCTIONS)
 def reduction(ck: "BodyChecker", node: A.Call) -> T.Ty:
     name = node.func.id  # type: ignore[union-attr]
-    args = ck.arrange(node, ["x", "over"], f"`{name}`", required=1)
+    names = ["x", "over", "mask"] if name in MASKABLE else ["x", "over"]
+    args = ck.arrange(node, names, f"`{name}`", required=1)
     if args is None:
         return _unused_args(ck, node)
     kind = REDUCTIONS[name]
@@ -54,7 +55,13 @@ def reduction(ck: "BodyChecker", node: A.Call) -> T.Ty:
     elif kind == "index":
         return ck.error("E0206", f"`{name}` needs `over=`, the axis it picks from", node.span,
                         "missing over=", f"write `{name}(x, over=C)`")
-    ck.record_call(node, "builtin", name, [args[0].value], axis=axis, rank=t.rank)  # type: ignore[union-attr]
+    mask_index = None
+    if len(args) > 2 and args[2] is not None:
+        mask_index = mask_of(ck, args[2], t)
+        if mask_index is None:
+            return T.UNKNOWN
+    ck.record_call(node, "builtin", name, [a.value for a in args[:1] + args[2:] if a is not None],  # type: ignore
+                   axis=axis, rank=t.rank, mask_index=mask_index)
     axes = t.axes[:axis] + t.axes[axis + 1:] if axis is not None else ()
     if kind == "index":
         return T.TensorT(axes, "i64", t.axes[axis].size)  # type: ignore[index]
@@ -62,6 +69,21 @@ def reduction(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if name in ("sum", "prod") and t.dtype in ("bool", "i32"):
         dtype = "i64"
     return T.TensorT(axes, dtype)
+
+
+MASKABLE = ("sum", "mean")
+
+
+def mask_of(ck: "BodyChecker", arg: A.Arg, t: T.TensorT) -> tuple | None:
+    """A `mask=` argument: bool, its dims among `t`'s; the index that places it."""
+    mask = tensor_arg(ck, arg, "`mask=`")
+    if mask is None:
+        return None
+    if mask.dtype != "bool":
+        ck.error("E0308", f"a mask is bool, not {mask.dtype}", arg.span, f"this is {mask.show()}",
+                 "compare it first, or use `valid(batch, n)`")
+        return None
+    return placed_within(ck, arg, t, mask, "the mask")
 
 
 @rule("softmax", "log_softmax")
@@ -95,7 +117,7 @@ def matmul_call(ck: "BodyChecker", node: A.Call) -> T.Ty:
 
 @rule("cross_entropy")
 def cross_entropy(ck: "BodyChecker", node: A.Call) -> T.Ty:
-    args = ck.arrange(node, ["logits", "labels", "over"], "`cross_entropy`")
+    args = ck.arrange(node, ["logits", "labels", "over", "mask"], "`cross_entropy`", required=3)
     if args is None:
         return _unused_args(ck, node)
     logits = tensor_arg(ck, args[0], "`cross_entropy`", floats=True)
@@ -118,8 +140,14 @@ def cross_entropy(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if not classes.same(T.AxisT(labels.index)):
         return ck.error("E0309", f"labels are {labels.show()}, but the classes are {classes.show()}",
                         args[1].span, "a different bound")  # type: ignore[union-attr]
-    ck.record_call(node, "builtin", "cross_entropy", [args[0].value, args[1].value],  # type: ignore
-                   axis=axis, rank=logits.rank)
+    mask_index = None
+    if args[3] is not None:
+        mask_index = mask_of(ck, args[3], labels)
+        if mask_index is None:
+            return T.UNKNOWN
+    ck.record_call(node, "builtin", "cross_entropy",
+                   [a.value for a in args[:2] + args[3:] if a is not None],  # type: ignore[union-attr]
+                   axis=axis, rank=logits.rank, mask_index=mask_index)
     return T.TensorT((), logits.dtype)
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ..syntax import ast as A
 from . import dims as D
 from . import types as T
-from .builtins import _unused_args, broadcast, int_arg, over_axis, rule, tensor_arg
+from .builtins import _unused_args, broadcast, int_arg, over_axis, placed_within, rule, tensor_arg
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -24,21 +24,6 @@ def _number(ck: "BodyChecker", arg: A.Arg | None, what: str) -> bool:
         return True
     ck.error("E0401", f"{what} is a number, not {t.show()}", arg.span, f"this is {t.show()}")
     return False
-
-
-def _subsequence(ck: "BodyChecker", node: A.Node, big: T.TensorT, small: T.TensorT, what: str) -> tuple | None:
-    """Where `small`'s axes sit in `big`'s (by name, in order): the index to lower it with, or None."""
-    from .builtins import _match_from_right
-    if small.rank == big.rank and all(a.same(b) for a, b in zip(small.axes, big.axes)):
-        return ()
-    positions = _match_from_right(big.axes, small.axes) if small.rank <= big.rank else None
-    if positions is None:
-        ck.error("E0301", f"{what} is {small.show()}, which doesn't fit {big.show()}", node.span,
-                 f"this is {small.show()}", "its dims must all be dims of the other, in the same order")
-        return None
-    if positions == list(range(big.rank - small.rank, big.rank)):
-        return ()
-    return tuple(":" if k in positions else None for k in range(big.rank))
 
 
 @rule("maximum", "minimum")
@@ -87,14 +72,16 @@ def where(ck: "BodyChecker", node: A.Call) -> T.Ty:
         return ck.error("E0308", f"`where`'s condition must be bool, not {cond.dtype}", args[0].span,  # type: ignore
                         f"this is {cond.show()}", "compare it first, as `x > 0`")
     tensors = [t for t in (a, b) if isinstance(t, T.TensorT)]
-    if not tensors:
-        return ck.error("E0401", "`where` needs a tensor to choose from", node.span, "two plain numbers")
+    if not tensors:  # two numbers: a tensor of the condition's shape
+        dtype = "f32" if T.FLOAT in (a, b) else "i64"
+        ck.record_call(node, "builtin", "where", [x.value for x in args], cond_index=())  # type: ignore
+        return T.TensorT(cond.axes, dtype)
     if len(tensors) == 2 and (a.dtype != b.dtype or not all(  # type: ignore[union-attr]
             x.same(y) for x, y in zip(a.axes, b.axes)) or a.rank != b.rank):  # type: ignore[union-attr]
         return ck.error("E0301", f"`where` chooses between {a.show()} and {b.show()}, which must be the same",
                         node.span, "different types")
     result = tensors[0]
-    index = _subsequence(ck, args[0], result, cond, "the condition")  # type: ignore[arg-type]
+    index = placed_within(ck, args[0], result, cond, "the condition")  # type: ignore[arg-type]
     if index is None:
         return T.UNKNOWN
     ck.record_call(node, "builtin", "where", [x.value for x in args], cond_index=index)  # type: ignore[union-attr]
@@ -112,7 +99,7 @@ def masked_fill(ck: "BodyChecker", node: A.Call) -> T.Ty:
         return T.UNKNOWN
     if mask.dtype != "bool":
         return ck.error("E0308", f"a mask is bool, not {mask.dtype}", args[1].span, f"this is {mask.show()}")  # type: ignore
-    index = _subsequence(ck, args[1], x, mask, "the mask")  # type: ignore[arg-type]
+    index = placed_within(ck, args[1], x, mask, "the mask")  # type: ignore[arg-type]
     if index is None:
         return T.UNKNOWN
     ck.record_call(node, "builtin", "masked_fill", [a.value for a in args], mask_index=index)  # type: ignore
@@ -384,3 +371,27 @@ def batch_norm(ck: "BodyChecker", node: A.Call) -> T.Ty:
                         f"`buffer var: {channel.show()} = ones()`")
     ck.record_call(node, "builtin", "batch_norm", [a.value for a in args[:3]], axis=axis)  # type: ignore[union-attr]
     return T.TensorT(t.axes, t.dtype)
+
+
+@rule("valid")
+def valid(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    """`valid(batch, n)`: true at the positions along `n` that hold an item's own values, false at
+    the padding the loader added to reach the batch's longest item."""
+    args = ck.arrange(node, ["batch", "dim"], "`valid`")
+    if args is None:
+        return _unused_args(ck, node)
+    batch = ck.expr(args[0].value)  # type: ignore[union-attr]
+    if not isinstance(batch, T.BatchT):
+        return batch if batch is T.UNKNOWN else ck.error(
+            "E0401", f"`valid` takes a batch, not {batch.show()}", args[0].span, f"this is {batch.show()}")  # type: ignore
+    name = args[1].value  # type: ignore[union-attr]
+    dim = ck.dims.get(name.id) if isinstance(name, A.Name) else None
+    label = next((n for n, d in batch.padded if dim is not None and d == dim), None)
+    if label is None:
+        padded = ", ".join(n for n, _ in batch.padded) or "none"
+        return ck.error("E0303", f"`valid` takes a dim the batch pads; {batch.data.name}'s are: {padded}",
+                        args[1].span, "not a padded dim",  # type: ignore[union-attr]
+                        "a data type's generic dims, as `n` in `tokens: [n]`, are padded per batch")
+    ck.use("tensors", node.span)
+    ck.record_call(node, "builtin", "valid", [args[0].value], label=label)  # type: ignore[union-attr]
+    return T.TensorT(batch.axes + (T.axis(dim),), "bool")  # type: ignore[arg-type]

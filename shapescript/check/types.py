@@ -89,6 +89,8 @@ class DataT(Ty):
     node: A.Data
     fields: dict[str, TensorT] = field(default_factory=dict)
     field_nodes: dict[str, A.Field] = field(default_factory=dict)
+    # Generic dims of the fields (`tokens: [n]`): padded per batch to its longest item.
+    generics: dict[str, D.Dim] = field(default_factory=dict)
 
     def show(self) -> str:
         return self.name
@@ -99,16 +101,23 @@ class BatchT(Ty):
     """`[b] Digit`: each field gains the batch axes in front."""
     axes: tuple[AxisT, ...]
     data: DataT
+    # The data type's generic dims as this batch has them: each batch pads to its own longest item,
+    # so each value of a batch type gets dims of its own, by the data's dims' names.
+    padded: tuple[tuple[str, D.Dim], ...] = ()
 
     def show(self) -> str:
         return f"{show_axes(self.axes)} {self.data.name}"
 
     def field(self, name: str) -> TensorT:
         t = self.data.fields[name]
+        if self.padded:
+            own = dict(self.padded)
+            t = t.subs({g: own[n] for n, g in self.data.generics.items() if n in own})
         return t.with_axes(self.axes + t.axes)
 
     def subs(self, mapping: dict) -> "BatchT":
-        return BatchT(tuple(a.subs(mapping) for a in self.axes), self.data)
+        padded = tuple((n, D.substitute(d, mapping)) for n, d in self.padded)
+        return BatchT(tuple(a.subs(mapping) for a in self.axes), self.data, padded)
 
 
 @dataclass(eq=False)

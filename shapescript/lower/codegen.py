@@ -182,6 +182,9 @@ class _Writer:
         info = self.c.calls[id(node)]
         skip = info.options.get("axis_args", {})
         args = ["" if k in skip else self.expr(a) for k, a in enumerate(info.args)]  # type: ignore[arg-type]
+        # An argument that gets an index or a method call after it needs its own parentheses.
+        self.wrapped = [f"({text})" if isinstance(a, (A.Binary, A.Unary)) else text
+                        for text, a in zip(args, info.args)]
         if info.kind in ("fn", "python", "extern"):
             for k, axis in info.options.get("axis_args", {}).items():
                 args[k] = str(axis)  # an Axis[...] argument is passed as the axis's index
@@ -191,6 +194,8 @@ class _Writer:
         name, opts = info.name, info.options
         if name in UNARY_TORCH:
             return f"{UNARY_TORCH[name]}({args[0]})"
+        if name in REDUCE_TORCH and opts.get("mask_index") is not None:
+            return f"_rt.masked_{name}({args[0]}, {self.placed(1, opts['mask_index'], args)}, {opts.get('axis')})"
         if name in REDUCE_TORCH:
             axis = opts.get("axis")
             if axis is None and name in NEEDS_ALL_DIMS:
@@ -202,7 +207,9 @@ class _Writer:
             return f"{self.expr(info.args[0], True)} @ {self.expr(info.args[1], True)}"  # type: ignore
         if name == "cross_entropy":
             axis, rank = opts["axis"], opts["rank"]
-            logits = args[0] if axis == 1 or rank == 1 else f"{args[0]}.movedim({axis}, 1)"
+            logits = args[0] if axis == 1 or rank == 1 else f"{self.wrapped[0]}.movedim({axis}, 1)"
+            if opts.get("mask_index") is not None:
+                return f"_rt.masked_cross_entropy({logits}, {args[1]}, {self.placed(2, opts['mask_index'], args)})"
             return f"_F.cross_entropy({logits}, {args[1]})"
         if name in ("rearrange", "split", "reduce", "repeat"):
             runtime = "split_parts" if name == "split" else name
@@ -224,16 +231,15 @@ class _Writer:
         """The standard library's operations beyond arithmetic, reductions and patterns."""
         if name in ("maximum", "minimum"):
             recipe = self.c.recipes.get(id(node), {})
-            left, right = args[0] + index_text(recipe.get("left")), args[1] + index_text(recipe.get("right"))
+            left, right = self.placed(0, recipe.get("left"), args), self.placed(1, recipe.get("right"), args)
             return f"torch.{name}({left}, {right})"
         if name == "clamp":
             bounds = [f"{k}={self.expr(opts[k].value)}" for k in ("min", "max") if opts[k] is not None]
             return f"torch.clamp({args[0]}, {', '.join(bounds)})"
         if name == "where":
-            return f"torch.where({args[0]}{index_text(opts['cond_index'])}, {args[1]}, {args[2]})"
+            return f"torch.where({self.placed(0, opts['cond_index'], args)}, {args[1]}, {args[2]})"
         if name == "masked_fill":
-            return f"{self.expr(self.c.calls[id(node)].args[0], True)}.masked_fill(" \
-                   f"{args[1]}{index_text(opts['mask_index'])}, {args[2]})"
+            return f"{self.wrapped[0]}.masked_fill({self.placed(1, opts['mask_index'], args)}, {args[2]})"
         if name == "causal":
             rows, cols = (self.size_text(s) for s in opts["sizes"])
             return f"_rt.causal({rows}, {cols}, DEVICE)"
@@ -260,9 +266,15 @@ class _Writer:
             return f"{simple[name]}({', '.join(args)})"
         if name == "Eval":
             return "_rt.Eval"
+        if name == "valid":
+            return f"_rt.valid({args[0]}, {opts['label']!r})"
         if name == "batch_norm":
             return f"_rt.batch_norm({', '.join(args)}, {opts['axis']})"
         raise AssertionError(f"no lowering for built-in `{name}`")
+
+    def placed(self, k: int, index: tuple | None, args: list[str]) -> str:
+        """Argument k, with the index that places its axes among another's, if it needs one."""
+        return self.wrapped[k] + index_text(index) if index else args[k]
 
     @staticmethod
     def size_text(source: object) -> str:

@@ -68,7 +68,12 @@ def guard_for(c: Checked, fn: FnInfo, index: int, namespace: dict[str, Any]) -> 
                              D.show(t.index) if t.index is not None else None, on)
     if isinstance(t, T.BatchT):
         spec = namespace[f"{t.data.name}_spec"]
-        return G.BatchGuard(param, spec, axis_checks(c, t.axes), on)
+        padded = []
+        for name, dim in t.padded:
+            holder = next((f, k) for f, ft in t.data.fields.items() for k, a in enumerate(ft.axes)
+                          if a.size == t.data.generics[name])
+            padded.append((G.AxisCheck(name, generic=dim.name), holder[0], 1 + holder[1]))
+        return G.BatchGuard(param, spec, axis_checks(c, t.axes), on, tuple(padded))
     if isinstance(t, T.ModelT):
         return G.KindGuard(param, "model", t.name, model=t.name)
     if isinstance(t, T.OptT):

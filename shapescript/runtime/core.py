@@ -6,10 +6,11 @@ from shapescript.runtime.data import Batch, DataSpec, FieldSpec, TensorDataset, 
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec
 from shapescript.runtime.patterns import rearrange, reduce, repeat, split_parts
 from shapescript.runtime.modes import Eval, Mode, Train, dropout
-from shapescript.runtime.ops import batch_norm, causal, clip_norm, grad_norm
+from shapescript.runtime.ops import (batch_norm, causal, clip_norm, grad_norm, masked_cross_entropy, masked_mean,
+                                     masked_sum, valid)
 from shapescript.runtime.optim import Grads, Optimizer, adamw, sgd, update, value_and_grad
 from shapescript.runtime.sinks import Logs, Sink, logs, write
 
-__all__ = ["batch_norm", "Eval", "Mode", "Train", "causal", "clip_norm", "dropout", "grad_norm", "Batch", "DataSpec", "FieldSpec", "Grads", "Logs", "Model", "ModelSpec", "Optimizer", "ParamSpec",
+__all__ = ["masked_cross_entropy", "masked_mean", "masked_sum", "valid", "batch_norm", "Eval", "Mode", "Train", "causal", "clip_norm", "dropout", "grad_norm", "Batch", "DataSpec", "FieldSpec", "Grads", "Logs", "Model", "ModelSpec", "Optimizer", "ParamSpec",
            "Sink", "SubSpec", "TensorDataset", "adamw", "batches", "load", "logs", "python_call", "rearrange", "reduce", "repeat", "save", "sgd",
            "show", "shuffle", "split_parts", "update", "value_and_grad", "write"]

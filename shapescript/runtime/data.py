@@ -45,7 +45,7 @@ class DataSpec:
         # Emitted by the code generator, so a bad spec is our bug: fail when the program loads.
         seen: set[str] = set()
         for f in self.fields:
-            if f.name in seen or f.name in ("spec", "size"):
+            if f.name in seen or f.name in ("spec", "size", "lengths"):
                 raise ValueError(f"{f.where}: field name `{f.name}` is repeated or reserved "
                                  f"in data {self.name}")
             seen.add(f.name)
@@ -56,11 +56,14 @@ class Batch:
 
     spec: DataSpec
     size: int
+    lengths: dict[str, torch.Tensor]  # each item's size along a padded generic dim, by its name
 
-    def __init__(self, spec: DataSpec, fields: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, spec: DataSpec, fields: Mapping[str, torch.Tensor],
+                 lengths: Mapping[str, torch.Tensor] | None = None) -> None:
         self.__dict__.update(fields)
         self.spec = spec
         self.size = int(next(iter(fields.values())).shape[0]) if fields else 0
+        self.lengths = dict(lengths or {})
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{f.name}: {shape_text(t.shape)} {dtype_name(t.dtype)}"
@@ -254,28 +257,45 @@ def batch_from_python(spec: DataSpec, value: Any, where: str) -> Batch:
 
 
 def _stack(spec: DataSpec, items: list[dict[str, torch.Tensor]], indices: Sequence[int]
-           ) -> dict[str, torch.Tensor]:
+           ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Stack checked items; axes of a generic dim (`tokens: [n]`) are padded with zeros to the
+    batch's longest item, and each item's own size is kept in the lengths by the dim's name."""
+    sizes: dict[str, list[int]] = {}
+    for f in spec.fields:
+        for k, (label, size) in enumerate(f.dims):
+            if size is None and label not in sizes:
+                sizes[label] = [int(item[f.name].shape[k]) for item in items]
+    longest = {label: max(ns) for label, ns in sizes.items()}
     out = {}
     for f in spec.fields:
-        ts = [item[f.name] for item in items]
+        ts = [_pad(item[f.name], f, longest) for item in items]
         for t, i in zip(ts, indices):
-            if t.shape != ts[0].shape:
+            if t.shape != ts[0].shape:  # fixed dims were checked per item; this is our own bug
                 raise ShapeError(f"item {i} of the dataset: field `{f.name}` has shape "
                                  f"{shape_text(t.shape)}, but item {indices[0]} of the same batch "
-                                 f"has {shape_text(ts[0].shape)}; the items of a batch must agree "
-                                 f"(declared at {f.where})")
+                                 f"has {shape_text(ts[0].shape)} (declared at {f.where})")
         out[f.name] = torch.stack(ts)
-    return out
+    return out, {label: torch.tensor(ns) for label, ns in sizes.items()}
 
 
-def _load(base: Any, indices: list[int], spec: DataSpec) -> dict[str, torch.Tensor]:
+def _pad(t: torch.Tensor, f: FieldSpec, longest: dict[str, int]) -> torch.Tensor:
+    widths: list[int] = []
+    for k in range(len(f.dims) - 1, -1, -1):  # F.pad takes the last axis first
+        label, size = f.dims[k]
+        widths += [0, longest[label] - t.shape[k] if size is None else 0]
+    return torch.nn.functional.pad(t, widths) if any(widths) else t
+
+
+def _load(base: Any, indices: list[int], spec: DataSpec
+          ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A batch's fields, and the lengths of its items along each generic dim (if padded)."""
     getitems = getattr(base, "__getitems__", None)
     if getitems is None:
         items = [base[i] for i in indices]
     else:
         got = getitems(indices)
         if isinstance(got, Mapping):
-            return check_batch(spec, got, indices)
+            return check_batch(spec, got, indices), {}
         items = list(got)
         if len(items) != len(indices):
             raise ShapeError(f"{type(base).__name__}.__getitems__ returned {len(items)} items "
@@ -379,10 +399,11 @@ class _Batches:
         order = self.order.tolist() if self.order is not None else range(self.total)
         for start in range(0, self.total, self.n):
             indices = list(order[start:start + self.n])
-            fields = _load(self.base, indices, self.spec)
+            fields, lengths = _load(self.base, indices, self.spec)
             if self.device is not None:  # loaded and checked on the CPU, then sent to the device
                 fields = {k: v.to(self.device, non_blocking=True) for k, v in fields.items()}
-            yield Batch(self.spec, fields)
+                lengths = {k: v.to(self.device, non_blocking=True) for k, v in lengths.items()}
+            yield Batch(self.spec, fields, lengths)
 
 
 def batches(ds: Any, n: int, spec: DataSpec, device: torch.device | str | None = None) -> _Batches:

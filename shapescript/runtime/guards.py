@@ -113,17 +113,23 @@ class BatchGuard:
     spec: DataSpec
     axes: tuple[AxisCheck, ...]  # the batch's own axes, as [b]
     device: torch.device | None = None
+    # The data's generic dims (`n` of `tokens: [n]`) as the function names them, with the field and
+    # axis that hold each: a function taking two batches sees whether their lengths agree.
+    padded: tuple[tuple[AxisCheck, str, int], ...] = ()
 
     def __call__(self, value: Any, bindings: Bindings) -> Batch:
         batch = batch_from_python(self.spec, value, str(self.param))
         if self.device is not None:
             batch = Batch(self.spec, {f.name: getattr(batch, f.name).to(self.device) for f in self.spec.fields})
         source = f"`{self.param.name}`"
-        bad = _bind(self.axes, (batch.size,), bindings, source)
+        axes = self.axes + tuple(check for check, _, _ in self.padded)
+        shape = (batch.size,) + tuple(getattr(batch, name).shape[k] for _, name, k in self.padded)
+        bad = _bind(axes, shape, bindings, source)
         if bad is not None:
-            raise ShapeError(f"{self.param}: a batch of {batch.size}, but {self.axes[0].label} is "
-                             f"{bindings[self.axes[0].generic][0] if self.axes[0].generic else '?'}"
-                             f"{_explain(self.axes, bindings, source)}")
+            check = axes[bad]
+            raise ShapeError(f"{self.param}: {check.label} is {shape[bad]} in this batch, but "
+                             f"{bindings[check.generic][0] if check.generic else '?'} before"
+                             f"{_explain(axes, bindings, source)}")
         return batch
 
 

@@ -33,3 +33,35 @@ def batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int) -> torch
     out = torch.nn.functional.batch_norm(moved, stats.mean, stats.var, training=mode.training,  # type: ignore
                                          momentum=0.1, eps=1e-5)
     return out if axis == 1 else out.movedim(1, axis)
+
+
+def valid(batch: object, label: str) -> torch.Tensor:
+    """[b n] bool: true where an item has its own values along the padded dim `label`."""
+    spec = batch.spec  # type: ignore[attr-defined]
+    size = next(getattr(batch, f.name).shape[1 + k] for f in spec.fields
+                for k, (name, fixed) in enumerate(f.dims) if name == label and fixed is None)
+    lengths = batch.lengths.get(label)  # type: ignore[attr-defined]
+    if lengths is None:  # a batch from Python, or stacked by the dataset itself: nothing padded
+        first = getattr(batch, spec.fields[0].name)
+        return torch.ones(batch.size, size, dtype=torch.bool, device=first.device)  # type: ignore[attr-defined]
+    return torch.arange(size, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None) -> torch.Tensor:
+    kept = x * mask
+    return kept.sum() if dim is None else kept.sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """The mean of the values where `mask` holds (over one axis, or all)."""
+    weights = mask.expand_as(x).to(x.dtype)
+    if dim is None:
+        return (x * weights).sum() / weights.sum()
+    return (x * weights).sum(dim) / weights.sum(dim)
+
+
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """cross_entropy's mean over the labels where `mask` holds."""
+    losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+    weights = mask.to(losses.dtype)
+    return (losses * weights).sum() / weights.sum()

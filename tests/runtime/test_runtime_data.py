@@ -280,10 +280,11 @@ def test_batches_name_the_base_dataset_index(digit: DataSpec, kind: str) -> None
             pass
 
 
-def test_items_of_one_batch_must_agree_on_generic_dims(seq: DataSpec) -> None:
+def test_items_of_one_batch_are_padded_along_generic_dims(seq: DataSpec) -> None:
     ds = ListDataset([{"tokens": [1, 2], "mask": [1.0, 1.0]},
                       {"tokens": [1, 2, 3], "mask": [1.0, 1.0, 1.0]}])
-    with pytest.raises(ShapeError, match=r"item 1 of the dataset: field `tokens` has shape \[3\], "
-                                         r"but item 0 of the same batch has \[2\]"):
-        list(batches(ds, 2, seq))
+    (batch,) = list(batches(ds, 2, seq))
+    assert batch.tokens.tolist() == [[1, 2, 0], [1, 2, 3]]
+    assert batch.mask.tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    assert batch.lengths["n"].tolist() == [2, 3]
     assert [b.tokens.shape for b in batches(ds, 1, seq)] == [(1, 2), (1, 3)]
