@@ -86,13 +86,14 @@ def mask_of(ck: "BodyChecker", arg: A.Arg, t: T.TensorT) -> tuple | None:
     return placed_within(ck, arg, t, mask, "the mask")
 
 
-@rule("softmax", "log_softmax")
-def softmax(ck: "BodyChecker", node: A.Call) -> T.Ty:
+@rule("softmax", "log_softmax", "cumsum", "sort")
+def along_axis(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    """Operations along one axis that keep the operand's type."""
     name = node.func.id  # type: ignore[union-attr]
     args = ck.arrange(node, ["x", "over"], f"`{name}`")
     if args is None:
         return _unused_args(ck, node)
-    t = tensor_arg(ck, args[0], f"`{name}`", floats=True)
+    t = tensor_arg(ck, args[0], f"`{name}`", floats=name in ("softmax", "log_softmax"))
     if t is None:
         return T.UNKNOWN
     axis = over_axis(ck, args[1], t, f"`{name}`")  # type: ignore[arg-type]

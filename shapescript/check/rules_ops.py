@@ -176,22 +176,6 @@ def embedding(ck: "BodyChecker", node: A.Call) -> T.Ty:
     return T.TensorT(ids.axes + table.axes[1:], table.dtype)
 
 
-@rule("cumsum", "sort")
-def along(ck: "BodyChecker", node: A.Call) -> T.Ty:
-    name = node.func.id  # type: ignore[union-attr]
-    args = ck.arrange(node, ["x", "over"], f"`{name}`")
-    if args is None:
-        return _unused_args(ck, node)
-    t = tensor_arg(ck, args[0], f"`{name}`")
-    if t is None:
-        return T.UNKNOWN
-    axis = over_axis(ck, args[1], t, f"`{name}`")  # type: ignore[arg-type]
-    if axis is None:
-        return T.UNKNOWN
-    ck.record_call(node, "builtin", name, [args[0].value], axis=axis)  # type: ignore[union-attr]
-    return T.TensorT(t.axes, t.dtype)
-
-
 @rule("topk")
 def topk(ck: "BodyChecker", node: A.Call) -> T.Ty:
     args = ck.arrange(node, ["x", "k", "over"], "`topk`")

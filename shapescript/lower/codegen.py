@@ -28,6 +28,17 @@ COMPARE = {"==", "!=", "<", "<=", ">", ">="}
 RUNTIME_CALLS = {"update": "_rt.update", "shuffle": "_rt.shuffle", "print": "_rt.show",
                  "write": "_rt.write", "save": "_rt.save", "load": "_rt.load"}
 RESERVED = {"torch", "_F", "_rt"}
+# Built-ins that lower to one call: the arguments' texts by position, the call's options by name.
+TEMPLATES = {
+    "softmax": "torch.softmax({0}, dim={axis})", "log_softmax": "torch.log_softmax({0}, dim={axis})",
+    "cumsum": "torch.cumsum({0}, dim={axis})", "sort": "torch.sort({0}, dim={axis}).values",
+    "topk": "tuple(torch.topk({0}, {k}, dim={axis}))", "gather": "torch.gather({0}, {axis}, {1})",
+    "scatter": "torch.scatter({0}, {axis}, {1}, {2})", "norm": "torch.linalg.vector_norm({0}, dim={axis})",
+    "one_hot": "_F.one_hot({0}, {classes}).to(torch.float32)", "embedding": "_F.embedding({1}, {0})",
+    "valid": "_rt.valid({0}, {label!r})", "batch_norm": "_rt.batch_norm({0}, {1}, {2}, {axis})",
+    "grad_norm": "_rt.grad_norm({0})", "clip_norm": "_rt.clip_norm({0}, {1})",
+    "dropout": "_rt.dropout({0}, {1}, {2})", "Train": "_rt.Train({0})", "Eval": "_rt.Eval",
+}
 
 
 def py_name(name: str) -> str:
@@ -201,8 +212,6 @@ class _Writer:
             if axis is None and name in NEEDS_ALL_DIMS:
                 return f"{REDUCE_TORCH[name]}({args[0]}, dim={tuple(range(int(opts['rank'])))!r})"
             return f"{REDUCE_TORCH[name]}({args[0]}{'' if axis is None else f', dim={axis}'})"
-        if name in ("softmax", "log_softmax"):
-            return f"torch.{name}({args[0]}, dim={opts['axis']})"
         if name == "matmul":
             return f"{self.expr(info.args[0], True)} @ {self.expr(info.args[1], True)}"  # type: ignore
         if name == "cross_entropy":
@@ -243,33 +252,10 @@ class _Writer:
         if name == "causal":
             rows, cols = (self.size_text(s) for s in opts["sizes"])
             return f"_rt.causal({rows}, {cols}, DEVICE)"
-        if name == "one_hot":
-            return f"_F.one_hot({args[0]}, {opts['classes']}).to(torch.float32)"
-        if name == "embedding":
-            return f"_F.embedding({args[1]}, {args[0]})"
-        if name == "cumsum":
-            return f"torch.cumsum({args[0]}, dim={opts['axis']})"
-        if name == "sort":
-            return f"torch.sort({args[0]}, dim={opts['axis']}).values"
-        if name == "topk":
-            return f"tuple(torch.topk({args[0]}, {opts['k']}, dim={opts['axis']}))"
-        if name == "gather":
-            return f"torch.gather({args[0]}, {opts['axis']}, {args[1]})"
-        if name == "scatter":
-            return f"torch.scatter({args[0]}, {opts['axis']}, {args[1]}, {args[2]})"
-        if name == "norm":
-            axis = opts["axis"]
-            return f"torch.linalg.vector_norm({args[0]}{'' if axis is None else f', dim={axis}'})"
-        simple = {"grad_norm": "_rt.grad_norm", "clip_norm": "_rt.clip_norm", "dropout": "_rt.dropout",
-                  "Train": "_rt.Train"}
-        if name in simple:
-            return f"{simple[name]}({', '.join(args)})"
-        if name == "Eval":
-            return "_rt.Eval"
-        if name == "valid":
-            return f"_rt.valid({args[0]}, {opts['label']!r})"
-        if name == "batch_norm":
-            return f"_rt.batch_norm({', '.join(args)}, {opts['axis']})"
+        if name == "norm" and opts["axis"] is None:
+            return f"torch.linalg.vector_norm({args[0]})"
+        if name in TEMPLATES:
+            return TEMPLATES[name].format(*args, **opts)
         raise AssertionError(f"no lowering for built-in `{name}`")
 
     def placed(self, k: int, index: tuple | None, args: list[str]) -> str:
