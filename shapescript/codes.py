@@ -192,6 +192,25 @@ _ENTRIES = [
          "fn scores(m: M, x: [b D]) -> [b] = x @ m.w\n\n"
          "fn f(m: M, x: [b D]) -> []:\n    v, g = value_and_grad(scores, m, x)\n    return mean(v)\n",
          "Reduce the function's result to a scalar, as `mean(...)`."),
+    Code("E1801", "An operation across the batch axis with no lowering for several devices",
+         "On several devices each one holds a part of the batch, so an operation that works across "
+         "the batch axis needs every device's part. Sums, means, cross_entropy, batch_norm, and "
+         "`@`, matmul, einsum and reduce with sum that contract the batch axis combine the parts "
+         "with an all-reduce; any other reduction over the batch axis, an operation along it (such "
+         "as softmax or sort), and causal with it have no such lowering yet.",
+         "devices cpu[0 1 2]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
+         "fn largest(batch: [b] Ex) -> [D]:\n    return max(batch.x, over=b)\n",
+         "Compute it per example, or with an operation that has a lowering, or declare one device."),
+    Code("E1802", "A batch axis that can't stay split",
+         "A value with the batch axis is split along it, each device holding some of the examples, "
+         "so the batch axis must stay an axis of its own, with a generic size. Grouping it with "
+         "another axis, as `(b d)`, a value with the batch axis twice, a batch of a fixed size, and "
+         "the batch's size used as a number (on each device it would be that device's part's size) "
+         "are errors.",
+         "devices cpu[0 1]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
+         "fn flat(batch: [b] Ex) -> [b*D]:\n    return rearrange(batch.x, b d -> (b d))\n",
+         "Keep the batch axis apart, as in `b (h w)` rather than `(b h) w`, and use `mean` rather "
+         "than a sum divided by the batch's size."),
     Code("E1803", "Device work in a function that runs in the controller",
          "With several devices, a function that loops over a dataset, prints, saves, loads, "
          "writes to a sink or calls Python runs in the controller, as does any function that "
@@ -205,6 +224,14 @@ _ENTRIES = [
          "        update(mut m, mut opt, g)\n",
          "Put the device work in a function of its own, as the README's `train_step`, and call it "
          "from the loop."),
+    Code("E1804", "A whole value where a function takes a split one",
+         "A function on the devices is compiled once. If one call gives it a value with the batch "
+         "axis, its parameter is split across the devices, and every call must give it one; a value "
+         "without the batch axis is whole on every device.",
+         "devices cpu[0 1]\n\ndim D = 4\n\nmodel M:\n    param w: [D D] = normal(std=0.02)\n\n"
+         "data Ex:\n    x: [D]\n\nfn double(x: [n D]) -> [n D] = x * 2\n\n"
+         "fn both(m: M, batch: [b] Ex) -> [D D]:\n    a = double(batch.x)\n    return double(m.w)\n",
+         "Call a function of its own for whole values."),
     Code("E1805", "Standalone build for several devices",
          "On several devices a program runs in a controller that starts a worker per device, and "
          "those are the shapescript package's runtime; a module built with `--standalone` doesn't "
@@ -213,6 +240,19 @@ _ENTRIES = [
          "devices cpu[0 1 2]\n\nfn double(x: [n]) -> [n] = x * 2\n",
          "Build without `--standalone`, or for one device."),
 ]
+
+_ENTRIES.append(Code(
+    "E1901", "Split data given to a Python call",
+    "Python calls run once, in the controller. Given a batch, or a value with its batch axis, a "
+    "Python call would gather every device's part of the batch through the controller at each "
+    "step; that includes a batch of the controller's own loop over `batches(n)`, which goes to the "
+    "devices in parts.",
+    "devices cpu[0 1]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
+    "python fn augment(x: [b D]) -> [b D] = \"augment.random_crop\"\n\n"
+    "fn show(data: Dataset[Ex]):\n    for batch in data |> batches(8):\n        print(augment(batch.x))\n",
+    "Prepare examples in the dataset, as it loads them, or declare the function with `extern fn`, "
+    "which works on each example and so runs on the devices."))
+CHAPTERS["19"] = "Python calls on several devices"
 
 CODES: dict[str, Code] = {c.code: c for c in _ENTRIES}
 BUILD_ONLY = {"E1805"}  # raised when building, not when checking

@@ -41,6 +41,7 @@ class BodyChecker:
         self.vars: dict[str, Var] = {p.name: Var(p.ty, p.mut, p.node.span) for p in fn.params}
         self.dims: dict[str, D.Dim] = dict(fn.generics)
         self.returned = False
+        self.mapping: dict = {}  # the last call's binding of the callee's generic dims
 
     def error(self, code: str, message: str, span: Span, label: str = "", *help: str) -> T.UnknownT:
         return self.ctx.error(code, message, span, label, *help)
@@ -423,6 +424,7 @@ class BodyChecker:
         if fn.kind == "python":
             self.use("python", node.span)
         result = self.instantiate(fn, fn.params, args, arg_types, fn.ret)  # type: ignore[arg-type]
+        self.checked.calls[id(node)].options["mapping"] = self.mapping  # read by the batch split
         if any(isinstance(p.ty, T.AxisArgT) for p in fn.params) and result is not T.UNKNOWN:
             self.axis_indices(node, fn, arg_types)
         return result
@@ -462,6 +464,7 @@ class BodyChecker:
         """Bind the callee's generic dims from the arguments, check each, return the result's type."""
         mapping: dict = {}
         bound_by: dict = {}
+        self.mapping = mapping
         for p, a, t in zip(params, args, arg_types):
             B.bind_generics(p.ty, t, mapping, bound_by, p.name)
         ok = True

@@ -76,6 +76,9 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         check_bodies(ctx)
     if not ctx.diagnostics:
         place(ctx)
+    if not ctx.diagnostics and checked.devices.count > 1:
+        from .split import split_batches
+        split_batches(ctx)
     if ctx.diagnostics:
         ctx.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))
         raise CompileError(ctx.diagnostics, program.source)

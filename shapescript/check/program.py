@@ -50,6 +50,11 @@ class FnInfo:
     uses: dict[str, Span] = field(default_factory=dict)
     device_work: list[tuple[str, Span]] = field(default_factory=list)  # value_and_grad, update
     calls: dict[str, Span] = field(default_factory=dict)  # user functions it calls
+    # On several devices (check/split.py): the generic dims that are the batch axis here, and where
+    # each parameter and the result have it (None: whole on every device).
+    split: set = field(default_factory=set)
+    split_params: list[int | None] = field(default_factory=list)
+    split_result: int | None = None
 
     @property
     def span(self) -> Span:

@@ -1,0 +1,251 @@
+"""The batch over several devices: which dims are split, and what combines values across them.
+
+A batch is split along its batch axis (the first axis of a `[b] Digit` type), and so is every
+value with an axis of that dim; the split follows the data into the functions it is passed to.
+An operation that reduces over the batch axis combines every device's part: sum, mean,
+cross_entropy, batch_norm and contractions (`@`, einsum, reduce with sum) have a lowering to an
+all-reduce, which this pass marks in the recipes; anything else across the batch axis is E1801.
+The batch axis must stay an axis of its own (E1802), a function takes a split value at every
+call or at none (E1804), and Python calls never get split data (E1901).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+from ..errors import Span
+from ..syntax import ast as A
+from . import dims as D
+from . import types as T
+from .checker import Context
+from .program import FnInfo
+
+ACROSS_REDUCTIONS = {"sum", "mean"}
+ALONG_AXIS = {"softmax", "log_softmax", "cumsum", "sort", "topk", "gather", "scatter"}
+
+
+def iter_nodes(node: A.Node) -> Iterator[A.Node]:
+    """Every node under `node`, itself first."""
+    yield node
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, list):
+                for sub in item:
+                    if isinstance(sub, A.Node):
+                        yield from iter_nodes(sub)
+            elif isinstance(item, A.Node):
+                yield from iter_nodes(item)
+
+
+def split_batches(ctx: Context) -> None:
+    checked = ctx.checked
+    assert checked is not None
+    fns = [f for f in ctx.fns.values() if f.kind == "fn"]
+    for fn in fns:
+        fn.split = seeds(ctx, fn)
+    propagate(ctx, fns)
+    for fn in fns:
+        if fn.placement == "workers":
+            Classifier(ctx, fn).run()
+        elif fn.placement == "controller":
+            python_calls(ctx, fn)
+        layout(fn)
+
+
+def seeds(ctx: Context, fn: FnInfo) -> set:
+    """The batch axes a function has by its own types: its batches' and its loops' batches'."""
+    out: set = set()
+    batches = [p.ty for p in fn.params if isinstance(p.ty, T.BatchT)]
+    batches += [t for node in iter_nodes(fn.node) if isinstance(node, A.For)
+                for t in [ctx.checked.types.get(id(node.var))] if isinstance(t, T.BatchT)]  # type: ignore
+    for t in batches:
+        for axis in t.axes[:1]:
+            if D.is_generic(axis.size):
+                out.add(axis.size)
+            elif fn.placement != "controller":
+                node = next(p.node for p in fn.params if p.ty is t)
+                ctx.error("E1802", f"a batch of a fixed size, {t.show()}, can't be split across "
+                          f"{ctx.checked.devices.count} devices", node.span, "a fixed batch size",  # type: ignore
+                          "give the batch a generic size, as `[b] Digit`")
+    return out
+
+
+def call_sites(ctx: Context, fns: list[FnInfo]) -> Iterator[tuple[FnInfo, A.Call, FnInfo, dict]]:
+    """(caller, call, callee, binding of the callee's generic dims) for each call between functions."""
+    by_name = {f.name: f for f in fns}
+    for fn in fns:
+        for node in iter_nodes(fn.node):
+            info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None  # type: ignore
+            if info is not None and info.kind in ("fn", "grad") and info.name in by_name:
+                yield fn, node, by_name[info.name], info.options.get("mapping", {})  # type: ignore[misc]
+
+
+def propagate(ctx: Context, fns: list[FnInfo]) -> None:
+    """Carry the split into the functions that split values are passed to, to a fixed point; then
+    every call must agree with the callee's split (E1804)."""
+    changed = True
+    while changed:
+        changed = False
+        for caller, _, callee, mapping in call_sites(ctx, fns):
+            for generic, dim in mapping.items():
+                if dim in caller.split and generic not in callee.split:
+                    callee.split.add(generic)
+                    changed = True
+    first_split: dict[tuple[str, object], Span] = {}
+    sites = list(call_sites(ctx, fns))
+    for caller, node, callee, mapping in sites:
+        for generic, dim in mapping.items():
+            if dim in caller.split:
+                first_split.setdefault((callee.name, generic), node.span)
+    reported: set = set()
+    for caller, node, callee, mapping in sites:
+        for generic, dim in mapping.items():
+            key = (callee.name, generic)
+            if dim in caller.split or generic not in callee.split:
+                if dim not in caller.split and any(s in caller.split for s in dim.free_symbols):
+                    ctx.error("E1802", f"the batch axis as part of {D.show(dim)} can't stay split", node.span,
+                              "the batch axis in arithmetic", "keep the batch axis apart")
+                continue
+            if key in reported:
+                continue
+            reported.add(key)
+            split_at = first_split.get(key)
+            ctx.error("E1804", f"`{callee.name}` takes a split value in one call and a whole one in another",
+                      node.span, "a whole value here",
+                      f"the value with the batch axis is passed at {split_at}" if split_at else
+                      f"`{callee.name}` takes a batch",
+                      "call a function of its own for whole values")
+
+
+def split_axes(fn: FnInfo, t: T.Ty) -> list[int]:
+    axes = t.axes if isinstance(t, (T.TensorT, T.BatchT)) else ()
+    return [k for k, a in enumerate(axes) if a.size in fn.split]
+
+
+def layout(fn: FnInfo) -> None:
+    fn.split_params = [(split_axes(fn, p.ty) or [None])[0] for p in fn.params]
+    fn.split_result = (split_axes(fn, fn.ret) or [None])[0]
+
+
+def python_calls(ctx: Context, fn: FnInfo) -> None:
+    """E1901: a Python call in the controller given a batch, or a value with its batch axis."""
+    for node in iter_nodes(fn.node):
+        info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None  # type: ignore
+        if info is None or info.kind != "python":
+            continue
+        for arg in info.args:
+            t = ctx.checked.types.get(id(arg))  # type: ignore
+            if isinstance(t, T.BatchT) or (t is not None and split_axes(fn, t)):
+                ctx.error("E1901", f"the Python function `{info.name}` would get split data: every device's "
+                          f"part would have to come through the controller at each step", arg.span,
+                          f"this is {t.show()}, split across the devices",
+                          "prepare examples in the dataset as it loads them, or declare an `extern fn`, "
+                          "which runs on the devices")
+
+
+class Classifier:
+    """Marks each operation of a function on the workers that works across the batch axis."""
+
+    def __init__(self, ctx: Context, fn: FnInfo) -> None:
+        self.ctx, self.fn, self.checked = ctx, fn, ctx.checked
+        self.n = ctx.checked.devices.count  # type: ignore[union-attr]
+
+    def error(self, code: str, message: str, span: Span, label: str, *help: str) -> None:
+        self.ctx.error(code, message, span, label, *help)
+
+    def run(self) -> None:
+        if not self.fn.split:
+            return
+        for node in iter_nodes(self.fn.node):
+            t = self.checked.types.get(id(node))
+            if isinstance(t, T.TensorT):
+                self.check_type(node, t)
+            if isinstance(node, A.Name) and "size" in self.checked.recipes.get(id(node), {}):
+                self.size_of_batch(node)
+            elif isinstance(node, A.Binary) and node.op == "@":
+                self.contraction(node, node.left)
+            elif isinstance(node, A.Call) and id(node) in self.checked.calls:
+                self.call(node)
+
+    def check_type(self, node: A.Node, t: T.TensorT) -> None:
+        split = [a for a in t.axes if a.size in self.fn.split]
+        grouped = [a for a in t.axes if a.size not in self.fn.split
+                   and any(s in self.fn.split for s in a.size.free_symbols)]
+        if grouped:
+            self.error("E1802", f"the batch axis is grouped with another in {t.show()}, so it can't stay split "
+                       f"across the devices", node.span, f"this is {t.show()}",
+                       "keep the batch axis apart, as in b (h w) rather than (b h) w")
+        elif len(split) > 1:
+            self.error("E1802", f"{t.show()} has the batch axis twice", node.span, "two batch axes",
+                       "each device holds one part of the batch; a value can be split along one axis")
+
+    def size_of_batch(self, node: A.Name) -> None:
+        dim = self.fn.generics.get(node.id)
+        if dim is not None and dim in self.fn.split:
+            self.error("E1802", f"`{node.id}`, the batch's size, as a number would be each device's part's size",
+                       node.span, "the batch's size", "use mean rather than a sum divided by the batch's size")
+
+    def split_positions(self, t: T.Ty | None) -> list[int]:
+        return split_axes(self.fn, t) if t is not None else []
+
+    def mark(self, node: A.Node, kind: str) -> None:
+        self.checked.recipes.setdefault(id(node), {})["across"] = kind
+
+    def across(self, node: A.Node, what: str) -> None:
+        self.error("E1801", f"{what} across the batch axis has no lowering for several devices", node.span,
+                   "across the batch axis",
+                   "compute it per example, or with an operation that has a lowering (sum, mean, "
+                   "cross_entropy, @), or declare one device")
+
+    def contraction(self, node: A.Node, left: A.Node) -> None:
+        t = self.checked.types.get(id(left))
+        if isinstance(t, T.TensorT) and t.rank and t.axes[-1].size in self.fn.split:
+            self.mark(node, "sum")
+
+    def call(self, node: A.Call) -> None:
+        info = self.checked.calls[id(node)]
+        if info.kind != "builtin":
+            return
+        name, opts = info.name, info.options
+        operand = self.checked.types.get(id(info.args[0])) if info.args else None
+        where = self.split_positions(operand)
+        axis = opts.get("axis")
+        if name in ("sum", "mean", "max", "min", "prod", "logsumexp", "std", "var", "argmax", "argmin",
+                    "any", "all", "norm"):
+            if where and (axis is None or axis in where):
+                if name in ACROSS_REDUCTIONS:
+                    self.mark(node, name)
+                else:
+                    self.across(node, f"`{name}`")
+        elif name == "cross_entropy":
+            if self.split_positions(self.checked.types.get(id(info.args[1]))):
+                self.mark(node, "cross_entropy")
+        elif name in ALONG_AXIS and axis in where:
+            self.across(node, f"`{name}`")
+        elif name == "matmul":
+            self.contraction(node, info.args[0])
+        elif name in ("einsum", "reduce"):
+            result = self.checked.types.get(id(node))
+            kept = {a.size for a in result.axes} if isinstance(result, T.TensorT) else set()
+            operands = [self.checked.types.get(id(a)) for a in info.args]
+            dropped = {a.size for t in operands if isinstance(t, T.TensorT) for a in t.axes
+                       if a.size in self.fn.split and a.size not in kept}
+            if dropped:
+                if name == "einsum" or opts.get("op") == "sum":
+                    self.mark(node, "sum")
+                else:
+                    self.across(node, f"`reduce` with {opts.get('op')}")
+        elif name == "causal" and any(isinstance(s, tuple) and self.is_split_param(s) for s in opts["sizes"]):
+            self.across(node, "`causal`")
+        elif name == "batch_norm" and [k for k in where if k != axis]:
+            self.mark(node, "batch_norm")
+
+    def is_split_param(self, source: tuple) -> bool:
+        param, axis = source
+        p = next(p for p in self.fn.params if p.name == param)
+        if axis == "size":
+            return True
+        return p.ty.axes[axis].size in self.fn.split  # type: ignore[union-attr]
