@@ -180,10 +180,11 @@ def _source_line(checked: Checked, span: Span) -> str:
     return lines[span.line - 1].strip() if 0 < span.line <= len(lines) else ""
 
 
-def build(path_or_source: str | os.PathLike[str], standalone: bool = False, devices: str | None = None) -> str:
+def build(path_or_source: str | os.PathLike[str], standalone: bool = False, devices: str | None = None,
+          dims: dict[str, int] | None = None) -> str:
     """The Python source a program lowers to."""
     source, file = read_program(path_or_source)
-    return generate(compile_program(source, file, devices), standalone=standalone)
+    return generate(compile_program(source, file, devices, dims), standalone=standalone)
 
 
 __all__ = ["CompileError", "Diagnostic", "Function", "ModelType", "Program", "build", "load", "parse_devices"]

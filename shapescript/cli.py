@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
 
     check = sub.add_parser("check", help="check a program's types and shapes")
     check.add_argument("file")
+    check.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                       help="the size of a dim declared without one, e.g. V=65")
     check.add_argument("--devices", help="override the program's devices line, e.g. 'cpu[0 1]'")
 
     build = sub.add_parser("build", help="lower a program to Python")
@@ -22,11 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("-o", "--output", help="the .py file to write (default: print it)")
     build.add_argument("--standalone", action="store_true",
                        help="write a module that doesn't import shapescript (one device only)")
+    build.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                       help="the size of a dim declared without one, e.g. V=65")
     build.add_argument("--devices", help="override the program's devices line")
 
     run = sub.add_parser("run", help="run a function of the program that takes no arguments")
     run.add_argument("file")
     run.add_argument("function")
+    run.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                       help="the size of a dim declared without one, e.g. V=65")
     run.add_argument("--devices", help="override the program's devices line")
 
     explain = sub.add_parser("explain", help="explain an error code, e.g. E0301")
@@ -46,11 +52,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def dim_sizes(pairs: list[str]) -> dict[str, int]:
+    out = {}
+    for pair in pairs:
+        name, _, size = pair.partition("=")
+        if not name.isidentifier() or not size.isdigit():
+            raise ValueError(f"--dim takes NAME=SIZE, as V=65, not {pair!r}")
+        out[name] = int(size)
+    return out
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from .api import compile_program, read_program
 
     source, file = read_program(Path(args.file))
-    checked = compile_program(source, file, args.devices)
+    checked = compile_program(source, file, args.devices, dim_sizes(args.dim))
     print(f"{file}: ok ({len(checked.fns)} functions, {len(checked.models)} models, on {checked.devices})")
     return 0
 
@@ -58,7 +74,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from .api import build
 
-    text = build(Path(args.file), standalone=args.standalone, devices=args.devices)
+    text = build(Path(args.file), standalone=args.standalone, devices=args.devices, dims=dim_sizes(args.dim))
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +90,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .api import load
 
-    prog = load(Path(args.file), devices=args.devices)
+    prog = load(Path(args.file), devices=args.devices, dims=dim_sizes(args.dim))
     fn = prog.checked.fns.get(args.function)
     if fn is None:
         print(f"error: {args.file} has no function `{args.function}`; it has "

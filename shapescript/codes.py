@@ -145,6 +145,13 @@ _ENTRIES = [
          "shapes must be declared with a size.",
          "model M:\n    param w: [n 4] = zeros()\n",
          "Declare the dim: `dim N = ...`."),
+    Code("E0313", "A dim without a size",
+         "A dim may be declared without a size (`dim V`) when the size comes at load time, as a "
+         "vocabulary's; the program can be checked without it, but not built or run. (Raised when "
+         "building or loading.)",
+         "dim V\n\nfn f(x: [n V]) -> [n] = sum(x, over=V)\n",
+         "Give the size when loading, `ss.load(path, dims={\"V\": 65})`, or on the command line, "
+         "`--dim V=65`."),
     Code("E0401", "Wrong kind of value",
          "A value of one kind (a model, a dataset, a number, a batch) is used where another kind "
          "is expected.",
@@ -255,7 +262,7 @@ _ENTRIES.append(Code(
 CHAPTERS["19"] = "Python calls on several devices"
 
 CODES: dict[str, Code] = {c.code: c for c in _ENTRIES}
-BUILD_ONLY = {"E1805"}  # raised when building, not when checking
+BUILD_ONLY = {"E1805", "E0313"}  # raised when building, not when checking
 
 
 def explain(code: str) -> str:

@@ -46,7 +46,7 @@ def value(d: Dim, values: dict[str, int]) -> int | None:
         return int(d)
     subs = {}
     for s in d.free_symbols:
-        if s.name not in values or isinstance(s, sympy.Dummy):
+        if values.get(s.name) is None or isinstance(s, sympy.Dummy):
             return None
         subs[s] = values[s.name]
     v = sympy.sympify(d.xreplace(subs))

@@ -56,6 +56,13 @@ def generate(checked: Checked, standalone: bool = False) -> str:
             "several devices", ("build without --standalone, or for one device",),
             ("on several devices the program runs in a controller that starts the package's workers",))],
             checked.source)
+    unsized = [item for item in checked.program.items
+               if isinstance(item, A.Dim) and checked.dim_values.get(item.name) is None]
+    if unsized:
+        raise CompileError([Diagnostic(
+            "E0313", f"dim `{d.name}` has no size", d.span, "no size",
+            (f"give it when loading: ss.load(..., dims={{\"{d.name}\": 65}}), or `--dim {d.name}=65`",))
+            for d in unsized], checked.source)
     return _Writer(checked, standalone).module()
 
 
@@ -186,8 +193,12 @@ class _Writer:
         if node.op in ("and", "or"):
             return f"torch.logical_{node.op}({left}, {right})" if tensor else f"{left} {node.op} {right}"
         if node.op == "@" and recipe.get("kind") == "tensordot":
-            return f"torch.tensordot({left}, {right}, dims=1)"
-        return f"{left} {node.op} {right}"
+            text = f"torch.tensordot({left}, {right}, dims=1)"
+        else:
+            text = f"{left} {node.op} {right}"
+        if recipe.get("across"):  # contracts the batch axis: each device's part is a partial sum
+            return f"_rt.all_sum({text}, {str(node.span)!r})"
+        return text
 
     def call(self, node: A.Call) -> str:
         info = self.c.calls[id(node)]
@@ -203,6 +214,9 @@ class _Writer:
         if info.kind == "grad":
             return f"_rt.value_and_grad({', '.join([py_name(info.name)] + args)})"
         name, opts = info.name, info.options
+        across = self.c.recipes.get(id(node), {}).get("across")
+        if across:
+            return self.across_call(node, across, name, args, opts)
         if name in UNARY_TORCH:
             return f"{UNARY_TORCH[name]}({args[0]})"
         if name in REDUCE_TORCH and opts.get("mask_index") is not None:
@@ -235,6 +249,31 @@ class _Writer:
         if name in RUNTIME_CALLS:
             return f"{RUNTIME_CALLS[name]}({', '.join(args)})"
         return self.library_call(node, name, args, opts)
+
+    def across_call(self, node: A.Call, across: str, name: str, args: list[str], opts: dict) -> str:
+        """An operation over the batch axis on several devices: every device's part combined by an
+        all-reduce (plain on one device; see runtime/collectives.py)."""
+        where = repr(str(node.span))
+        masked = opts.get("mask_index") is not None
+        if across == "mean":
+            if masked:
+                return f"_rt.all_masked_mean({args[0]}, {self.placed(1, opts['mask_index'], args)}, " \
+                       f"{opts.get('axis')}, {where})"
+            return f"_rt.all_mean({args[0]}, {opts.get('axis')}, {where})"
+        if across == "cross_entropy":
+            axis, rank = opts["axis"], opts["rank"]
+            logits = args[0] if axis == 1 or rank == 1 else f"{self.wrapped[0]}.movedim({axis}, 1)"
+            if masked:
+                return f"_rt.all_masked_cross_entropy({logits}, {args[1]}, " \
+                       f"{self.placed(2, opts['mask_index'], args)}, {where})"
+            return f"_rt.all_cross_entropy({logits}, {args[1]}, {where})"
+        if across == "batch_norm":
+            return f"_rt.all_batch_norm({args[0]}, {args[1]}, {args[2]}, {opts['axis']}, {where})"
+        self.c.recipes[id(node)]["across"] = None  # lower the operation itself, then sum the parts
+        try:
+            return f"_rt.all_sum({self.call(node)}, {where})"
+        finally:
+            self.c.recipes[id(node)]["across"] = across
 
     def library_call(self, node: A.Call, name: str, args: list[str], opts: dict) -> str:
         """The standard library's operations beyond arithmetic, reductions and patterns."""

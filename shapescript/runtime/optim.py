@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.collectives import average_grads
 from shapescript.runtime.model import Model, ModelSpec, param_names, type_text
 
 
@@ -47,7 +48,7 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any
         else:  # v does not depend on any param: autograd.grad would refuse
             grads = (None,) * len(params)
     tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-    return v.detach(), Grads(m.spec, tensors)
+    return v.detach(), Grads(m.spec, average_grads(tensors))
 
 
 class Optimizer:
