@@ -61,11 +61,8 @@ class Program:
     """A loaded program: `prog.Mlp.init(seed=0)`, `prog.train_step(m, opt, batch)`, `prog.Digit`."""
 
     def __init__(self, checked: Checked) -> None:
-        if checked.devices.count > 1:
-            raise ShapeScriptError(
-                f"{checked.file}: running on {checked.devices} needs the several-devices runtime, which this "
-                f"version doesn't have yet; load it with devices='cpu' to run on one device")
         self.checked = checked
+        self._pool: Any = None
         self.python_source = generate(checked)
         self._module_file = f"<shapescript {checked.file}>"
         linecache.cache[self._module_file] = (len(self.python_source), None,
@@ -79,11 +76,37 @@ class Program:
         self._members: dict[str, Any] = {}
         self.device = torch.device(namespace["DEVICE"])
         for name, model in checked.models.items():
-            self._members[name] = ModelType(namespace[f"{name}_spec"], self.device)
+            self._members[name] = ModelType(self, namespace[f"{name}_spec"])
         for name in checked.data:
             self._members[name] = namespace[f"{name}_spec"]
+        if self.several:  # functions on the workers are called through them, from Python or the controller
+            from .parallel.remote import RemoteFunction
+            for fn in checked.fns.values():
+                if fn.placement == "workers" and fn.kind == "fn":
+                    namespace[py_name(fn.name)] = RemoteFunction(self, fn, py_name(fn.name))
         for name, fn in checked.fns.items():
             self._members[name] = Function(self, fn)
+
+    @property
+    def several(self) -> bool:
+        return self.checked.devices.count > 1
+
+    def workers(self) -> Any:
+        """The worker pool of a program on several devices, started when first needed."""
+        if self._pool is None or not self._pool.alive:
+            from .parallel.pool import WorkerPool
+            pool = WorkerPool(self.checked.devices)
+            pool.start()
+            pool.call("load_program", (self.python_source, self._module_file, str(self.checked.devices)),
+                      where="loading the program")
+            self._pool = pool
+        return self._pool
+
+    def stop(self) -> None:
+        """Stop the workers (on several devices); models on them are gone."""
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool = None
 
     def __getattr__(self, name: str) -> Any:
         members = self.__dict__.get("_members", {})
@@ -116,13 +139,17 @@ class Program:
 class ModelType:
     """A model type of a program: `prog.Mlp.init(seed=0)`."""
 
-    def __init__(self, spec: Any, device: torch.device) -> None:
+    def __init__(self, program: Program, spec: Any) -> None:
+        self.program = program
         self.spec = spec
-        self.device = device
 
-    def init(self, seed: int) -> Model:
-        """The model drawn from `seed` (on the CPU, so every device gets the same), on the program's device."""
-        return Model.init(self.spec, seed, self.device)
+    def init(self, seed: int) -> Any:
+        """The model drawn from `seed` (on the CPU, so every device gets the same), on the program's device;
+        on several devices a RemoteModel, the same on every worker."""
+        if self.program.several:
+            from .parallel.remote import RemoteModel
+            return RemoteModel.init(self.program, self.spec, seed)
+        return Model.init(self.spec, seed, self.program.device)
 
     def __repr__(self) -> str:
         return f"<model type {self.spec.name} ({self.spec.where})>"

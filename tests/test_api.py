@@ -170,10 +170,11 @@ def test_load_from_a_path_and_dims_given_at_load(tmp_path) -> None:
         ss.load(path, dims={"W": 5})
 
 
-def test_several_devices_are_refused_until_the_runtime_has_them() -> None:
+def test_a_program_for_several_devices_loads_without_starting_workers() -> None:
     src = (ROOT / "examples" / "readme" / "mlp.ss").read_text()
-    with pytest.raises(ss.ShapeScriptError, match="devices='cpu'"):
-        ss.load(src)
+    prog = ss.load(src, name="mlp.ss")
+    assert prog.devices.count == 3 and prog._pool is None
+    assert "runs workers" in repr(prog.train_step)
     assert ss.load(src, devices="cpu").devices.count == 1
     with pytest.raises(ValueError, match="devices must be written"):
         ss.load(src, devices="gpu0")

@@ -313,7 +313,7 @@ class _Writer:
 def device_of(c: Checked) -> str:
     """The torch device of a one-device program: `cpu`, or `cuda:N` for `devices cuda[N]`."""
     d = c.devices
-    if d.kind == "cpu":
+    if d.kind == "cpu" or d.count > 1:  # on several devices the controller's tensors are on its CPU
         return "cpu"
     return f"cuda:{d.indices[0] if d.indices else 0}"
 

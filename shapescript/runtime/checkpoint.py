@@ -45,8 +45,19 @@ def _check_pair(model: Model, opt: Optimizer | None, op: str) -> None:
                          f"{opt.model.spec.name} model, not this one")
 
 
+def _remote(op: str, path: Any, model: Any, opt: Any) -> bool:
+    """A model on several devices saves and loads through its workers, in the same file format."""
+    if not getattr(model, "is_remote", False):
+        return False
+    model._program.workers().call(op, (os.fspath(path), model.handle, opt.handle if opt is not None else None),
+                                  where=f"{op} {os.fspath(path)}")
+    return True
+
+
 def save(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
     """Write `model` (and `opt`'s state) to `path`, atomically."""
+    if _remote("save", path, model, opt):
+        return
     path = os.fspath(path)
     _check_pair(model, opt, "save")
     tensors = {f"model.{k}": v.cpu().contiguous() for k, v in model.state_dict().items()}
@@ -154,6 +165,8 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
 
 def load(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
     """Restore `model` (and `opt`) from `path`; on any mismatch nothing is changed."""
+    if _remote("restore", path, model, opt):
+        return
     path = os.fspath(path)
     _check_pair(model, opt, "load")
     meta, tensors = _read(path)

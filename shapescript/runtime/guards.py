@@ -144,9 +144,10 @@ class KindGuard:
 
     def __call__(self, value: Any, bindings: Bindings) -> Any:
         ok = {
-            "model": lambda: isinstance(value, Model) and value.spec.name == self.model,
-            "optimizer": lambda: isinstance(value, Optimizer) and value.kind == self.optimizer
-            and value.model.spec.name == self.model,
+            "model": lambda: (isinstance(value, Model) or getattr(value, "is_remote", False))
+            and value.spec.name == self.model,
+            "optimizer": lambda: (isinstance(value, Optimizer) or getattr(value, "is_remote", False))
+            and value.kind == self.optimizer and value.model.spec.name == self.model,
             "dataset": lambda: hasattr(value, "__len__") and hasattr(value, "__getitem__"),
             "sink": lambda: isinstance(value, Sink) or callable(getattr(value, "write", None)),
             "mode": lambda: isinstance(value, Mode),

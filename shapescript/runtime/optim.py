@@ -70,6 +70,8 @@ class Optimizer:
 
 def _make(kind: str, factory: type[torch.optim.Optimizer], m: Model,
           hyper: dict[str, Any]) -> Optimizer:
+    if getattr(m, "is_remote", False):  # a model on several devices: the state is made on every worker
+        return m.make_optimizer(kind, hyper)  # type: ignore[attr-defined,no-any-return]
     if not isinstance(m, Model):
         raise TypeError(f"{kind.lower()}: expected a model, got {type(m).__name__}")
     if not m.params():

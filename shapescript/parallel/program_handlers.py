@@ -1,0 +1,99 @@
+"""What a worker does for a program: run its compiled code, keep its models and optimizers by
+handle, and answer the controller's calls. Workers receive the compiled Python, never the
+controller's script, and run only the functions the checker placed on the devices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shapescript.parallel.handlers import handler
+from shapescript.runtime import checkpoint, collectives
+from shapescript.runtime.data import Batch
+from shapescript.runtime.model import Model
+from shapescript.runtime.optim import adamw, sgd
+
+
+@handler("load_program")
+def load_program(state: Any, source: str, module_file: str, device_name: str) -> None:
+    namespace: dict[str, Any] = {"__name__": "shapescript_worker_program"}
+    exec(compile(source, module_file, "exec"), namespace)  # our own compiled code, from the controller
+    namespace["DEVICE"] = str(state.device)
+    state.program = namespace
+    collectives.status_hook = state.waiting_at
+
+
+@handler("init_model")
+def init_model(state: Any, handle: int, model: str, seed: int) -> None:
+    state.objects[handle] = Model.init(state.program[f"{model}_spec"], seed, state.device)
+
+
+@handler("make_optimizer")
+def make_optimizer(state: Any, handle: int, model: int, kind: str, hyper: dict[str, Any]) -> None:
+    make = adamw if kind == "AdamW" else sgd
+    state.objects[handle] = make(state.objects[model], **hyper)
+
+
+def decode(state: Any, value: Any) -> Any:
+    kind = value[0]
+    if kind == "handle":
+        return state.objects[value[1]]
+    if kind == "batch":
+        _, spec, fields, lengths = value
+        move = {k: v.to(state.device) for k, v in fields.items()}
+        return Batch(state.program[f"{spec}_spec"], move, {k: v.to(state.device) for k, v in lengths.items()})
+    if kind == "tensor":
+        return value[1].to(state.device)
+    return value[1]
+
+
+def to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, tuple):
+        return tuple(to_cpu(v) for v in value)
+    return value
+
+
+@handler("call")
+def call(state: Any, name: str, args: tuple) -> Any:
+    fn = state.program[name]
+    values = [decode(state, a) for a in args]
+    state.running(name)
+    try:
+        with torch.no_grad():  # value_and_grad turns gradients on where it needs them
+            return to_cpu(fn(*values))
+    finally:
+        state.idle()
+
+
+@handler("read")
+def read(state: Any, handle: int, name: str) -> Any:
+    value = getattr(state.objects[handle], name)
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    raise AttributeError(f"`{name}` is a sub-model; read its fields one by one, or use state_dict()")
+
+
+@handler("state_dict")
+def state_dict(state: Any, handle: int) -> dict[str, torch.Tensor]:
+    return {k: v.cpu() for k, v in state.objects[handle].state_dict().items()}
+
+
+@handler("save")
+def save(state: Any, path: str, model: int, opt: int | None) -> None:
+    """Worker 0 writes the checkpoint one device would write; the others hold the same."""
+    if state.rank == 0:
+        checkpoint.save(path, state.objects[model], state.objects[opt] if opt is not None else None)
+
+
+@handler("restore")
+def restore(state: Any, path: str, model: int, opt: int | None) -> None:
+    checkpoint.load(path, state.objects[model], state.objects[opt] if opt is not None else None)
+
+
+@handler("free")
+def free(state: Any, handles: list[int]) -> None:
+    for h in handles:
+        state.objects.pop(h, None)

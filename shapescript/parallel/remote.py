@@ -1,0 +1,133 @@
+"""The controller's side of a program on several devices: handles to what lives on the workers,
+and the calls that send each worker its part of the arguments.
+
+Models and optimizer state stay on the workers; the controller holds `RemoteModel` and
+`RemoteOptimizer` handles. A call of a function on the workers splits each argument with the
+batch axis along it (as evenly as possible, the first workers taking one more), sends the rest
+whole, and gives back the first worker's result, or every worker's part joined in order when the
+result has the batch axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+from shapescript.check.program import FnInfo
+from shapescript.errors import ShapeError
+from shapescript.runtime.data import Batch, batch_fields
+
+_handles = itertools.count(1)
+
+
+def shares(n: int, workers: int) -> list[int]:
+    """How n examples split over the workers: 64 over 3 is 22, 21, 21."""
+    return [n // workers + (1 if k < n % workers else 0) for k in range(workers)]
+
+
+class RemoteModel:
+    """A model on every worker, the same on each. Reading a field copies worker 0's to the CPU."""
+
+    is_remote = True
+
+    def __init__(self, program: Any, spec: Any, handle: int) -> None:
+        self.__dict__.update(_program=program, spec=spec, handle=handle)
+
+    @classmethod
+    def init(cls, program: Any, spec: Any, seed: int) -> "RemoteModel":
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"{spec.name}.init: seed must be an int, got {type(seed).__name__}")
+        handle = next(_handles)
+        program.workers().call("init_model", (handle, spec.name, seed), where=f"{spec.name}.init")
+        return cls(program, spec, handle)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in {m.name for m in self.spec.members}:
+            raise AttributeError(f"model {self.spec.name} has no member `{name}`")
+        return self._program.workers().call("read", (self.handle, name), where=f"reading {name}")[0]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a model on several devices can't be changed from Python; a ShapeScript function "
+                             f"that takes it as `mut` changes it")
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every param and buffer, copied from worker 0."""
+        return self._program.workers().call("state_dict", (self.handle,), where="state_dict")[0]
+
+    def params(self) -> list[torch.Tensor]:
+        return list(self.state_dict().values())
+
+    def make_optimizer(self, kind: str, hyper: dict[str, Any]) -> "RemoteOptimizer":
+        handle = next(_handles)
+        self._program.workers().call("make_optimizer", (handle, self.handle, kind, hyper), where=kind.lower())
+        return RemoteOptimizer(self, kind, hyper, handle)
+
+    def __repr__(self) -> str:
+        return f"RemoteModel[{self.spec.name}] on {self._program.devices}"
+
+
+class RemoteOptimizer:
+    """Optimizer state on every worker, for one RemoteModel."""
+
+    is_remote = True
+
+    def __init__(self, model: RemoteModel, kind: str, hyper: dict[str, Any], handle: int) -> None:
+        self.model, self.kind, self.hyper, self.handle = model, kind, hyper, handle
+
+    def __repr__(self) -> str:
+        return f"RemoteOptimizer {self.kind}[{self.model.spec.name}] on {self.model._program.devices}"
+
+
+def encode(value: Any) -> Any:
+    """A value as it travels to a worker: handles by number, batches as their fields."""
+    if isinstance(value, (RemoteModel, RemoteOptimizer)):
+        return ("handle", value.handle)
+    if isinstance(value, Batch):
+        return ("batch", value.spec.name, batch_fields(value), value.lengths)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.detach().cpu())
+    return ("value", value)
+
+
+def split_value(value: Any, axis: int | None, parts: list[int]) -> list[Any]:
+    """Each worker's part of an argument: split along `axis`, or the whole for everyone."""
+    if axis is None:
+        return [value] * len(parts)
+    if isinstance(value, Batch):
+        fields = batch_fields(value)
+        pieces = {k: torch.split(v, parts) for k, v in fields.items()}
+        lengths = {k: torch.split(v, parts) for k, v in value.lengths.items()}
+        return [Batch(value.spec, {k: p[i] for k, p in pieces.items()}, {k: p[i] for k, p in lengths.items()})
+                for i in range(len(parts))]
+    if isinstance(value, torch.Tensor):
+        return list(torch.split(value, parts, dim=axis))
+    raise ShapeError(f"can't split a {type(value).__name__} across the devices")
+
+
+def batch_size(value: Any, axis: int) -> int:
+    return value.size if isinstance(value, Batch) else int(value.shape[axis])
+
+
+class RemoteFunction:
+    """A function on the workers, as the controller calls it: one message per worker, one answer each."""
+
+    def __init__(self, program: Any, fn: FnInfo, name: str) -> None:
+        self.program, self.fn, self.name = program, fn, name
+        self.where = f"`{fn.name}` ({fn.span})"
+
+    def __call__(self, *args: Any) -> Any:
+        workers = self.program.workers()
+        split = [(a, k) for a, k in zip(args, self.fn.split_params) if k is not None]
+        if not split:
+            results = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
+        else:
+            n = batch_size(*split[0])
+            parts = shares(n, workers.size)
+            columns = [split_value(a, k, parts) for a, k in zip(args, self.fn.split_params)]
+            per_worker = [(self.name, tuple(encode(c[w]) for c in columns)) for w in range(workers.size)]
+            results = workers.call("call", per_worker, where=self.where)
+        if self.fn.split_result is not None:
+            return torch.cat(results, dim=self.fn.split_result)
+        return results[0]

@@ -1,0 +1,259 @@
+"""A worker process: one per device, started by `pool.WorkerPool` as
+
+    python -m shapescript.parallel.worker --fd N --parent PID [--pdeathsig]
+
+a fresh interpreter, so the user's main script is never imported. It reads its settings from the
+socket it inherited as fd N, joins the process group, says it is ready, then answers one message at a
+time: ("call", handler, where, args) runs `handlers.HANDLERS[handler](state, *args)`, ("stop",) ends.
+It ends by itself when the controller's end of the socket closes, and (with --pdeathsig, on Linux)
+when the controller dies while it is busy.
+
+Each worker keeps a status (idle, running `fn`, waiting for the other workers at train.ss:30:12) in a
+small memory-mapped file that the controller reads when a worker is stuck and cannot answer.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import signal
+import sys
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from shapescript.errors import ShapeScriptError, WorkerError
+
+if TYPE_CHECKING:
+    import torch
+
+STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
+IDLE, RUNNING, WAITING = "I", "R", "W"
+
+
+def describe_status(kind: str, text: str) -> str:
+    """The status as the error messages say it: "idle", "running `fn`", "waiting for ... at X"."""
+    if kind == RUNNING:
+        return f"running {text}"
+    if kind == WAITING:
+        return f"waiting for the other workers at {text}"
+    return "idle"
+
+
+def read_status(path: str) -> tuple[str, str]:
+    """(kind, text) of a worker's status file; ("", "") if it can't be read. Read until two reads
+    agree, since the worker may be rewriting it."""
+    last = b""
+    for _ in range(5):
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(STATUS_SIZE)
+        except OSError:
+            return "", ""
+        if raw == last:
+            break
+        last = raw
+    if len(last) < 3 or last[0:1] not in (b"I", b"R", b"W"):
+        return "", ""
+    n = int.from_bytes(last[1:3], "little")
+    return last[0:1].decode(), last[3:3 + n].decode("utf-8", "replace")
+
+
+class _Restore:
+    """Returned by `WorkerState.waiting_at`: as a context manager, puts back the status it replaced
+    when the block ends without an exception (on an exception the status stays, so the error reply
+    says where the worker was waiting)."""
+
+    def __init__(self, state: "WorkerState", kind: str, text: str) -> None:
+        self._state, self._kind, self._text = state, kind, text
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            self._state._set(self._kind, self._text)
+
+
+@dataclass(eq=False)
+class WorkerState:
+    """What a handler gets as its first argument."""
+
+    rank: int
+    world: int
+    device: "torch.device"
+    status_path: str
+    objects: dict[int, Any] = field(default_factory=dict)  # handles kept between calls, by id
+    group_ready: bool = False  # the default torch.distributed process group is initialized
+    kind: str = IDLE
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        with open(self.status_path, "wb") as f:
+            f.write(b"\0" * STATUS_SIZE)
+        with open(self.status_path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), STATUS_SIZE)  # writes are memory stores: free on the hot path
+        self.idle()
+
+    def _set(self, kind: str, text: str) -> None:
+        self.kind, self.text = kind, text
+        data = text.encode()[:STATUS_SIZE - 3]
+        self._map[0:3 + len(data)] = kind.encode() + len(data).to_bytes(2, "little") + data
+
+    def idle(self) -> None:
+        self._set(IDLE, "")
+
+    def running(self, what: str) -> None:
+        """`what` as the messages show it, e.g. "`train_step` (train.ss:32:4)"."""
+        self._set(RUNNING, what)
+
+    def waiting_at(self, where: str) -> _Restore:
+        """Call before a collective, with its .ss location; `with state.waiting_at(where): ...` also
+        restores the previous status after it."""
+        restore = _Restore(self, self.kind, self.text)
+        self._set(WAITING, where)
+        return restore
+
+    def describe(self) -> str:
+        return describe_status(self.kind, self.text)
+
+
+# -- the process ---------------------------------------------------------------------------------
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it ends, in case the
+    controller dies while this worker is busy and so never sees its socket close."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return  # not Linux: the socket's EOF and the controller's own cleanup remain
+    if os.getppid() != parent:  # the controller died before prctl took effect
+        os._exit(1)
+
+
+def error_payload(exc: BaseException, state: WorkerState | None) -> dict[str, Any]:
+    """An exception as a reply: its class name, text, traceback, where the worker was, whether it
+    failed in a collective, and the exception itself when it's ours and can be pickled."""
+    pickled = None
+    if isinstance(exc, ShapeScriptError):
+        try:
+            pickled = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # an unpicklable attribute: the controller rebuilds it from the text
+            pickled = None
+    waiting = state is not None and state.kind == WAITING
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "status": state.describe() if state is not None else "starting",
+        # a RuntimeError from inside a collective: gloo's timeout or a peer that went away
+        "collective": waiting and isinstance(exc, RuntimeError) and not isinstance(exc, ShapeScriptError),
+        "pickled": pickled,
+    }
+
+
+def _send(conn: Connection, message: tuple[Any, ...]) -> None:
+    try:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # a result that can't be pickled is the handler's error
+        data = pickle.dumps(("err", error_payload(
+            WorkerError(f"the result can't be sent to the controller: {type(exc).__name__}: {exc}"), None)))
+    conn.send_bytes(data)
+
+
+def _boot(conn: Connection, config: dict[str, Any]) -> WorkerState:
+    """Join the process group and import what the handlers need, before saying ready, so that
+    nothing is imported or initialized lazily on the first call."""
+    sys.path[:] = config["sys_path"]
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+
+    from shapescript.parallel import handlers  # noqa: F401  (registers the generic handlers)
+
+    rank, world, kind = config["rank"], config["world"], config["kind"]
+    if kind == "cuda":
+        device = torch.device("cuda", config["index"])
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:  # the workers share the CPUs: don't oversubscribe them
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    state = WorkerState(rank, world, device, config["status_path"])
+    for name in config["modules"]:
+        importlib.import_module(name)
+    store = dist.FileStore(config["store_path"], world)
+    dist.init_process_group("nccl" if kind == "cuda" else "gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=config["timeout"]),
+                            device_id=device if kind == "cuda" else None)
+    with state.waiting_at("start"):
+        warm = torch.ones(1, device=device)
+        dist.all_reduce(warm)  # connects every pair now, and proves the group works
+    state.group_ready = True
+    state.idle()
+    return state
+
+
+def _serve(conn: Connection, state: WorkerState) -> None:
+    from shapescript.parallel.handlers import HANDLERS
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the controller is gone
+        if message[0] == "stop":
+            return
+        _, name, where, args = message
+        state.running(where or f"`{name}`")
+        try:
+            fn = HANDLERS.get(name)
+            if fn is None:
+                raise WorkerError(f"the workers have no handler named {name!r}; they have {', '.join(sorted(HANDLERS))}")
+            reply: tuple[Any, ...] = ("ok", fn(state, *args))
+        except Exception as exc:
+            reply = ("err", error_payload(exc, state))
+        state.idle()
+        _send(conn, reply)
+
+
+def main(argv: list[str]) -> None:
+    opts = dict(zip(argv[0::2], argv[1::2]))
+    if "--pdeathsig" in argv:
+        _die_with_parent(int(opts["--parent"]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle: it stops us
+    fd = int(opts["--fd"])
+    os.set_inheritable(fd, False)
+    conn = Connection(fd)
+    state: WorkerState | None = None
+    try:
+        config = pickle.loads(conn.recv_bytes())
+        state = _boot(conn, config)
+        _send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
+    except (EOFError, OSError):
+        os._exit(1)  # the controller went away while we started
+    except BaseException as exc:
+        try:
+            _send(conn, ("err", error_payload(exc, state)))
+        finally:
+            os._exit(1)
+    _serve(conn, state)
+    try:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # skip the interpreter's slow teardown of torch; nothing is left to write
+
+
+if __name__ == "__main__":
+    # Run the module under its own name, so handlers see the same WorkerState class as they import.
+    from shapescript.parallel import worker as _worker
+    _worker.main(sys.argv[1:])
