@@ -1,0 +1,1 @@
+"""The several-devices tests start real worker processes (cpu[...] with Gloo)."""

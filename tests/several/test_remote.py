@@ -1,0 +1,106 @@
+"""Several devices from Python and from the controller: handles, loops, checkpoints, bad items."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+import shapescript as ss
+
+PROGRAM = textwrap.dedent("""\
+    dim D = 4
+    dim C = 3
+
+    data Ex:
+        x: [D]
+        y: [] Index[C]
+
+    model Lin:
+        param w: [D C] = normal(std=0.1)
+
+    fn scores(m: Lin, x: [b D]) -> [b C] = x @ m.w
+
+    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
+
+    fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        update(mut m, mut opt, g)
+        return l
+
+    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
+        for batch in data |> shuffle(seed=1) |> batches(8):
+            write(log, logs(loss=step(mut m, mut opt, batch)))
+    """)
+
+
+def dataset(n: int = 21) -> ss.TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return ss.TensorDataset(x=torch.randn(n, 4, generator=g), y=torch.randint(0, 3, (n,), generator=g))
+
+
+@pytest.fixture(scope="module")
+def two():
+    prog = ss.load(PROGRAM, devices="cpu[0 1]", name="fit.ss")
+    yield prog
+    prog.stop()
+
+
+@pytest.mark.slow
+def test_remote_model_reads_and_refuses_changes(two) -> None:
+    m = two.Lin.init(seed=0)
+    local = ss.load(PROGRAM, devices="cpu", name="fit.ss").Lin.init(seed=0)
+    assert isinstance(m, ss.parallel.RemoteModel)
+    assert torch.equal(m.w, local.w.detach()) and torch.equal(m.state_dict()["w"], local.w.detach())
+    with pytest.raises(AttributeError, match="can't be changed from Python"):
+        m.w = torch.zeros(4, 3)
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(two.scores(m, x), x @ local.w.detach())  # each worker's rows, joined in order
+
+
+@pytest.mark.slow
+def test_controller_loop_matches_one_device(two) -> None:
+    one = ss.load(PROGRAM, devices="cpu", name="fit.ss")
+    logs = []
+    for prog in (one, two):
+        m = prog.Lin.init(seed=0)
+        sink = ss.sinks.memory()
+        prog.fit(m, ss.adamw(m, lr=0.1), dataset(), sink)
+        logs.append(([r["loss"] for r in sink.records], m.state_dict()["w"]))
+    assert len(logs[0][0]) == 3
+    assert logs[1][0] == pytest.approx(logs[0][0], abs=1e-6)
+    torch.testing.assert_close(logs[1][1], logs[0][1].detach(), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_one_device_and_several(two, tmp_path) -> None:
+    one = ss.load(PROGRAM, devices="cpu", name="fit.ss")
+    m2 = two.Lin.init(seed=0)
+    opt2 = ss.adamw(m2, lr=0.1)
+    two.fit(m2, opt2, dataset(), ss.sinks.memory())
+    ss.save(tmp_path / "two.safetensors", m2, opt2)
+    m1 = one.Lin.init(seed=5)
+    opt1 = ss.adamw(m1, lr=0.1)
+    ss.restore(tmp_path / "two.safetensors", m1, opt1)
+    assert torch.equal(m1.w.detach(), m2.w)
+    ss.save(tmp_path / "one.safetensors", m1, opt1)
+    m3 = two.Lin.init(seed=7)
+    ss.restore(tmp_path / "one.safetensors", m3)
+    assert torch.equal(m3.w, m1.w.detach())
+
+
+@pytest.mark.slow
+def test_a_bad_item_raises_in_the_controller_and_changes_nothing(two) -> None:
+    class Bad:
+        def __len__(self) -> int:
+            return 8  # one batch, which holds the bad item
+
+        def __getitem__(self, i: int) -> dict:
+            return {"x": [0.0] * (3 if i == 6 else 4), "y": 1}
+
+    m = two.Lin.init(seed=0)
+    before = m.state_dict()["w"]
+    with pytest.raises(ss.ShapeError, match="item 6"):
+        two.fit(m, ss.adamw(m, lr=0.1), Bad(), ss.sinks.memory())  
+    assert torch.equal(m.state_dict()["w"], before)
