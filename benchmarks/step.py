@@ -1,6 +1,6 @@
 """ShapeScript against hand-written PyTorch: one training step of the README's MLP, and compile time.
 
-    python benchmarks/step.py            # what `make bench` runs (about a minute on 2 cores)
+    python benchmarks/step.py            # what `make bench` runs (under a minute on 2 cores)
     python benchmarks/step.py --quick    # a few seconds, for a smoke test
 
 The step: examples/readme/mlp.ss loaded with devices='cpu' (D = 784, Hd = 256, C = 10), AdamW with
@@ -11,8 +11,8 @@ same torch.set_num_threads. Their steps alternate (ABBA order, so neither always
 a warmup; each figure is the median of many repetitions. The ratio is ShapeScript / PyTorch.
 
 Compile time: shapescript.api.compile_program (parse and check) + shapescript.lower.codegen.generate
-(lower to Python source) of the README program, torch already imported; median of repeats, and
-the first call in the process on its own line.
+(lower to Python source) of the README program, torch already imported: the median of repeats in
+this process, and the median over a few fresh processes of their first compile.
 """
 
 from __future__ import annotations
@@ -67,15 +67,25 @@ class Hand:
         return loss.detach()
 
 
-def time_steps(batch: int, warmup: int, reps: int) -> tuple[float, float, float]:
-    """(median ShapeScript step, median PyTorch step, median of the per-pair ratios), seconds."""
+def time_steps(batch: int, warmup: int, reps: int, generated: bool = False) -> tuple[float, float, float]:
+    """(median ShapeScript step, median PyTorch step, median of the per-pair ratios), seconds.
+
+    `generated`: call the generated Python function directly with a ready ss.Batch, skipping what
+    `prog.train_step` does first (checking the arguments): the cost of the generated code alone.
+    """
     prog = ss.load(PROGRAM, devices="cpu")
     m = prog.Mlp.init(seed=0)
     opt = ss.adamw(m, lr=LR)
     hand = Hand(m.w1, m.w2)
     g = torch.Generator().manual_seed(batch)
     teacher = torch.randn(D, C, generator=g)
-    train_step = prog.train_step
+    if generated:
+        raw, spec = prog.namespace["train_step"], prog.Digit
+
+        def train_step(m: ss.Model, opt: ss.Optimizer, data: dict) -> torch.Tensor:
+            return raw(m, opt, ss.Batch(spec, data))
+    else:
+        train_step = prog.train_step
 
     def fresh() -> tuple[torch.Tensor, torch.Tensor]:
         # A new batch for every pair of steps, drawn outside the timing: "images" in [0, 1] and
@@ -112,17 +122,39 @@ def time_steps(batch: int, warmup: int, reps: int) -> tuple[float, float, float]
     return statistics.median(ss_times), statistics.median(pt_times), statistics.median(ratios)
 
 
-def time_compile(reps: int) -> tuple[float, float]:
-    """(first compile in this process, median of `reps` more), seconds."""
+_COLD = """
+import sys, time
+sys.path.insert(0, {root!r})
+import torch
+from shapescript.api import compile_program
+from shapescript.lower.codegen import generate
+source = open({program!r}).read()
+t0 = time.perf_counter()
+generate(compile_program(source, {program!r}, "cpu"))
+print(time.perf_counter() - t0)
+"""
+
+
+def time_compile(reps: int, processes: int) -> tuple[float, float]:
+    """(median first compile in a fresh process, median of `reps` compiles in this one), seconds.
+
+    The first compile of a process also pays for what the checker and sympy load lazily; it is
+    timed in `processes` fresh interpreters, after their imports, so torch's import is excluded.
+    """
+    import subprocess
+
     source = PROGRAM.read_text()
+    code = _COLD.format(root=str(ROOT), program=str(PROGRAM))
+    firsts = [float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                   text=True).stdout) for _ in range(processes)]
 
     def once() -> float:
         t0 = time.perf_counter()
         generate(compile_program(source, str(PROGRAM), "cpu"))
         return time.perf_counter() - t0
 
-    first = once()
-    return first, statistics.median(once() for _ in range(reps))
+    once()
+    return statistics.median(firsts), statistics.median(once() for _ in range(reps))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     ap.add_argument("--keep-subnormals", action="store_true",
                     help="don't flush subnormal floats to zero (see docs/benchmarks.md)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time the generated code alone (a ready batch, no argument checks)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch.set_num_threads for both sides (default: torch's own default)")
     args = ap.parse_args(argv)
@@ -143,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     flush = not args.keep_subnormals and torch.set_flush_denormal(True)
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; torch {torch.__version__}, "
-          f"{threads} threads; python {platform.python_version()}; subnormals "
+          f"{threads} thread{'s' if threads != 1 else ''}; python {platform.python_version()}; subnormals "
           f"{'flushed to zero' if flush else 'kept'}")
     # (batch, warmup, repetitions): each side runs warmup + repetitions steps
     plan = [(64, 20, 100), (6144, 3, 10)] if args.quick else [(64, 200, 2000), (6144, 10, 200)]
@@ -152,9 +186,15 @@ def main(argv: list[str] | None = None) -> None:
         a, b, r = time_steps(batch, warmup, reps)
         print(f"{batch:>6}  {a * 1e3:>9.3f} ms  {b * 1e3:>9.3f} ms  {a / b:>6.3f}  {r:>10.3f}  {reps}",
               flush=True)
-    first, median = time_compile(5 if args.quick else 50)
-    print(f"compile (check + lower) of {PROGRAM.relative_to(ROOT)}: {median * 1e3:.2f} ms median, "
-          f"{first * 1e3:.2f} ms the first time in the process")
+    if args.breakdown:
+        print("the generated code alone, given a ready batch (no argument checks):")
+        for batch, warmup, reps in plan:
+            a, b, r = time_steps(batch, warmup, reps, generated=True)
+            print(f"{batch:>6}  {a * 1e3:>9.3f} ms  {b * 1e3:>9.3f} ms  {a / b:>6.3f}  {r:>10.3f}  {reps}",
+                  flush=True)
+    first, median = time_compile(5 if args.quick else 50, 1 if args.quick else 5)
+    print(f"compile (check + lower) of {PROGRAM.relative_to(ROOT)}: {median * 1e3:.2f} ms median; "
+          f"{first * 1e3:.2f} ms the first time in a fresh process (after importing torch and shapescript)")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ class Program:
         """The worker pool of a program on several devices, started when first needed."""
         if self._pool is None or not self._pool.alive:
             from .parallel.pool import WorkerPool
-            pool = WorkerPool(self.checked.devices)
+            pool = WorkerPool(self.checked.devices, modules=["shapescript.parallel.program_handlers"])
             pool.start()
             pool.call("load_program", (self.python_source, self._module_file, str(self.checked.devices)),
                       where="loading the program")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import subprocess
 import sys
@@ -29,9 +31,6 @@ def demo():
 
 @pytest.fixture(scope="module")
 def first_run(demo):
-    import contextlib
-    import io
-
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         losses, accuracy = demo.train()

@@ -60,12 +60,8 @@ def to_cpu(value: Any) -> Any:
 def call(state: Any, name: str, args: tuple) -> Any:
     fn = state.program[name]
     values = [decode(state, a) for a in args]
-    state.running(name)
-    try:
-        with torch.no_grad():  # value_and_grad turns gradients on where it needs them
-            return to_cpu(fn(*values))
-    finally:
-        state.idle()
+    with torch.no_grad():  # value_and_grad turns gradients on where it needs them
+        return to_cpu(fn(*values))
 
 
 @handler("read")

@@ -124,9 +124,9 @@ class RemoteFunction:
             results = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
         else:
             n = batch_size(*split[0])
-            parts = shares(n, workers.size)
+            parts = shares(n, workers.world)
             columns = [split_value(a, k, parts) for a, k in zip(args, self.fn.split_params)]
-            per_worker = [(self.name, tuple(encode(c[w]) for c in columns)) for w in range(workers.size)]
+            per_worker = [(self.name, tuple(encode(c[w]) for c in columns)) for w in range(workers.world)]
             results = workers.call("call", per_worker, where=self.where)
         if self.fn.split_result is not None:
             return torch.cat(results, dim=self.fn.split_result)

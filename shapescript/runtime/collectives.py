@@ -2,45 +2,53 @@
 these combine the parts with one all-reduce, so every worker gets the whole batch's result. On one
 device (no process group) they are the plain operations.
 
-Gradients: `all_sum`'s backward multiplies by the number of workers, and `value_and_grad` averages
-the workers' gradients (one all-reduce per dtype). A term computed from the batch then gets the
-sum of every worker's part, as on one device, and a term every worker computes whole (say a
-penalty on the params) counts once, not once per worker.
+Gradients: `all_sum`'s backward is an all-reduce too (so a collective that value_and_grad
+differentiates runs twice, once each way), and `value_and_grad` averages the workers' gradients
+(one all-reduce per dtype). The loss is the same on every worker, so each worker's part of a sum
+over the batch gets the gradient N times, which the average takes back; a term every worker
+computes whole (say a penalty on the params) counts once, not once per worker.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-# Set by a worker: called with the .ss location before each collective, so that a worker stuck
-# there can be reported ("was waiting for the other workers at train.ss:30:12").
-status_hook: Callable[[str], None] | None = None
+# Set by a worker: a context manager around each collective, given its .ss location, so that a
+# worker stuck there can be reported ("was waiting for the other workers at train.ss:30:12").
+status_hook: Callable[[str], AbstractContextManager[object]] | None = None
 
 
 def world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _wait_at(where: str) -> None:
-    if status_hook is not None:
-        status_hook(where)
+def _waiting_at(where: str) -> AbstractContextManager[object]:
+    return status_hook(where) if status_hook is not None else nullcontext()
 
 
 class _AllSum(torch.autograd.Function):
+    """A sum over the workers whose backward is one as well: each worker's part gets the gradient
+    of every use of the sum, its own and the other workers'."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, where: str) -> torch.Tensor:  # type: ignore[override]
+        ctx.where = where
         y = x.detach().clone()
-        _wait_at(where)
-        dist.all_reduce(y)
+        with _waiting_at(where):
+            dist.all_reduce(y)
         return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return grad * world(), None
+        total = grad.detach().clone()
+        with _waiting_at(ctx.where):
+            dist.all_reduce(total)
+        return total, None
 
 
 def all_sum(x: torch.Tensor, where: str = "") -> torch.Tensor:
@@ -86,7 +94,7 @@ def all_masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: t
     return s / n
 
 
-def average_grads(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+def average_grads(grads: list[torch.Tensor], where: str = "value_and_grad") -> list[torch.Tensor]:
     """Every worker's gradients averaged, in one all-reduce per dtype (flattened into one buffer)."""
     n = world()
     if n == 1:
@@ -97,8 +105,8 @@ def average_grads(grads: list[torch.Tensor]) -> list[torch.Tensor]:
         by_dtype.setdefault(g.dtype, []).append(k)
     for dtype, ks in by_dtype.items():
         flat = torch.cat([grads[k].reshape(-1) for k in ks])
-        _wait_at("value_and_grad")
-        dist.all_reduce(flat)
+        with _waiting_at(where):
+            dist.all_reduce(flat)
         flat /= n
         for k, piece in zip(ks, flat.split([grads[k].numel() for k in ks])):
             out[k] = piece.view_as(grads[k])

@@ -48,7 +48,7 @@ def run(source: str, devices: str, model: str, batches: list[dict], extra: tuple
     prog = ss.load(source, devices=devices, dims=dims, name="prog.ss")
     try:
         m = getattr(prog, model).init(seed=0)
-        opt = ss.adamw(m, lr=1e-2)
+        opt = ss.adamw(m, lr=1e-3)
         losses = [float(prog.train_step(m, opt, b, *extra)) for b in batches]
         return losses, m.state_dict()
     finally:
