@@ -170,15 +170,18 @@ class Function:
         values = self._arrange(args, kwargs)
         bindings: dict = {}
         checked = [g(v, bindings) for g, v in zip(self._guards, values)]
-        try:
-            with torch.no_grad():  # value_and_grad turns gradients on where it needs them
-                return self._py(*checked)
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # as torch.no_grad(), at a third of its cost; value_and_grad
+        try:  # turns gradients on where it needs them
+            return self._py(*checked)
         except ShapeScriptError:
             raise
         except Exception as e:
             for fn_name, span in self.program.locate(e):
                 e.add_note(f"in `{fn_name}` at {span}: {_source_line(self.program.checked, span)}")
             raise
+        finally:
+            torch._C._set_grad_enabled(grad_was)
 
     def _arrange(self, args: tuple, kwargs: dict) -> list[Any]:
         names = self._names

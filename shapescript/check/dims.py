@@ -33,7 +33,11 @@ def is_generic(d: Dim) -> bool:
 def equal(a: Dim, b: Dim) -> bool:
     if a == b:
         return True
-    return sympy.expand(a - b) == 0
+    if a.is_Atom and b.is_Atom:  # two different symbols or numbers
+        return False
+    # Expanded forms are canonical for the polynomial and rational dims we build. (Subtracting
+    # instead would make sympy import its tensor module on first use: ~25 ms.)
+    return bool(sympy.expand(a) == sympy.expand(b))
 
 
 def substitute(d: Dim, mapping: dict) -> Dim:

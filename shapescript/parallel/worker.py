@@ -14,6 +14,8 @@ small memory-mapped file that the controller reads when a worker is stuck and ca
 
 from __future__ import annotations
 
+import copyreg
+import io
 import mmap
 import os
 import pickle
@@ -23,12 +25,11 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from shapescript.errors import ShapeScriptError, WorkerError
-
-if TYPE_CHECKING:
-    import torch
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
 IDLE, RUNNING, WAITING = "I", "R", "W"
@@ -60,6 +61,36 @@ def read_status(path: str) -> tuple[str, str]:
         return "", ""
     n = int.from_bytes(last[1:3], "little")
     return last[0:1].decode(), last[3:3 + n].decode("utf-8", "replace")
+
+
+# -- the wire format: pickle, with a fast path for tensors --------------------------------------------
+
+def _rebuild_tensor(data: bytearray, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> torch.Tensor:
+    kind = getattr(torch, dtype)
+    t = torch.frombuffer(data, dtype=torch.uint8).view(kind).reshape(shape) if data else torch.empty(shape, dtype=kind)
+    return t.requires_grad_() if requires_grad else t
+
+
+def _reduce_tensor(t: torch.Tensor) -> tuple[Any, ...]:
+    """A tensor as its raw bytes: torch's own pickling goes through torch.save and torch.load of each
+    storage, ten times slower for a small tensor. Tensors arrive on the CPU."""
+    if t.layout != torch.strided or t.is_quantized or t.is_nested or t.is_meta:
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    data = t.detach().cpu().contiguous()
+    raw = pickle.PickleBuffer(data.reshape(-1).view(torch.uint8).numpy())  # no copy until pickled
+    return _rebuild_tensor, (raw, str(data.dtype).removeprefix("torch."), tuple(data.shape), t.requires_grad)
+
+
+_DISPATCH = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}  # exact type: Parameter etc. as usual
+
+
+def dumps(obj: Any) -> bytes:
+    """`obj` as one message, for `Connection.send_bytes`; `pickle.loads` reads it."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5)
+    pickler.dispatch_table = _DISPATCH
+    pickler.dump(obj)
+    return out.getvalue()
 
 
 class _Restore:
@@ -143,7 +174,7 @@ def error_payload(exc: BaseException, state: WorkerState | None) -> dict[str, An
     pickled = None
     if isinstance(exc, ShapeScriptError):
         try:
-            pickled = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+            pickled = dumps(exc)
         except Exception:  # an unpicklable attribute: the controller rebuilds it from the text
             pickled = None
     waiting = state is not None and state.kind == WAITING
@@ -160,9 +191,9 @@ def error_payload(exc: BaseException, state: WorkerState | None) -> dict[str, An
 
 def _send(conn: Connection, message: tuple[Any, ...]) -> None:
     try:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        data = dumps(message)
     except Exception as exc:  # a result that can't be pickled is the handler's error
-        data = pickle.dumps(("err", error_payload(
+        data = dumps(("err", error_payload(
             WorkerError(f"the result can't be sent to the controller: {type(exc).__name__}: {exc}"), None)))
     conn.send_bytes(data)
 
@@ -219,8 +250,8 @@ def _serve(conn: Connection, state: WorkerState) -> None:
             reply: tuple[Any, ...] = ("ok", fn(state, *args))
         except Exception as exc:
             reply = ("err", error_payload(exc, state))
-        state.idle()
         _send(conn, reply)
+        state.idle()  # after sending: the controller takes a worker that's no longer waiting to be stuck
 
 
 def main(argv: list[str]) -> None:

@@ -201,7 +201,7 @@ def _check_index(f: FieldSpec, t: torch.Tensor, origin: _Origin) -> None:
     if bound is None or t.numel() == 0:
         return
     lo, hi = torch.aminmax(t)  # one pass over the data for both ends
-    if lo < 0 or hi >= bound:
+    if lo.item() < 0 or hi.item() >= bound:  # plain numbers: comparing tensors costs more
         label = f.bound_label
         named = (f"Index[{label}] with {label} = {bound}" if label and label != str(bound)
                  else f"Index[{bound}]")

@@ -143,22 +143,32 @@ class KindGuard:
     optimizer: str | None = None
 
     def __call__(self, value: Any, bindings: Bindings) -> Any:
-        ok = {
-            "model": lambda: (isinstance(value, Model) or getattr(value, "is_remote", False))
-            and value.spec.name == self.model,
-            "optimizer": lambda: (isinstance(value, Optimizer) or getattr(value, "is_remote", False))
-            and value.kind == self.optimizer and value.model.spec.name == self.model,
-            "dataset": lambda: hasattr(value, "__len__") and hasattr(value, "__getitem__"),
-            "sink": lambda: isinstance(value, Sink) or callable(getattr(value, "write", None)),
-            "mode": lambda: isinstance(value, Mode),
-            "int": lambda: isinstance(value, numbers.Integral) and not isinstance(value, bool),
-            "float": lambda: isinstance(value, numbers.Real) and not isinstance(value, bool),
-            "bool": lambda: isinstance(value, bool),
-            "str": lambda: isinstance(value, str),
-        }[self.kind]()
-        if not ok:
+        if not _KIND_CHECKS[self.kind](self, value):
             raise ShapeError(f"{self.param} must be {self.type_name}, not {_describe(value)}")
         return value
+
+
+def _is_model(g: KindGuard, v: Any) -> bool:
+    return (isinstance(v, Model) or getattr(v, "is_remote", False)) and v.spec.name == g.model
+
+
+def _is_optimizer(g: KindGuard, v: Any) -> bool:
+    return ((isinstance(v, Optimizer) or getattr(v, "is_remote", False)) and v.kind == g.optimizer
+            and v.model.spec.name == g.model)
+
+
+# One check per kind, looked up by the guard (a call is on the hot path of every step).
+_KIND_CHECKS: dict[str, Callable[[KindGuard, Any], bool]] = {
+    "model": _is_model,
+    "optimizer": _is_optimizer,
+    "dataset": lambda g, v: hasattr(v, "__len__") and hasattr(v, "__getitem__"),
+    "sink": lambda g, v: isinstance(v, Sink) or callable(getattr(v, "write", None)),
+    "mode": lambda g, v: isinstance(v, Mode),
+    "int": lambda g, v: isinstance(v, numbers.Integral) and not isinstance(v, bool),
+    "float": lambda g, v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+    "bool": lambda g, v: isinstance(v, bool),
+    "str": lambda g, v: isinstance(v, str),
+}
 
 
 def _describe(value: Any) -> str:

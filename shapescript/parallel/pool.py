@@ -1,0 +1,481 @@
+"""The controller's side: a pool of worker processes, one per device.
+
+    pool = WorkerPool(parse_devices("cpu[0 1]"))
+    pool.start()                                     # or start_background() in a notebook
+    pool.call("ping", ())                            # [worker 0's answer, worker 1's answer]
+    pool.call("all_reduce_sum", [(t0,), (t1,)])      # one tuple of arguments per worker
+    pool.stop()
+
+Each worker is a fresh interpreter (`python -m shapescript.parallel.worker`, never the user's main
+script) that imports from the controller's sys.path. Messages travel over socket pairs the controller
+made, never over a port; the workers' process group meets through a FileStore in a private folder,
+and Gloo / NCCL are told to use the loopback interface, so nothing listens beyond this machine.
+
+Failures are WorkerErrors: a worker that dies is reported at once (its rank, device, how it stopped
+and what it was running) and the others are stopped; a collective that times out is reported with
+where each worker was. A handler's own ShapeScriptError raises in the controller as the same class.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Sequence
+
+from shapescript.check.program import DeviceSet
+from shapescript.errors import ShapeScriptError, WorkerError
+from shapescript.parallel.worker import WAITING, describe_status, dumps, read_status
+
+DEFAULT_TIMEOUT = 600.0
+TIMEOUT_ENV = "SHAPESCRIPT_COLLECTIVE_TIMEOUT"
+STOP_GRACE = 3.0  # seconds a worker has to exit after a stop message, and after SIGTERM
+COLLECTIVE_GRACE = 2.0  # after one worker's collective failed, how long the others have to report theirs
+_timeout_override: float | None = None
+
+
+def collective_timeout(seconds: float | None) -> None:
+    """Set how long a worker waits for the others at a collective, for pools started afterwards
+    (None: back to $SHAPESCRIPT_COLLECTIVE_TIMEOUT, or 600 s)."""
+    global _timeout_override
+    if seconds is not None and not seconds > 0:
+        raise ValueError(f"the collective timeout must be a positive number of seconds, not {seconds!r}")
+    _timeout_override = None if seconds is None else float(seconds)
+
+
+def current_collective_timeout() -> float:
+    """The collective timeout a pool started now gets."""
+    if _timeout_override is not None:
+        return _timeout_override
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"${TIMEOUT_ENV} must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """"worker 1", "workers 1 and 2", "workers 0, 1 and 2"."""
+    if len(ranks) == 1:
+        return f"worker {ranks[0]}"
+    return "workers " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+def _loopback() -> str:
+    names = [name for _, name in socket.if_nameindex()]
+    return "lo0" if "lo0" in names and "lo" not in names else "lo"
+
+
+def _how_it_stopped(returncode: int | None) -> str:
+    if returncode is None:
+        return "its connection to the controller closed"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        oom = " (as when the system runs out of memory)" if name == "SIGKILL" else ""
+        return f"it was killed by {name}{oom}"
+    return f"it exited with code {returncode}"
+
+
+@dataclass(eq=False)
+class _Worker:
+    rank: int
+    label: str  # the device as the devices line names it: cpu:1, cuda:2
+    proc: subprocess.Popen[bytes]
+    conn: Connection
+    pidfd: int | None  # readable once the process ends: its death wakes the controller at once
+    status_path: str
+
+    def dead(self) -> bool:
+        return self.proc.poll() is not None
+
+    def how_it_stopped(self) -> str:
+        try:
+            return _how_it_stopped(self.proc.wait(timeout=1.0))
+        except subprocess.TimeoutExpired:
+            return _how_it_stopped(None)
+
+
+def _shutdown(workers: list[_Worker], folder: str | None, grace: float) -> None:
+    """Stop every worker: a stop message and `grace` seconds to exit (none if 0), then SIGTERM, then
+    SIGKILL; close everything and remove the private folder. Safe to call twice."""
+    if grace > 0:
+        for w in workers:
+            try:
+                w.conn.send_bytes(dumps(("stop",)))
+            except (OSError, ValueError):
+                pass  # already gone
+    for sig_grace, act in ((grace, "terminate"), (1.0, "kill"), (5.0, None)):
+        deadline = time.monotonic() + sig_grace
+        for w in workers:
+            try:
+                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        alive = [w for w in workers if w.proc.poll() is None]
+        if not alive or act is None:
+            break
+        for w in alive:
+            getattr(w.proc, act)()
+    for w in workers:
+        w.conn.close()
+        if w.pidfd is not None:
+            os.close(w.pidfd)
+            w.pidfd = None
+    workers.clear()
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class WorkerPool:
+    """One worker process per device of `devices`, in one process group. `timeout` is the collective
+    timeout in seconds (default: `current_collective_timeout()` when the pool starts); `modules` are
+    imported by every worker as it starts, e.g. to register more handlers. Not thread-safe: one call
+    at a time."""
+
+    def __init__(self, devices: DeviceSet, timeout: float | None = None, modules: Sequence[str] = ()) -> None:
+        if devices.kind not in ("cpu", "cuda"):
+            raise ValueError(f"devices must be cpu[...] or cuda[...], not {devices}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"the collective timeout must be a positive number of seconds, not {timeout!r}")
+        self.devices = devices
+        self.indices: tuple[int, ...] = devices.indices if devices.indices is not None else (0,)
+        self.world = len(self.indices)
+        self.timeout = timeout
+        self.modules = tuple(modules)
+        self.cold_start_s: float | None = None  # seconds from start() until every worker was ready
+        self._workers: list[_Worker] = []
+        self._folder: str | None = None
+        self._state = "new"  # new, starting, running, dead, stopped
+        self._dead_reason = ""
+        self._thread: threading.Thread | None = None
+        self._start_error: BaseException | None = None
+        self._t0 = 0.0
+        self._finalizer: weakref.finalize | None = None
+
+    # -- starting ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers and return when every one is ready."""
+        if self._state == "new":
+            self._spawn()
+            self._await_ready()
+        self._join_start()
+
+    def start_background(self) -> None:
+        """Start the workers without waiting for them; any later call waits."""
+        if self._state != "new":
+            return
+        self._spawn()  # in this thread: PR_SET_PDEATHSIG ties the workers to the thread that started them
+        self._thread = threading.Thread(target=self._await_ready_in_thread, name="shapescript-workers-start",
+                                        daemon=True)
+        self._thread.start()
+
+    def _spawn(self) -> None:
+        self._state = "starting"
+        self._t0 = time.perf_counter()
+        self.timeout = self.timeout if self.timeout is not None else current_collective_timeout()
+        self._folder = tempfile.mkdtemp(prefix="shapescript-workers-")  # mode 0700: ours alone
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._folder, 1.0)  # also at exit
+        sys_path = [p or os.getcwd() for p in sys.path]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys_path))
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = _loopback()
+        pdeathsig = ["--pdeathsig"] if threading.current_thread() is threading.main_thread() else []
+        store_path = os.path.join(self._folder, "store")
+        try:
+            for rank, index in enumerate(self.indices):
+                ours, theirs = socket.socketpair()
+                try:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "shapescript.parallel.worker", "--fd", str(theirs.fileno()),
+                         "--parent", str(os.getpid()), *pdeathsig],
+                        pass_fds=(theirs.fileno(),), env=env)
+                finally:
+                    theirs.close()
+                conn = Connection(ours.detach())
+                try:
+                    pidfd: int | None = os.pidfd_open(proc.pid)
+                except (AttributeError, OSError):
+                    pidfd = None  # not Linux >= 5.3: the wait loop polls the processes instead
+                worker = _Worker(rank, f"{self.devices.kind}:{index}", proc, conn, pidfd,
+                                 os.path.join(self._folder, f"status-{rank}"))
+                self._workers.append(worker)
+                conn.send_bytes(dumps({
+                    "rank": rank, "world": self.world, "kind": self.devices.kind, "index": index,
+                    "store_path": store_path, "status_path": worker.status_path, "timeout": self.timeout,
+                    "sys_path": sys_path, "modules": self.modules}))
+        except BaseException as exc:
+            self._die(f"the workers couldn't be started: {exc}")
+            if isinstance(exc, OSError):
+                raise WorkerError(f"the workers on {self.devices} couldn't be started: {exc}") from None
+            raise
+
+    def _await_ready(self) -> None:
+        try:
+            replies, pending = self._gather("starting")
+        except BaseException:
+            self._die("interrupted while starting")
+            raise
+        for w in self._workers:
+            reply = replies[w.rank]
+            if reply is not None and reply[0] == "err":
+                self._die(f"worker {w.rank} failed to start")
+                payload = reply[1]
+                exc = WorkerError(f"worker {w.rank} ({w.label}) failed to start: {payload['type']}: {payload['message']}")
+                exc.add_note(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
+                raise exc
+        self.cold_start_s = time.perf_counter() - self._t0
+        self._state = "running"
+
+    def _await_ready_in_thread(self) -> None:
+        try:
+            self._await_ready()
+        except BaseException as exc:  # kept for the caller's next call
+            self._start_error = exc
+
+    def _join_start(self) -> None:
+        if self._thread is not None:
+            try:
+                self._thread.join()
+            except KeyboardInterrupt:
+                self._die("interrupted while starting")
+                raise
+            self._thread = None
+            if self._start_error is not None:
+                error, self._start_error = self._start_error, None
+                raise error
+
+    # -- state -------------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """Started (or starting) and not stopped or failed."""
+        return self._state in ("starting", "running")
+
+    @property
+    def folder(self) -> str | None:
+        """The private folder (mode 0700) of the rendezvous store and the status files, while running."""
+        return self._folder if self._workers else None
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
+    def __repr__(self) -> str:
+        return f"<WorkerPool on {self.devices}: {self._state}>"
+
+    def __enter__(self) -> "WorkerPool":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the workers gracefully (a stop message, then SIGTERM and SIGKILL after a grace)."""
+        try:
+            self._join_start()
+        except BaseException:
+            pass  # a failed start already stopped them
+        self._release(STOP_GRACE)
+        if self._state != "dead":
+            self._state = "stopped"
+
+    def _die(self, reason: str) -> None:
+        """Stop every worker at once: after a failure or an interrupt, the devices' state is gone."""
+        if self._state != "dead":
+            self._state, self._dead_reason = "dead", reason
+        self._release(0.0)
+
+    def _release(self, grace: float) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        _shutdown(self._workers, self._folder, grace)
+
+    # -- calls -------------------------------------------------------------------------------------
+
+    def call(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str = "") -> list[Any]:
+        """Run `handlers.HANDLERS[handler](state, *args)` on every worker and return their results in
+        rank order. `args` is one tuple for all, or a list of one tuple per worker. `where` says what
+        runs, for error messages (default: the handler's name)."""
+        if self._state == "new":
+            self.start()
+        self._join_start()
+        if self._state != "running":
+            how = f"stopped after an error ({self._dead_reason})" if self._state == "dead" else "stopped"
+            raise WorkerError(f"the workers on {self.devices} were {how}; start new ones")
+        where = where or f"`{handler}`"
+        payloads = self._encode(handler, args, where)
+        try:
+            for w, payload in zip(self._workers, payloads):
+                try:
+                    w.conn.send_bytes(payload)
+                except OSError:
+                    self._fail_dead(w, f"running {where}")
+            replies, pending = self._gather(f"running {where}")
+        except WorkerError:
+            raise
+        except BaseException:  # Ctrl-C, or a failure of our own: the workers' state is unknown
+            self._die(f"interrupted while running {where}")
+            raise
+        failed = [r for r in replies if r is not None and r[0] == "err"]
+        if pending or any(r[1]["collective"] for r in failed):
+            self._fail_stuck(replies, pending, where)
+        if failed:
+            rank = replies.index(failed[0])
+            self._raise_error(self._workers[rank], failed[0][1], where)
+        return [r[1] for r in replies]  # type: ignore[index]
+
+    def _encode(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str) -> list[bytes]:
+        """The messages for each worker, pickled: once when every worker gets the same."""
+        if isinstance(args, list) and len(args) != self.world:
+            raise ValueError(f"`{handler}` was given {len(args)} tuples of arguments for {self.world} workers")
+        try:
+            if isinstance(args, list):
+                return [dumps(("call", handler, where, tuple(a))) for a in args]
+            return [dumps(("call", handler, where, tuple(args)))] * self.world
+        except Exception as exc:
+            raise WorkerError(f"the arguments of {where} can't be sent to the workers: "
+                              f"{type(exc).__name__}: {exc}") from None
+
+    def _gather(self, doing: str) -> tuple[list[tuple[Any, ...] | None], list[int]]:
+        """Every worker's reply, in rank order, and the ranks that didn't answer in time. Raises at
+        once if a worker dies. Without a failure this waits as long as the workers work; once one
+        worker has answered, the others have the collective timeout and a grace to follow, and once
+        one has failed in a collective, `COLLECTIVE_GRACE` to report their own failure (cut short
+        when none of them is waiting at a collective)."""
+        assert self.timeout is not None
+        replies: list[tuple[Any, ...] | None] = [None] * self.world
+        pending = {w.rank: w for w in self._workers}
+        never = float("inf")
+        answer_deadline = collective_deadline = never
+        polling = any(w.pidfd is None for w in self._workers)
+        poller = select.poll()  # cheaper than multiprocessing's wait(), which builds a selector each time
+        for w in self._workers:
+            for fd in (w.conn.fileno(), w.pidfd):
+                if fd is not None:
+                    poller.register(fd, select.POLLIN)
+        while pending:
+            deadline = min(answer_deadline, collective_deadline)
+            timeout = None if deadline == never else max(0.0, deadline - time.monotonic())
+            if polling or collective_deadline < never:  # also wake to look at processes and statuses
+                timeout = 0.25 if timeout is None else min(timeout, 0.25)
+            ready = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
+            for rank, w in list(pending.items()):
+                if w.conn.fileno() not in ready:
+                    continue
+                try:
+                    reply = self._decode(w.conn.recv_bytes())
+                except (EOFError, OSError):
+                    self._fail_dead(w, doing)
+                replies[rank] = reply
+                del pending[rank]
+                for fd in (w.conn.fileno(), w.pidfd):  # a worker that answered may exit: not this call's business
+                    if fd is not None:
+                        poller.unregister(fd)
+                if answer_deadline == never:
+                    answer_deadline = time.monotonic() + self.timeout + min(30.0, max(2.0, self.timeout))
+                if reply[0] == "err":
+                    if self._state == "starting":
+                        return replies, sorted(pending)
+                    if reply[1]["collective"]:
+                        collective_deadline = min(collective_deadline, time.monotonic() + COLLECTIVE_GRACE)
+            for w in pending.values():
+                if (w.pidfd in ready) if w.pidfd is not None else w.dead():
+                    self._fail_dead(w, doing)
+            out_of_time = time.monotonic() >= min(answer_deadline, collective_deadline)
+            if pending and (out_of_time or (collective_deadline < never and not self._any_waiting(pending))):
+                if not wait([w.conn for w in pending.values()], 0):  # a last look for replies on their way
+                    break
+        for w in pending.values():  # a worker that died just now: its peers' collectives failed first
+            try:
+                w.proc.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                continue
+            self._fail_dead(w, doing)
+        return replies, sorted(pending)
+
+    def _any_waiting(self, pending: dict[int, _Worker]) -> bool:
+        return any(read_status(w.status_path)[0] == WAITING for w in pending.values())
+
+    def _decode(self, data: bytes) -> tuple[Any, ...]:
+        try:
+            return pickle.loads(data)
+        except Exception as exc:  # e.g. a result whose class the controller can't import
+            return ("err", {"type": "WorkerError", "message": f"its answer couldn't be read: {type(exc).__name__}: {exc}",
+                            "traceback": "", "status": "", "collective": False, "pickled": None})
+
+    # -- failures ----------------------------------------------------------------------------------
+
+    def _fail_dead(self, w: _Worker, doing: str) -> None:
+        status = read_status(w.status_path)
+        how = w.how_it_stopped()
+        at = f" (it was waiting for the other workers at {status[1]})" if status[0] == WAITING else ""
+        others = "The other workers were stopped too" if self.world > 1 else "It"
+        self._die(f"worker {w.rank} stopped")
+        raise WorkerError(
+            f"worker {w.rank} ({w.label}) stopped while {doing}{at}: {how}. {others}, and what was on "
+            f"the devices is gone: new models, or a checkpoint, are needed to go on.")
+
+    def _fail_stuck(self, replies: list[tuple[Any, ...] | None], pending: list[int], where: str) -> None:
+        """The chapter's report of a call that didn't finish: where each worker was."""
+        lines, notes = [], []
+        for w in self._workers:
+            reply = replies[w.rank]
+            if reply is None:
+                lines.append(f"worker {w.rank}: didn't answer; it was {describe_status(*read_status(w.status_path))}")
+            elif reply[0] == "ok":
+                lines.append(f"worker {w.rank}: finished")
+            else:
+                payload = reply[1]
+                lines.append(f"worker {w.rank}: was {payload['status']}" if payload["collective"]
+                             else f"worker {w.rank}: raised {payload['type']}: {payload['message']}")
+                if payload["traceback"] and not notes:
+                    notes.append(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
+        failed = any(r is not None and r[0] == "err" for r in replies)
+        if pending and failed:
+            head = f"a worker failed while running {where}, and {_ranks(pending)} didn't finish:"
+        elif pending:
+            head = f"{_ranks(pending)} didn't finish {where} within {self.timeout:g} s of the others:"
+        else:
+            head = f"a worker failed while running {where}, and the workers timed out waiting for each other:"
+        self._die(f"{where} didn't finish")
+        exc = WorkerError("\n  ".join([head] + lines))
+        exc.add_note(f"The workers were stopped, and what was on the devices is gone. The collective timeout is "
+                     f"{self.timeout:g} s (${TIMEOUT_ENV}, or shapescript.collective_timeout(seconds)).")
+        for note in notes:
+            exc.add_note(note)
+        raise exc
+
+    def _raise_error(self, w: _Worker, payload: dict[str, Any], where: str) -> None:
+        """A handler's exception, raised here: the same class if it's one of ours, else a WorkerError."""
+        exc: BaseException | None = None
+        if payload["pickled"] is not None:
+            try:
+                exc = pickle.loads(payload["pickled"])
+            except Exception:
+                exc = None
+        if not isinstance(exc, ShapeScriptError):
+            exc = WorkerError(f"worker {w.rank} ({w.label}) raised {payload['type']} while running {where}: "
+                              f"{payload['message']}")
+        if payload["traceback"]:
+            exc.add_note(f"worker {w.rank}'s traceback ({w.label}):\n{payload['traceback']}")
+        raise exc
