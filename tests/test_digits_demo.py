@@ -61,3 +61,13 @@ def test_make_demo_prints_the_same_from_anywhere(first_run, tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == first_run[2]
+
+
+def test_batch_norm_and_dropout_variant_trains_and_uses_running_statistics(demo):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        losses, accuracy = demo.train(epochs=4, variant="bn")
+    assert accuracy >= 0.9, out.getvalue()
+    with contextlib.redirect_stdout(io.StringIO()):
+        again, _ = demo.train(epochs=4, variant="bn")
+    assert again == losses  # Train(seed) draws the same dropout masks run after run

@@ -23,17 +23,23 @@ LR = 1e-2
 SEED = 0
 
 
-def train(epochs: int = EPOCHS, lr: float = LR, seed: int = SEED, verbose: bool = True
+VARIANTS = {"mlp": ("digits.ss", "Mlp"), "bn": ("digits_bn.ss", "Net")}
+
+
+def train(epochs: int = EPOCHS, lr: float = LR, seed: int = SEED, verbose: bool = True, variant: str = "mlp"
           ) -> tuple[list[float], float]:
-    """Train from a fixed init; (mean training loss of each epoch, held-out accuracy)."""
-    prog = ss.load(HERE / "digits.ss")
-    m = prog.Mlp.init(seed=seed)
+    """Train from a fixed init; (mean training loss of each epoch, held-out accuracy).
+    `variant` "bn" is digits_bn.ss: batch_norm and dropout, trained in Train(seed) mode."""
+    path, model = VARIANTS[variant]
+    prog = ss.load(HERE / path)
+    m = getattr(prog, model).init(seed=seed)
     opt = ss.adamw(m, lr=lr)
+    modes = (ss.Train(seed=seed),) if variant == "bn" else ()
     log = ss.sinks.memory()  # one record per step; we print one line per epoch
     losses: list[float] = []
     for epoch in range(1, epochs + 1):
         start = len(log.records)
-        prog.epoch(m, opt, log)  # = run(m, opt, digits("train"), log)
+        prog.epoch(m, opt, *modes, log)  # = run(m, opt, digits("train"), log)
         epoch_losses = [r["loss"] for r in log.records[start:]]
         losses.append(sum(epoch_losses) / len(epoch_losses))
         if verbose:
@@ -48,4 +54,9 @@ def train(epochs: int = EPOCHS, lr: float = LR, seed: int = SEED, verbose: bool 
 
 
 if __name__ == "__main__":
-    train()
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Train a digits classifier written in ShapeScript.")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="mlp",
+                        help="mlp: the README's MLP; bn: with batch_norm and dropout")
+    train(variant=parser.parse_args().variant)
