@@ -7,8 +7,9 @@
     prog.run(m, opt, dataset, ss.sinks.stdout())
 """
 
-from shapescript import sinks
+from shapescript import parallel, sinks
 from shapescript.api import Program, build, load
+from shapescript.parallel import collective_timeout
 from shapescript.errors import CompileError, Diagnostic, DomainError, ShapeError, ShapeScriptError, WorkerError
 from shapescript.runtime.checkpoint import load as restore
 from shapescript.runtime.checkpoint import save
@@ -17,6 +18,6 @@ from shapescript.runtime.model import Model
 from shapescript.runtime.modes import Eval, Mode, Train
 from shapescript.runtime.optim import Optimizer, adamw, sgd
 
-__all__ = ["Batch", "CompileError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer", "Program", "ShapeError",
-           "ShapeScriptError", "TensorDataset", "Train", "WorkerError", "adamw", "build", "load", "restore", "save", "sgd",
-           "sinks"]
+__all__ = ["Batch", "CompileError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer", "Program",
+           "ShapeError", "ShapeScriptError", "TensorDataset", "Train", "WorkerError", "adamw", "build",
+           "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]

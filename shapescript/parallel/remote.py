@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from shapescript.check.program import FnInfo
-from shapescript.errors import ShapeError
+from shapescript.errors import ShapeError, WorkerError
 from shapescript.runtime.data import Batch, batch_fields
 
 _handles = itertools.count(1)
@@ -33,7 +33,15 @@ class RemoteModel:
     is_remote = True
 
     def __init__(self, program: Any, spec: Any, handle: int) -> None:
-        self.__dict__.update(_program=program, spec=spec, handle=handle)
+        self.__dict__.update(_program=program, spec=spec, handle=handle, _pool=program._pool)
+
+    def workers(self) -> Any:
+        """The pool that holds this model; an error if those workers have stopped since."""
+        pool = self._program._pool
+        if pool is not self._pool or not pool.alive:
+            raise WorkerError(f"this {self.spec.name} was on workers that have stopped, and what was on them is "
+                              f"gone: make new models, or load a checkpoint, to go on")
+        return pool
 
     @classmethod
     def init(cls, program: Any, spec: Any, seed: int) -> "RemoteModel":
@@ -46,7 +54,7 @@ class RemoteModel:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in {m.name for m in self.spec.members}:
             raise AttributeError(f"model {self.spec.name} has no member `{name}`")
-        return self._program.workers().call("read", (self.handle, name), where=f"reading {name}")[0]
+        return self.workers().call("read", (self.handle, name), where=f"reading {name}")[0]
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"a model on several devices can't be changed from Python; a ShapeScript function "
@@ -54,14 +62,14 @@ class RemoteModel:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every param and buffer, copied from worker 0."""
-        return self._program.workers().call("state_dict", (self.handle,), where="state_dict")[0]
+        return self.workers().call("state_dict", (self.handle,), where="state_dict")[0]
 
     def params(self) -> list[torch.Tensor]:
         return list(self.state_dict().values())
 
     def make_optimizer(self, kind: str, hyper: dict[str, Any]) -> "RemoteOptimizer":
         handle = next(_handles)
-        self._program.workers().call("make_optimizer", (handle, self.handle, kind, hyper), where=kind.lower())
+        self.workers().call("make_optimizer", (handle, self.handle, kind, hyper), where=kind.lower())
         return RemoteOptimizer(self, kind, hyper, handle)
 
     def __repr__(self) -> str:
@@ -82,7 +90,11 @@ class RemoteOptimizer:
 
 def encode(value: Any) -> Any:
     """A value as it travels to a worker: handles by number, batches as their fields."""
-    if isinstance(value, (RemoteModel, RemoteOptimizer)):
+    if isinstance(value, RemoteModel):
+        value.workers()  # still alive
+        return ("handle", value.handle)
+    if isinstance(value, RemoteOptimizer):
+        value.model.workers()
         return ("handle", value.handle)
     if isinstance(value, Batch):
         return ("batch", value.spec.name, batch_fields(value), value.lengths)

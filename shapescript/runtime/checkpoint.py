@@ -49,7 +49,7 @@ def _remote(op: str, path: Any, model: Any, opt: Any) -> bool:
     """A model on several devices saves and loads through its workers, in the same file format."""
     if not getattr(model, "is_remote", False):
         return False
-    model._program.workers().call(op, (os.fspath(path), model.handle, opt.handle if opt is not None else None),
+    model.workers().call(op, (os.fspath(path), model.handle, opt.handle if opt is not None else None),
                                   where=f"{op} {os.fspath(path)}")
     return True
 

@@ -104,3 +104,26 @@ def test_a_bad_item_raises_in_the_controller_and_changes_nothing(two) -> None:
     with pytest.raises(ss.ShapeError, match="item 6"):
         two.fit(m, ss.adamw(m, lr=0.1), Bad(), ss.sinks.memory())  
     assert torch.equal(m.state_dict()["w"], before)
+
+
+@pytest.mark.slow
+def test_after_a_worker_dies_its_models_are_gone_and_a_new_start_works() -> None:
+    import os
+    import signal
+    import threading
+
+    prog = ss.load(PROGRAM, devices="cpu[0 1]", name="fit.ss")
+    try:
+        m = prog.Lin.init(seed=0)
+        pool = prog._pool
+        victim = pool.pids[1]
+        threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
+        with pytest.raises(ss.WorkerError, match="worker 1"):
+            pool.call("sleep", (30,), where="a long step")
+        with pytest.raises(ss.WorkerError, match="make new models, or load a checkpoint"):
+            prog.scores(m, torch.zeros(2, 4))
+        fresh = prog.Lin.init(seed=0)  # a new pool starts
+        assert prog.scores(fresh, torch.zeros(2, 4)).shape == (2, 3)
+        assert prog._pool is not pool and not pool.alive
+    finally:
+        prog.stop()
