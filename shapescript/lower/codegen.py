@@ -108,6 +108,9 @@ class _Writer:
             self.function(fn)
         self.emit("")
         self.emit("")
+        externs = [(n.target.rpartition(".")[0], n.target.rpartition(".")[2], str(n.span))
+                   for n in (f.node for f in c.fns.values() if f.kind == "extern")]
+        self.emit(f"EXTERN_TARGETS = {externs!r}  # imported by each worker as the program loads")
         self.emit(f"SS_FILE = {c.file!r}")
         self.emit(f"SS_LINES = {self.where!r}")
         return "\n".join(self.lines) + "\n"

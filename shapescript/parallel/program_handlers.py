@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from shapescript.parallel.handlers import handler
-from shapescript.runtime import checkpoint, collectives
+from shapescript.runtime import calls, checkpoint, collectives
 from shapescript.runtime.data import Batch
 from shapescript.runtime.model import Model
 from shapescript.runtime.optim import adamw, sgd
@@ -20,6 +20,7 @@ def load_program(state: Any, source: str, module_file: str, device_name: str) ->
     namespace: dict[str, Any] = {"__name__": "shapescript_worker_program"}
     exec(compile(source, module_file, "exec"), namespace)  # our own compiled code, from the controller
     namespace["DEVICE"] = str(state.device)
+    calls.preload_externs(namespace["EXTERN_TARGETS"])
     state.program = namespace
     collectives.status_hook = state.waiting_at
 

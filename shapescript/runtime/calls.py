@@ -16,8 +16,12 @@ class PythonCallError(ShapeScriptError, RuntimeError):
     """A `python fn` couldn't be found, or raised."""
 
 
-def python_call(module: str, attr: str, args: tuple, check: Callable[[Any], Any] | None, where: str) -> Any:
-    """Call `module.attr(*args)` once, in the controller, and check its result against the declared type."""
+class ExternImportError(ShapeScriptError, ImportError):
+    """An extern fn's module can't be imported by the workers, as the controller's own script."""
+
+
+def resolve(module: str, attr: str, where: str) -> Callable[..., Any]:
+    """The function `module.attr`, imported once and kept."""
     key = (module, attr)
     func = _FUNCTIONS.get(key)
     if func is None:
@@ -26,7 +30,22 @@ def python_call(module: str, attr: str, args: tuple, check: Callable[[Any], Any]
         except (ImportError, AttributeError) as e:
             raise PythonCallError(f"{where}: can't find the Python function `{module}.{attr}`: {e}") from None
         _FUNCTIONS[key] = func
-    result = func(*args)
+    return func
+
+
+def preload_externs(targets: list[tuple[str, str, str]]) -> None:
+    """On a worker, import every extern fn's module as the program loads, not on the hot path. A
+    worker never runs the controller's script, so a function of it can't be found there."""
+    for module, attr, where in targets:
+        if module == "__main__":
+            raise ExternImportError(f"{where}: the extern fn `{module}.{attr}` is in the script the controller runs, "
+                              f"which the workers never import; move it to a module of its own")
+        resolve(module, attr, where)
+
+
+def python_call(module: str, attr: str, args: tuple, check: Callable[[Any], Any] | None, where: str) -> Any:
+    """Call `module.attr(*args)` and check its result against the declared type."""
+    result = resolve(module, attr, where)(*args)
     return check(result) if check is not None else result
 
 

@@ -127,3 +127,21 @@ def test_after_a_worker_dies_its_models_are_gone_and_a_new_start_works() -> None
         assert prog._pool is not pool and not pool.alive
     finally:
         prog.stop()
+
+
+@pytest.mark.slow
+def test_extern_fns_run_on_the_workers_but_not_from_the_main_script() -> None:
+    src = ('dim D = 3\nextern fn ln(x: [b D], over: Axis[D]) -> [b D] = "shapescript.std.layer_norm"\n'
+           'fn f(x: [b D]) -> [b D] = ln(x, over=D)\n')
+    prog = ss.load(src, devices="cpu[0 1]", name="e.ss")
+    try:
+        x = torch.arange(15.0).reshape(5, 3)
+        torch.testing.assert_close(prog.f(x), torch.nn.functional.layer_norm(x, (3,)))
+    finally:
+        prog.stop()
+    main = ss.load(src.replace("shapescript.std.layer_norm", "__main__.layer_norm"), devices="cpu[0 1]", name="m.ss")
+    try:
+        with pytest.raises(ImportError, match="the script the controller runs"):
+            main.f(torch.zeros(2, 3))
+    finally:
+        main.stop()
