@@ -6,10 +6,11 @@
     pool.call("all_reduce_sum", [(t0,), (t1,)])      # one tuple of arguments per worker
     pool.stop()
 
-Each worker is a fresh interpreter (`python -m shapescript.parallel.worker`, never the user's main
-script) that imports from the controller's sys.path. Messages travel over socket pairs the controller
-made, never over a port; the workers' process group meets through a FileStore in a private folder,
-and Gloo / NCCL are told to use the loopback interface, so nothing listens beyond this machine.
+Each worker is a fresh interpreter (`python -c` running `shapescript.parallel.worker.main`, never
+the user's main script) that imports from the controller's sys.path. Messages travel over socket
+pairs the controller made, never over a port; the workers' process group meets through a FileStore
+in a private folder, and Gloo / NCCL are told to use the loopback interface, so nothing listens
+beyond this machine.
 
 Failures are WorkerErrors: a worker that dies is reported at once (its rank, device, how it stopped
 and what it was running) and the others are stopped; a collective that times out is reported with
@@ -30,9 +31,10 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Sequence
+from typing import Any, Self
 
 from shapescript.check.program import DeviceSet
 from shapescript.errors import ShapeScriptError, WorkerError
@@ -43,6 +45,9 @@ TIMEOUT_ENV = "SHAPESCRIPT_COLLECTIVE_TIMEOUT"
 STOP_GRACE = 3.0  # seconds a worker has to exit after a stop message, and after SIGTERM
 COLLECTIVE_GRACE = 2.0  # after one worker's collective failed, how long the others have to report theirs
 _timeout_override: float | None = None
+# A fresh interpreter that imports the worker module by name, never the controller's __main__ (as
+# `-m shapescript.parallel.worker` would, but without runpy's warning when the package imports it).
+_WORKER_MAIN = "import sys; from shapescript.parallel.worker import main; main(sys.argv[1:])"
 
 
 def collective_timeout(seconds: float | None) -> None:
@@ -179,6 +184,7 @@ class WorkerPool:
             self._spawn()
             self._await_ready()
         self._join_start()
+        self._check_running()
 
     def start_background(self) -> None:
         """Start the workers without waiting for them; any later call waits."""
@@ -205,7 +211,7 @@ class WorkerPool:
                 ours, theirs = socket.socketpair()
                 try:
                     proc = subprocess.Popen(
-                        [sys.executable, "-m", "shapescript.parallel.worker", "--fd", str(theirs.fileno()),
+                        [sys.executable, "-c", _WORKER_MAIN, "--fd", str(theirs.fileno()),
                          "--parent", str(os.getpid()), *pdeathsig],
                         pass_fds=(theirs.fileno(),), env=env)
                 finally:
@@ -242,6 +248,9 @@ class WorkerPool:
                 exc = WorkerError(f"worker {w.rank} ({w.label}) failed to start: {payload['type']}: {payload['message']}")
                 exc.add_note(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
                 raise exc
+        if pending:  # the others were ready long ago
+            self._die("a worker didn't start")
+            raise WorkerError(f"{_ranks(pending)} of {self.devices} didn't start within {self.timeout:g} s of the others")
         self.cold_start_s = time.perf_counter() - self._t0
         self._state = "running"
 
@@ -265,6 +274,11 @@ class WorkerPool:
 
     # -- state -------------------------------------------------------------------------------------
 
+    def _check_running(self) -> None:
+        if self._state != "running":
+            how = f"stopped after an error ({self._dead_reason})" if self._state == "dead" else "stopped"
+            raise WorkerError(f"the workers on {self.devices} were {how}; start new ones")
+
     @property
     def alive(self) -> bool:
         """Started (or starting) and not stopped or failed."""
@@ -282,7 +296,7 @@ class WorkerPool:
     def __repr__(self) -> str:
         return f"<WorkerPool on {self.devices}: {self._state}>"
 
-    def __enter__(self) -> "WorkerPool":
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -319,17 +333,15 @@ class WorkerPool:
         if self._state == "new":
             self.start()
         self._join_start()
-        if self._state != "running":
-            how = f"stopped after an error ({self._dead_reason})" if self._state == "dead" else "stopped"
-            raise WorkerError(f"the workers on {self.devices} were {how}; start new ones")
+        self._check_running()
         where = where or f"`{handler}`"
         payloads = self._encode(handler, args, where)
         try:
             for w, payload in zip(self._workers, payloads):
                 try:
                     w.conn.send_bytes(payload)
-                except OSError:
-                    self._fail_dead(w, f"running {where}")
+                except OSError:  # it stopped since the last call
+                    self._fail_dead(w, f"idle, before {where}")
             replies, pending = self._gather(f"running {where}")
         except WorkerError:
             raise
@@ -339,8 +351,8 @@ class WorkerPool:
         failed = [r for r in replies if r is not None and r[0] == "err"]
         if pending or any(r[1]["collective"] for r in failed):
             self._fail_stuck(replies, pending, where)
-        if failed:
-            rank = replies.index(failed[0])
+        if failed:  # the first worker's error, as one device would raise it
+            rank = next(i for i, r in enumerate(replies) if r is not None and r[0] == "err")
             self._raise_error(self._workers[rank], failed[0][1], where)
         return [r[1] for r in replies]  # type: ignore[index]
 
@@ -383,7 +395,7 @@ class WorkerPool:
                 if w.conn.fileno() not in ready:
                     continue
                 try:
-                    reply = self._decode(w.conn.recv_bytes())
+                    reply = self._decode(w, w.conn.recv_bytes())
                 except (EOFError, OSError):
                     self._fail_dead(w, doing)
                 replies[rank] = reply
@@ -402,9 +414,9 @@ class WorkerPool:
                 if (w.pidfd in ready) if w.pidfd is not None else w.dead():
                     self._fail_dead(w, doing)
             out_of_time = time.monotonic() >= min(answer_deadline, collective_deadline)
-            if pending and (out_of_time or (collective_deadline < never and not self._any_waiting(pending))):
-                if not wait([w.conn for w in pending.values()], 0):  # a last look for replies on their way
-                    break
+            gave_up = out_of_time or (collective_deadline < never and not self._any_waiting(pending))
+            if pending and gave_up and not wait([w.conn for w in pending.values()], 0):  # a last look for replies
+                break
         for w in pending.values():  # a worker that died just now: its peers' collectives failed first
             try:
                 w.proc.wait(timeout=0.1)
@@ -416,12 +428,13 @@ class WorkerPool:
     def _any_waiting(self, pending: dict[int, _Worker]) -> bool:
         return any(read_status(w.status_path)[0] == WAITING for w in pending.values())
 
-    def _decode(self, data: bytes) -> tuple[Any, ...]:
+    def _decode(self, w: _Worker, data: bytes) -> tuple[Any, ...]:
         try:
             return pickle.loads(data)
         except Exception as exc:  # e.g. a result whose class the controller can't import
-            return ("err", {"type": "WorkerError", "message": f"its answer couldn't be read: {type(exc).__name__}: {exc}",
-                            "traceback": "", "status": "", "collective": False, "pickled": None})
+            error = WorkerError(f"worker {w.rank} ({w.label})'s answer can't be read: {type(exc).__name__}: {exc}")
+            return ("err", {"type": "WorkerError", "message": str(error), "traceback": "", "status": "",
+                            "collective": False, "pickled": dumps(error)})
 
     # -- failures ----------------------------------------------------------------------------------
 
@@ -437,7 +450,8 @@ class WorkerPool:
 
     def _fail_stuck(self, replies: list[tuple[Any, ...] | None], pending: list[int], where: str) -> None:
         """The chapter's report of a call that didn't finish: where each worker was."""
-        lines, notes = [], []
+        lines: list[str] = []
+        notes: list[str] = []
         for w in self._workers:
             reply = replies[w.rank]
             if reply is None:

@@ -1,6 +1,7 @@
 """A worker process: one per device, started by `pool.WorkerPool` as
 
-    python -m shapescript.parallel.worker --fd N --parent PID [--pdeathsig]
+    python -c "import sys; from shapescript.parallel.worker import main; main(sys.argv[1:])" \
+        --fd N --parent PID [--pdeathsig]
 
 a fresh interpreter, so the user's main script is never imported. It reads its settings from the
 socket it inherited as fd N, joins the process group, says it is ready, then answers one message at a
@@ -15,6 +16,7 @@ small memory-mapped file that the controller reads when a worker is stuck and ca
 from __future__ import annotations
 
 import copyreg
+import importlib
 import io
 import mmap
 import os
@@ -28,8 +30,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from shapescript.errors import ShapeScriptError, WorkerError
+from shapescript.parallel.handlers import HANDLERS
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
 IDLE, RUNNING, WAITING = "I", "R", "W"
@@ -98,7 +102,7 @@ class _Restore:
     when the block ends without an exception (on an exception the status stays, so the error reply
     says where the worker was waiting)."""
 
-    def __init__(self, state: "WorkerState", kind: str, text: str) -> None:
+    def __init__(self, state: WorkerState, kind: str, text: str) -> None:
         self._state, self._kind, self._text = state, kind, text
 
     def __enter__(self) -> None:
@@ -115,7 +119,7 @@ class WorkerState:
 
     rank: int
     world: int
-    device: "torch.device"
+    device: torch.device
     status_path: str
     objects: dict[int, Any] = field(default_factory=dict)  # handles kept between calls, by id
     group_ready: bool = False  # the default torch.distributed process group is initialized
@@ -168,6 +172,18 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _from_a_collective(exc: BaseException) -> bool:
+    """Raised by torch.distributed itself (Gloo's timeout, NCCL's, a peer that went away), rather
+    than by the code around a collective, which may run while the status still says waiting."""
+    if isinstance(exc, dist.DistError):
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and isinstance(exc, RuntimeError) and \
+        os.path.join("torch", "distributed") in tb.tb_frame.f_code.co_filename
+
+
 def error_payload(exc: BaseException, state: WorkerState | None) -> dict[str, Any]:
     """An exception as a reply: its class name, text, traceback, where the worker was, whether it
     failed in a collective, and the exception itself when it's ours and can be pickled."""
@@ -177,37 +193,29 @@ def error_payload(exc: BaseException, state: WorkerState | None) -> dict[str, An
             pickled = dumps(exc)
         except Exception:  # an unpicklable attribute: the controller rebuilds it from the text
             pickled = None
-    waiting = state is not None and state.kind == WAITING
     return {
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(exc)),
         "status": state.describe() if state is not None else "starting",
-        # a RuntimeError from inside a collective: gloo's timeout or a peer that went away
-        "collective": waiting and isinstance(exc, RuntimeError) and not isinstance(exc, ShapeScriptError),
+        "collective": state is not None and state.kind == WAITING and _from_a_collective(exc),
         "pickled": pickled,
     }
 
 
-def _send(conn: Connection, message: tuple[Any, ...]) -> None:
+def _send(conn: Connection, message: tuple[Any, ...], what: str = "the reply") -> None:
     try:
         data = dumps(message)
     except Exception as exc:  # a result that can't be pickled is the handler's error
         data = dumps(("err", error_payload(
-            WorkerError(f"the result can't be sent to the controller: {type(exc).__name__}: {exc}"), None)))
+            WorkerError(f"{what} can't be sent to the controller: {type(exc).__name__}: {exc}"), None)))
     conn.send_bytes(data)
 
 
-def _boot(conn: Connection, config: dict[str, Any]) -> WorkerState:
+def _boot(config: dict[str, Any]) -> WorkerState:
     """Join the process group and import what the handlers need, before saying ready, so that
     nothing is imported or initialized lazily on the first call."""
     sys.path[:] = config["sys_path"]
-    import importlib
-
-    import torch
-    import torch.distributed as dist
-
-    from shapescript.parallel import handlers  # noqa: F401  (registers the generic handlers)
 
     rank, world, kind = config["rank"], config["world"], config["kind"]
     if kind == "cuda":
@@ -233,16 +241,22 @@ def _boot(conn: Connection, config: dict[str, Any]) -> WorkerState:
 
 
 def _serve(conn: Connection, state: WorkerState) -> None:
-    from shapescript.parallel.handlers import HANDLERS
     while True:
         try:
-            message = pickle.loads(conn.recv_bytes())
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the controller is gone
+        try:
+            message = pickle.loads(data)
+        except Exception as exc:  # e.g. an object of a class defined in the controller's main script
+            _send(conn, ("err", error_payload(WorkerError(
+                f"the workers can't read the arguments: {type(exc).__name__}: {exc} (the workers never import "
+                f"the controller's main script, so its classes can't be sent to them)"), None)))
+            continue
         if message[0] == "stop":
             return
         _, name, where, args = message
-        state.running(where or f"`{name}`")
+        state.running(where)
         try:
             fn = HANDLERS.get(name)
             if fn is None:
@@ -250,33 +264,36 @@ def _serve(conn: Connection, state: WorkerState) -> None:
             reply: tuple[Any, ...] = ("ok", fn(state, *args))
         except Exception as exc:
             reply = ("err", error_payload(exc, state))
-        _send(conn, reply)
+        _send(conn, reply, f"the result of {where} on worker {state.rank}")
         state.idle()  # after sending: the controller takes a worker that's no longer waiting to be stuck
 
 
 def main(argv: list[str]) -> None:
-    opts = dict(zip(argv[0::2], argv[1::2]))
+    """`argv`: --fd N (this worker's end of the socket pair), --parent PID, and --pdeathsig when the
+    controller started it from its main thread."""
     if "--pdeathsig" in argv:
-        _die_with_parent(int(opts["--parent"]))
+        _die_with_parent(int(argv[argv.index("--parent") + 1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle: it stops us
-    fd = int(opts["--fd"])
+    fd = int(argv[argv.index("--fd") + 1])
     os.set_inheritable(fd, False)
     conn = Connection(fd)
-    state: WorkerState | None = None
     try:
         config = pickle.loads(conn.recv_bytes())
-        state = _boot(conn, config)
-        _send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
     except (EOFError, OSError):
         os._exit(1)  # the controller went away while we started
-    except BaseException as exc:
+    try:
+        state = _boot(config)
+    except BaseException as exc:  # the controller raises it as "worker r failed to start"
         try:
-            _send(conn, ("err", error_payload(exc, state)))
+            _send(conn, ("err", error_payload(exc, None)))
         finally:
             os._exit(1)
+    try:
+        _send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
+    except OSError:
+        os._exit(1)
     _serve(conn, state)
     try:
-        import torch.distributed as dist
         dist.destroy_process_group()
     finally:
         sys.stdout.flush()
