@@ -57,10 +57,10 @@ def test_standalone_build_runs_without_shapescript(tmp_path) -> None:
     assert res.returncode == 0, res.stderr
     script = BLOCK_SHAPESCRIPT + textwrap.dedent("""\
         import torch, mlp_standalone as M
-        m = M.Model.init(M.Mlp_spec, 0)
-        opt = M.adamw(m, lr=1e-3)
+        m = M._rt.Model.init(M.Mlp_spec, 0)
+        opt = M._rt.adamw(m, lr=1e-3)
         g = torch.Generator().manual_seed(0)
-        b = M.Batch(M.Digit_spec, {"img": torch.randn(16, 784, generator=g),
+        b = M._rt.Batch(M.Digit_spec, {"img": torch.randn(16, 784, generator=g),
                                    "label": torch.randint(0, 10, (16,), generator=g)})
         first = float(M.train_step(m, opt, b))
         for _ in range(5):

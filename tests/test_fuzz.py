@@ -1,32 +1,48 @@
 """Fuzzing the compiler: every program gets diagnostics or a valid Python module, never a crash.
 
-Three kinds of programs are fed to `check_source` (and, when it succeeds, to `generate` and
+Programs of five kinds are fed to `check_source` (and, when it succeeds, to `generate` and
 Python's `compile`):
 
-1. mutations of valid programs (the README's MLP, every error-index example, the language guide's
-   blocks and a few programs of our own): lines deleted, duplicated, swapped or re-indented,
-   characters and tokens deleted or inserted, names replaced, the text truncated;
-2. soups of the language's tokens, with newlines and indentation;
-3. programs built from the grammar and the typing rules: dims, a data type, a model, functions
-   whose bodies are grown from their parameters by well-typed steps (operators, broadcasting,
-   reductions with `over=`, softmax, `@`, cross_entropy, calls of earlier functions, pipes), the
-   README's training functions, and now and then one deliberate mistake, so that most compile and
-   the rest fail in the checker rather than the parser.
+1. mutants of valid programs (the README's MLP, every error-index example, the language guide's
+   blocks and programs of our own that use generics, broadcasting, reductions with `over=`,
+   softmax, patterns, stacks of blocks, python and extern fns, expression-bodied fns): lines
+   deleted, duplicated, swapped, joined, split or re-indented, characters and tokens deleted or
+   inserted, a name replaced by another, the text truncated;
+2. soups of the language's tokens (and of single characters), with newlines and indentation;
+3. programs grown from the grammar and the typing rules: dims, a data type, a model (with a stack
+   of blocks and an embedding table now and then), functions whose bodies are built from their
+   parameters by well-typed steps (operators, broadcasting, reductions, softmax, `@`,
+   cross_entropy, patterns, lookups, masks, dropout, calls of earlier functions, pipes, statements
+   that bind several names), the README's training functions; now and then one deliberate
+   mistake, so that most programs compile and most of the others fail in the checker;
+4. those programs with one mutation;
+5. deep nesting and long chains (parentheses, unary minus, `**`, `+`, calls, pipes, loops).
+
+Plus `TRICKY`, programs aimed at corners the random ones rarely reach.
 
 A compile error must be a `CompileError` whose diagnostics each have a code `Ennnn`, a 1-based
-line and column inside the source, a message, and render; anything else is a bug of the compiler.
+line and column inside the source (lines as the lexer counts them), a message, and render.
+A generated module must compile without warnings, define each function once, leave the names it
+binds itself (DIMS, the specs, ...) to itself, and read no name that nothing binds. Anything else
+is a bug of the compiler: these tests fail on it, and stay failing until the compiler is fixed.
 
-Settings: each test runs a fixed number of examples (derandomized, so CI sees the same programs);
-`SHAPESCRIPT_FUZZ_EXAMPLES=20000` runs that many per test instead.
+Each property test runs a fixed number of examples, derandomized so that CI sees the same
+programs (the whole file takes 20-40 s on two cores); `SHAPESCRIPT_FUZZ_EXAMPLES=20000` runs
+that many per test instead. Hypothesis stops at a test's first failure; to list many bugs at once
+use the hunter below.
 
 Without pytest, this file is a bug hunter and a meter (neither is a test):
 
-    python tests/test_fuzz.py stats [N]     # share of programs of each kind that compile
-    python tests/test_fuzz.py hunt [N]      # N programs of each kind; internal errors grouped by
-                                            # where they are raised, each with a minimal program
+    python tests/test_fuzz.py stats [N [FIRST]]  # share of programs of each kind that compile
+    python tests/test_fuzz.py hunt [N [FIRST]]   # N programs of each kind (seeds FIRST...); internal
+                                                 # errors grouped by where they are raised, each
+                                                 # with a program made minimal by delta debugging
 
-Measured with `stats 2000` (grammar-directed programs): about 55% compile, about 40% fail in the
-checker (codes E02xx-E06xx, E18xx), a few percent in the parser (from the deliberate mistakes).
+Measured with `stats 2000` on the compiler of 2026-11-29 09:30: grammar-directed programs 52% compile
+and 48% fail in the checker (E02xx-E06xx, E18xx; under 0.5% in the parser); mutants 8% compile,
+18% fail in the checker, 70% in the parser, 4% hit a compiler bug; mutated grammar programs 26%,
+18%, 47%, 8%. Without the deliberate mistakes (`ProgramGen(r, mistakes=0)`) 99% of the grammar
+programs compile: the generator's typing agrees with the checker's.
 """
 
 from __future__ import annotations
@@ -40,6 +56,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,10 +139,16 @@ def compile_program(source: str) -> str:
                 check_diagnostics(err, source)
                 return "syntax" if all(c.startswith("E01") for c in err.codes) else "check"
             stage = "generate"
-            python = generate(checked)
+            try:  # lowering may refuse a program too (E0313, a dim without a size), with diagnostics
+                python = generate(checked)
+            except CompileError as err:
+                check_diagnostics(err, source)
+                return "check"
         assert isinstance(python, str)
         stage = "compile"
-        compile(python, "<gen>", "exec")
+        with warnings.catch_warnings():  # a SyntaxWarning ("'float' object is not subscriptable") is a bug too
+            warnings.simplefilter("error")
+            compile(python, "<gen>", "exec")
     except RecursionError as e:
         frames = [f for f in traceback.extract_tb(e.__traceback__) if "shapescript" in f.filename]
         where = Counter(f"{Path(f.filename).name}:{f.name}" for f in frames).most_common(3)
@@ -224,7 +247,7 @@ fn centered(x: [b C]) -> [b C] = x - mean(x, over=C)
 
 fn probs(x: [b n C]) -> [b n C] = softmax(x, over=C)
 
-fn norm(x: [b D]) -> [b] = sqrt(sum(x * x, over=D))
+fn l2(x: [b D]) -> [b] = sqrt(sum(x * x, over=D))
 
 fn affine(w: [D C], bias: [C], x: [b D]) -> [b C] = relu(x @ w + bias) * 0.5
 
@@ -240,7 +263,6 @@ fn loss(x: [b C], y: [b] Index[C]) -> [] = cross_entropy(x, y, over=C)
     # group axes, dim arithmetic, dtypes, bools, tensordot, python and extern fns
     """dim H = 2
 dim Dh = 3
-dim V
 dim L = 4
 
 data Tok:
@@ -267,6 +289,57 @@ fn hello(n: int, path: str):
     data = make(n, path)
     for batch in data |> batches(2):
         print("batch", counts(batch))
+""",
+    # the standard library: patterns, stacks of blocks, lookups, masks, modes, operations along an axis
+    """dim C = 4
+dim V = 7
+dim D = 3
+dim H = 2
+dim Dh = 3
+dim L = 2
+
+model Block:
+    param w: [D D] = normal(std=0.1)
+    param b: [D] = zeros()
+
+model Net:
+    param emb: [V D] = normal(std=0.02)
+    blocks: [L] Block
+    param out: [D C] = normal(std=0.02)
+
+extern fn clip01(x: [D], over: Axis[D]) -> [D] = "mod.clip01"
+
+fn encode(m: Net, ids: [b n] Index[V], mode: Mode) -> [b n D]:
+    h = embedding(m.emb, ids)
+    for blk in m.blocks:
+        h = dropout(relu(h @ blk.w + blk.b), 0.1, mode) + h
+    return h
+
+fn heads(x: [b n (H Dh)]) -> [b H n Dh] = rearrange(x, b n (h d) -> b h n d)
+
+fn attend(q: [b h i d], k: [b h j d]) -> [b h i j]:
+    s = einsum(q, k, b h i d, b h j d -> b h i j)
+    s = masked_fill(s, causal(i, j), -1e9)
+    return softmax(s, over=j)
+
+fn pool(x: [b n D]) -> [b D] = reduce(x, b n d -> b d, max)
+
+fn thirds(x: [b (3 D)]) -> [b D]:
+    p, q, r = split(x, b (3 d) -> b d)
+    return maximum(p, q) - minimum(q, r) + clamp(r, min=-1.0, max=1.0)
+
+fn tiled(x: [b D]) -> [b C D] = repeat(x, b d -> b c d, c=C)
+
+fn picks(x: [b C]) -> [b 2]:
+    v, i = topk(x, 2, over=C)
+    return gather(x, i, over=C) + sort(v, over=b) + cumsum(v, over=b)
+
+fn scores(m: Net, ids: [b n] Index[V], y: [b] Index[C]) -> []:
+    h = encode(m, ids, Eval())
+    logits = pool(h) @ m.out
+    return cross_entropy(logits, y, over=C) + mean(one_hot(y) * logits) + norm(h) * 0.0
+
+fn masked(x: [b C], y: [b C]) -> [b C] = where(x > y, x, y * 2.0)
 """,
     # sub-models, buffers, Sgd, checkpoints, devices with options
     """devices cpu[0 1]
@@ -329,16 +402,19 @@ KEYWORDS = ["fn", "mut", "return", "for", "in", "and", "or", "not", "true", "fal
 ITEM_WORDS = ["devices", "dim", "data", "model", "param", "buffer", "extern", "python", "cpu", "cuda",
               "shard", "params", "split"]
 TYPE_WORDS = ["f16", "bf16", "f32", "f64", "i32", "i64", "bool", "int", "float", "str", "Index",
-              "Dataset", "AdamW", "Sgd", "Grad", "Sink", "Axis", "Logs"]
+              "Dataset", "AdamW", "Sgd", "Grad", "Sink", "Axis", "Logs", "Mode"]
 FUNCS = ["relu", "exp", "sum", "mean", "max", "argmax", "softmax", "log_softmax", "cross_entropy",
          "matmul", "value_and_grad", "update", "shuffle", "batches", "print", "logs", "write", "save",
-         "load", "normal", "zeros", "ones", "uniform", "rearrange", "einsum", "split"]
+         "load", "normal", "zeros", "ones", "uniform", "rearrange", "einsum", "split", "reduce", "repeat",
+         "where", "masked_fill", "causal", "gather", "scatter", "embedding", "one_hot", "topk", "sort",
+         "cumsum", "clamp", "maximum", "minimum", "norm", "clip_norm", "dropout", "Train", "Eval"]
 NAMES = ["b", "n", "m", "D", "C", "Hd", "H", "E", "x", "y", "w", "w1", "w2", "batch", "img", "label",
          "l", "g", "opt", "data", "log", "over", "seed", "std", "Mlp", "Digit", "Ex", "M", "loss",
          "forward", "train_step", "_x", "init", "spec", "size", "torch", "_rt", "class", "None",
-         "lambda", "DIMS", "self"]
+         "lambda", "DIMS", "self", "blocks", "blk", "emb", "mode", "L", "V", "i", "j", "k"]
 PUNCT = ["|>", "->", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", ",", ":", ".", "=", "+", "-",
-         "*", "/", "@", "<", ">", "over=", "seed=", "std=", "mut", "()", "[]", "[b D]", "[]"]
+         "*", "/", "@", "<", ">", "over=", "seed=", "std=", "mut", "()", "[]", "[b D]", "[]", "b n -> n b",
+         "(h d)", "(3 D)", "min=", "max=", "c=C", "[L] Block"]
 LITERALS = ["0", "1", "2", "3", "64", "784", "0.02", "1.5", "1e3", "-1", '"m.f"', '""', '"x"']
 ODD = ["$", ";", "#", "\t", '"', "\\", "'", "?", "!", "{", "}", "~", "%", "&", "^", "`", "\r", "\x0c",
        "\x00", "\u2028", "\xa0", "é", "λ", "²", "٣", "ﬁ", "0x1", "1_000", "1.", ".5", "1e", "1e+",
@@ -396,6 +472,10 @@ def mutate_once(r: Rand, src: str) -> str:
             return text[:a] + text[b:]
         if op == "replace_name":
             names = sorted({m.group() for m in re.finditer(r"(?<!\w)[A-Za-z_]\w*", text)})
+            dims = sorted({n for shape in re.findall(r"\[([^\[\]]*)\]", text)
+                           for n in re.findall(r"(?<!\w)[A-Za-z_]\w*", shape)})
+            if dims and r.chance(0.5):  # a dim of a shape, by another
+                names = dims
             if not names:
                 return text
             old = r.choice(names)
@@ -461,7 +541,7 @@ class Ex(NamedTuple):
 
 class Param(NamedTuple):
     name: str
-    kind: str  # tensor | model | batch
+    kind: str  # tensor | model | batch | mode
     ty: TT | None
     mut: bool = False
 
@@ -474,6 +554,19 @@ class Sig(NamedTuple):
 
 def atom(e: Ex) -> str:
     return e.text if e.simple else f"({e.text})"
+
+
+def plain(axis: str) -> bool:
+    """A dim by name (`D`, `n`), not a group `(2 D)` or a literal `2`: what `over=` can name."""
+    return axis.isidentifier()
+
+
+def generic(axis: str) -> bool:
+    return plain(axis) and axis[0].islower()
+
+
+def unique_axes(t: TT) -> list[str]:
+    return [d for d in t.axes if plain(d) and t.axes.count(d) == 1]
 
 
 def _subsequence(small: tuple[str, ...], big: tuple[str, ...]) -> bool:
@@ -495,6 +588,7 @@ class ProgramGen:
         self.dims: list[str] = []
         self.model: dict[str, TT] = {}  # model M's params
         self.data: dict[str, TT] = {}   # data Ex's fields (without the batch axis)
+        self.stack: str | None = None   # M.blocks: [L] B, each with w: [S S], b: [S]; this is S
         self.n_fns = 0
 
     # -- items --
@@ -522,6 +616,15 @@ class ProgramGen:
             self.model = {"w1": TT((xdim, hdim)), "w2": TT((hdim, "C"))}
             lines = [f"    param w1: [{xdim} {hdim}] = {self.init()}",
                      f"    param w2: [{hdim} C] = {self.init()}"]
+            if r.chance(0.3):
+                self.model["emb"] = TT(("C", hdim))
+                lines.append(f"    param emb: [C {hdim}] = {self.init()}")
+            if r.chance(0.3):
+                self.stack = hdim
+                self.out.append(f"dim L = {r.choice([1, 2, 3])}")
+                self.out.append(f"model B:\n    param w: [{hdim} {hdim}] = {self.init()}\n"
+                                f"    param b: [{hdim}] = {self.init()}\n")
+                lines.append("    blocks: [L] B")
             if r.chance(0.5):
                 self.model["b1"] = TT((hdim,))
                 lines.append(f"    param b1: [{hdim}] = {self.init()}")
@@ -567,19 +670,31 @@ class ProgramGen:
             pool += [Ex(f"batch.{k}", TT(("bb",) + t.axes, t.dtype, t.index), True) for k, t in self.data.items()]
         for k in range(r.randint(0 if params else 1, 3)):
             rank = r.randint(0, 3)
-            t = TT(tuple(r.choice(axis_names) for _ in range(rank)), dtype)
+            t = TT(tuple(self.param_axis(axis_names) for _ in range(rank)), dtype)
             pname = r.choice(["x", "y", "z", "w", "v"]) + str(k)
             params.append(Param(pname, "tensor", t))
             pool.append(Ex(pname, t, True))
+        self.mode = None
+        if r.chance(0.15):
+            params.append(Param("mode", "mode", None))
+            self.mode = "mode"
         body: list[str] = []
         made: list[Ex] = []
         block = r.chance(0.5)
         for step in range(r.randint(1, 6)):
+            if block and r.chance(0.25):  # a statement that binds names: split, topk, a loop over blocks
+                got = self.statement(pool, f"h{step}", uses_model)
+                if got is not None:
+                    stmt, new = got
+                    body.append(stmt)
+                    pool += new
+                    made += new
+                    continue
             e = self.step(pool)
             if e is None:
                 continue
             if block and r.chance(0.4):
-                var = f"v{step}"
+                var = f"h{step}"
                 body.append(f"{var} = {e.text}")
                 e = Ex(var, e.ty, True)
             pool.append(e)
@@ -599,8 +714,16 @@ class ProgramGen:
         if not mistake and ret is not None and all(p.kind != "batch" for p in params):
             self.sigs.append(Sig(name, params, ret))
 
+    def param_axis(self, axis_names: list[str]) -> str:
+        r = self.r
+        if r.chance(0.1):  # a group axis, which `split` and `rearrange` take apart
+            return f"({r.choice(['2', '3', r.choice(axis_names)])} {r.choice(axis_names)})"
+        return r.choice(axis_names)
+
     def param_text(self, p: Param) -> str:
         mut = "mut " if p.mut else ""
+        if p.kind == "mode":
+            return f"{p.name}: Mode"
         if p.kind == "model":
             return f"{mut}{p.name}: M"
         if p.kind == "batch":
@@ -612,7 +735,10 @@ class ProgramGen:
         r = self.r
         ops: list[Callable[[list[Ex]], Ex | None]] = [
             self.unary, self.binary, self.binary, self.reduce, self.softmax, self.matmul, self.matmul,
-            self.cross_entropy, self.call, self.call, self.compare, self.negate, self.literal_op]
+            self.cross_entropy, self.call, self.call, self.compare, self.negate, self.literal_op,
+            self.rearrange, self.rearrange, self.reduce_pattern, self.repeat, self.einsum, self.einsum,
+            self.where, self.pairwise, self.clamp, self.along, self.norm, self.one_hot, self.embedding,
+            self.dropout, self.masked_causal]
         for _ in range(4):
             e = r.choice(ops)(pool)
             if e is not None and len(e.text) < 400:
@@ -652,8 +778,8 @@ class ProgramGen:
         if not fs:
             return None
         a = r.choice(fs)
-        partners = [e for e in fs if e.ty.dtype == a.ty.dtype
-                    and (e.ty.axes == a.ty.axes or (len(e.ty.axes) < len(a.ty.axes) and _subsequence(e.ty.axes, a.ty.axes)))]
+        partners = [e for e in fs if e.ty.dtype == a.ty.dtype and (e.ty.axes == a.ty.axes or (
+            len(e.ty.axes) < len(a.ty.axes) and _subsequence(e.ty.axes, a.ty.axes)))]
         b = r.choice(partners)
         left, right = (a, b) if r.chance(0.5) else (b, a)
         op = r.choice(["+", "-", "*", "/"])
@@ -672,7 +798,7 @@ class ProgramGen:
             cond = Ex(f"not ({cond.text})", cond.ty, False)
         if r.chance(0.3):
             cond = Ex(f"({cond.text}) {r.choice(['and', 'or'])} ({cond.text})", cond.ty, False)
-        unique = [d for d in a.ty.axes if a.ty.axes.count(d) == 1]
+        unique = unique_axes(a.ty)
         f = r.choice(["any", "all"])
         if unique and r.chance(0.6):
             d = r.choice(unique)
@@ -685,7 +811,7 @@ class ProgramGen:
         if not fs:
             return None
         e = r.choice(fs)
-        unique = [d for d in e.ty.axes if e.ty.axes.count(d) == 1]
+        unique = unique_axes(e.ty)
         if unique and r.chance(0.8):
             d = r.choice(unique)
             rest = tuple(x for x in e.ty.axes if x != d)
@@ -703,11 +829,11 @@ class ProgramGen:
 
     def softmax(self, pool):
         r = self.r
-        fs = [e for e in self.floats(pool) if any(e.ty.axes.count(d) == 1 for d in e.ty.axes)]
+        fs = [e for e in self.floats(pool) if unique_axes(e.ty)]
         if not fs:
             return None
         e = r.choice(fs)
-        d = r.choice([d for d in e.ty.axes if e.ty.axes.count(d) == 1])
+        d = r.choice(unique_axes(e.ty))
         f = r.choice(["softmax", "log_softmax"])
         return Ex(f"{f}({e.text}, over={d})", e.ty, True)
 
@@ -731,12 +857,220 @@ class ProgramGen:
                 continue
             for lg in self.floats(pool):
                 d = lab.ty.index
-                if lg.ty.axes.count(d) == 1 and tuple(x for x in lg.ty.axes if x != d) == lab.ty.axes:
+                if d in unique_axes(lg.ty) and tuple(x for x in lg.ty.axes if x != d) == lab.ty.axes:
                     options.append((lg, lab, d))
         if not options:
             return None
         lg, lab, d = r.choice(options)
         return Ex(f"cross_entropy({lg.text}, {lab.text}, over={d})", TT((), lg.ty.dtype), True)
+
+    # -- the standard library --
+
+    @staticmethod
+    def names(n: int, start: int = 0) -> list[str]:
+        return [f"p{k}" for k in range(start, start + n)]
+
+    def rearrange(self, pool):
+        """A permutation, a merge of two neighbours into a group, or a group taken apart."""
+        r = self.r
+        es = [e for e in pool if e.ty.axes and e.ty.index is None]
+        if not es:
+            return None
+        e = r.choice(es)
+        axes = list(e.ty.axes)
+        names = self.names(len(axes))
+        groups = [k for k, a in enumerate(axes) if a.startswith("(") and a[1:-1].split()[0].isidentifier()]
+        if groups and r.chance(0.4):  # (p q) -> p q, when both parts are dims
+            k = r.choice(groups)
+            parts = axes[k][1:-1].split()
+            lhs = names[:k] + [f"({names[k]} q9)"] + names[k + 1:]
+            rhs = names[:k] + [names[k], "q9"] + names[k + 1:]
+            out = axes[:k] + parts + axes[k + 1:]
+        else:
+            order = list(range(len(axes)))
+            for k in range(len(order) - 1, 0, -1):
+                j = r.randint(0, k)
+                order[k], order[j] = order[j], order[k]
+            lhs, rhs, out = names, [names[k] for k in order], [axes[k] for k in order]
+            if len(out) >= 2 and r.chance(0.4):
+                k = r.randint(0, len(out) - 2)
+                if plain(out[k]) and plain(out[k + 1]):
+                    rhs = rhs[:k] + [f"({rhs[k]} {rhs[k + 1]})"] + rhs[k + 2:]
+                    out = out[:k] + [f"({out[k]} {out[k + 1]})"] + out[k + 2:]
+        return Ex(f"rearrange({e.text}, {' '.join(lhs)} -> {' '.join(rhs)})", TT(tuple(out), e.ty.dtype), True)
+
+    def reduce_pattern(self, pool):
+        r = self.r
+        es = [e for e in self.floats(pool) if e.ty.axes]
+        if not es:
+            return None
+        e = r.choice(es)
+        names = self.names(len(e.ty.axes))
+        keep = [k for k in range(len(names)) if r.chance(0.6)]
+        op = r.choice(["sum", "mean", "max", "min", "prod"])
+        out = TT(tuple(e.ty.axes[k] for k in keep), e.ty.dtype)
+        rhs = " ".join(names[k] for k in keep)
+        form = f", op={op}" if r.chance(0.3) else f", {op}"
+        return Ex(f"reduce({e.text}, {' '.join(names)} -> {rhs}{form})", out, True)
+
+    def repeat(self, pool):
+        r = self.r
+        es = [e for e in pool if e.ty.index is None]
+        if not es:
+            return None
+        e = r.choice(es)
+        names = self.names(len(e.ty.axes))
+        new = r.choice(self.dims)
+        k = r.randint(0, len(names))
+        rhs = names[:k] + ["z9"] + names[k:]
+        out = e.ty.axes[:k] + (new,) + e.ty.axes[k:]
+        size = new if r.chance(0.7) else str(r.choice([2, 3]))
+        if size != new:
+            out = e.ty.axes[:k] + (size,) + e.ty.axes[k:]
+        return Ex(f"repeat({e.text}, {' '.join(names)} -> {' '.join(rhs)}, z9={size})", TT(out, e.ty.dtype), True)
+
+    def einsum(self, pool):
+        """Two operands, one letter per dim, some dims contracted."""
+        r = self.r
+        fs = [e for e in self.floats(pool) if e.ty.axes and all(plain(a) for a in e.ty.axes)]
+        if not fs:
+            return None
+        a = r.choice(fs)
+        partners = [e for e in fs if e.ty.dtype == a.ty.dtype]
+        b = r.choice(partners)
+        letters: dict[str, str] = {}
+        for d in a.ty.axes + b.ty.axes:
+            letters.setdefault(d, f"e{len(letters)}")
+        dims = list(letters)
+        out = [d for d in dims if r.chance(0.6)]
+        for k in range(len(out) - 1, 0, -1):
+            j = r.randint(0, k)
+            out[k], out[j] = out[j], out[k]
+        pat = f"{' '.join(letters[d] for d in a.ty.axes)}, {' '.join(letters[d] for d in b.ty.axes)} -> " \
+              f"{' '.join(letters[d] for d in out)}"
+        return Ex(f"einsum({a.text}, {b.text}, {pat})", TT(tuple(out), a.ty.dtype), True)
+
+    def where(self, pool):
+        r = self.r
+        fs = self.floats(pool)
+        if not fs:
+            return None
+        a = r.choice(fs)
+        smaller = [e for e in fs if e.ty.dtype == a.ty.dtype and _subsequence(e.ty.axes, a.ty.axes)]
+        c = r.choice(smaller)
+        same = [e for e in fs if e.ty == a.ty]
+        b = atom(r.choice(same)) if r.chance(0.6) else r.choice(["0.0", "1.0"])
+        return Ex(f"where({atom(c)} > 0.5, {a.text}, {b})", a.ty, True)
+
+    def pairwise(self, pool):
+        r = self.r
+        fs = self.floats(pool)
+        if not fs:
+            return None
+        a = r.choice(fs)
+        partners = [e for e in fs if e.ty.dtype == a.ty.dtype and (e.ty.axes == a.ty.axes or (
+            len(e.ty.axes) < len(a.ty.axes) and _subsequence(e.ty.axes, a.ty.axes)))]
+        b = r.choice(partners)
+        left, right = (a, b) if r.chance(0.5) else (b, a)
+        return Ex(f"{r.choice(['maximum', 'minimum'])}({left.text}, {right.text})", a.ty, True)
+
+    def clamp(self, pool):
+        fs = self.floats(pool)
+        if not fs:
+            return None
+        e = self.r.choice(fs)
+        bounds = self.r.choice(["min=0.0", "max=1.0", "min=-1.0, max=1.0", "max=2, min=-2"])
+        return Ex(f"clamp({e.text}, {bounds})", e.ty, True)
+
+    def along(self, pool):
+        es = [e for e in pool if e.ty.index is None and unique_axes(e.ty)]
+        if not es:
+            return None
+        e = self.r.choice(es)
+        d = self.r.choice(unique_axes(e.ty))
+        return Ex(f"{self.r.choice(['cumsum', 'sort'])}({e.text}, over={d})", e.ty, True)
+
+    def norm(self, pool):
+        fs = self.floats(pool)
+        if not fs:
+            return None
+        e = self.r.choice(fs)
+        unique = unique_axes(e.ty)
+        if unique and self.r.chance(0.6):
+            d = self.r.choice(unique)
+            return Ex(f"norm({e.text}, over={d})", TT(tuple(a for a in e.ty.axes if a != d), e.ty.dtype), True)
+        return Ex(f"norm({e.text})", TT((), e.ty.dtype), True)
+
+    def one_hot(self, pool):
+        labels = [e for e in pool if e.ty.index is not None and e.ty.index in self.dims]
+        if not labels:
+            return None
+        e = self.r.choice(labels)
+        return Ex(f"one_hot({e.text})", TT(e.ty.axes + (e.ty.index,)), True)
+
+    def embedding(self, pool):
+        tables = [e for e in self.floats(pool) if len(e.ty.axes) == 2 and plain(e.ty.axes[0])]
+        pairs = [(t, i) for t in tables for i in pool if i.ty.index == t.ty.axes[0]]
+        if not pairs:
+            return None
+        t, i = self.r.choice(pairs)
+        return Ex(f"embedding({t.text}, {i.text})", TT(i.ty.axes + t.ty.axes[1:], t.ty.dtype), True)
+
+    def dropout(self, pool):
+        fs = self.floats(pool)
+        if not fs:
+            return None
+        e = self.r.choice(fs)
+        mode = self.mode or self.r.choice(["Eval()", "Train(seed=3)"])
+        return Ex(f"dropout({e.text}, {self.r.choice(['0.1', '0.5', '0'])}, {mode})", e.ty, True)
+
+    def masked_causal(self, pool):
+        fs = [e for e in self.floats(pool) if len(e.ty.axes) >= 2 and plain(e.ty.axes[-1]) and plain(e.ty.axes[-2])]
+        if not fs:
+            return None
+        e = self.r.choice(fs)
+        i, j = e.ty.axes[-2:]
+        return Ex(f"masked_fill({e.text}, causal({i}, {j}), -1e9)", e.ty, True)
+
+    def statement(self, pool: list[Ex], var: str, uses_model: bool) -> tuple[str, list[Ex]] | None:
+        """A statement that binds several names or loops: split, topk (and gather), blocks."""
+        r = self.r
+        kind = r.randint(0, 2)
+        if kind == 0:  # split a group axis with a literal count
+            es = [e for e in pool if any(a.startswith("(") and a[1:-1].split()[0].isdigit() for a in e.ty.axes)]
+            if not es:
+                return None
+            e = r.choice(es)
+            k = next(i for i, a in enumerate(e.ty.axes) if a.startswith("(") and a[1:-1].split()[0].isdigit())
+            count, part = e.ty.axes[k][1:-1].split()
+            names = self.names(len(e.ty.axes))
+            lhs = names[:k] + [f"({count} {names[k]})"] + names[k + 1:]
+            out = TT(e.ty.axes[:k] + (part,) + e.ty.axes[k + 1:], e.ty.dtype, e.ty.index)
+            targets = [f"{var}_{n}" for n in range(int(count))]
+            stmt = f"{', '.join(targets)} = split({e.text}, {' '.join(lhs)} -> {' '.join(names)})"
+            return stmt, [Ex(t, out, True) for t in targets]
+        if kind == 1:  # topk, then gather with its indices
+            es = [e for e in pool if e.ty.index is None and e.ty.dtype != "bool" and unique_axes(e.ty)]
+            if not es:
+                return None
+            e = r.choice(es)
+            d = r.choice(unique_axes(e.ty))
+            k = e.ty.axes.index(d)
+            axes = e.ty.axes[:k] + ("2",) + e.ty.axes[k + 1:]
+            values, index = TT(axes, e.ty.dtype), TT(axes, "i64", d)
+            stmt = f"{var}_v, {var}_i = topk({e.text}, 2, over={d})"
+            picked = Ex(f"gather({e.text}, {var}_i, over={d})", values, True)
+            return stmt, [Ex(f"{var}_v", values, True), Ex(f"{var}_i", index, True), picked]
+        if self.stack is None or not uses_model:  # a loop over the model's blocks
+            return None
+        s = self.stack
+        es = [e for e in self.floats(pool) if e.ty.axes and e.ty.axes[-1] == s and e.ty.dtype == "f32"]
+        if not es:
+            return None
+        e = r.choice(es)
+        stmt = (f"{var} = {e.text}\n    for blk in m.blocks:\n"
+                f"        {var} = {r.choice(['relu', 'tanh'])}({var} @ blk.w + blk.b) + {var}")
+        return stmt, [Ex(var, e.ty, True)]
 
     def call(self, pool):
         r = self.r
@@ -745,11 +1079,16 @@ class ProgramGen:
         sig = r.choice(self.sigs)
         binding: dict[str, str] = {}
         args: list[str] = []
+        keyword = False
         for p in sig.params:
             if p.kind == "model":
                 if not self.model or not any(e.text.startswith("m.") for e in pool):
                     return None
-                args.append("m")
+                args.append("m=m" if keyword else "m")
+                continue
+            if p.kind == "mode":
+                mode = self.mode or r.choice(["Eval()", "Train(seed=1)"])
+                args.append(f"{p.name}={mode}" if keyword else mode)
                 continue
             assert p.ty is not None
             fits = [e for e in pool if self.fits(p.ty, e.ty, binding)]
@@ -757,9 +1096,10 @@ class ProgramGen:
                 return None
             e = r.choice(fits)
             for pa, ea in zip(p.ty.axes, e.ty.axes):
-                if pa.islower():
+                if generic(pa):
                     binding.setdefault(pa, ea)
-            args.append(f"{p.name}={e.text}" if r.chance(0.15) else e.text)
+            keyword = keyword or r.chance(0.15)  # keywords, once begun, to the end
+            args.append(f"{p.name}={e.text}" if keyword else e.text)
         assert sig.ret is not None
         ret = TT(tuple(binding.get(a, a) for a in sig.ret.axes), sig.ret.dtype, sig.ret.index)
         if len(args) >= 1 and not args[0].startswith(sig.params[0].name + "=") and r.chance(0.15) \
@@ -774,7 +1114,7 @@ class ProgramGen:
             return False
         local = dict(binding)
         for pa, aa in zip(p.axes, a.axes):
-            if pa.islower():
+            if generic(pa):
                 if local.setdefault(pa, aa) != aa:
                     return False
             elif pa != aa:
@@ -786,7 +1126,7 @@ class ProgramGen:
     def mistake(self, result: Ex, ret: TT | None, params: list[Param], body: list[str], pool: list[Ex],
                 axis_names: list[str]):
         r = self.r
-        kind = r.randint(0, 13)
+        kind = r.randint(0, 14)
         fs = self.floats(pool) or [result]
         a, b = r.choice(fs), r.choice(fs)
         if kind == 0 and ret is not None:  # a result type that differs
@@ -828,6 +1168,19 @@ class ProgramGen:
             result = Ex(f"{atom(a)} + {atom(b)}", a.ty, False)
             params = [p._replace(ty=p.ty._replace(dtype=r.choice(["f64", "i32", "bool"])))
                       if p.kind == "tensor" and p.ty is not None and r.chance(0.5) else p for p in params]
+        elif kind == 14:  # a pattern that doesn't fit
+            n = len(a.ty.axes)
+            names = " ".join(self.names(n))
+            result = Ex(r.choice([
+                f"rearrange({a.text}, {names} -> {names} p{n})", f"rearrange({a.text}, {names} p{n} -> {names})",
+                f"rearrange({a.text}, {names} -> {' '.join(self.names(max(n - 1, 0)))})",
+                f"reduce({a.text}, {names} -> {names})", f"reduce({a.text}, {names} -> , avg)",
+                f"split({a.text}, {names} -> {names})", f"repeat({a.text}, {names} -> {names} z9)",
+                f"einsum({a.text}, {b.text}, {names} -> {names})", f"rearrange({a.text}, ({names}) -> {names})",
+                f"rearrange({a.text}, {names} -> ({names}) 2)", f"einsum({a.text}, ({names}) -> {names})",
+                f"rearrange({a.text})", f"rearrange({a.text}, {b.text}, {names} -> {names})",
+                f"repeat({a.text}, {names} -> {names} z9, z9=0)", f"repeat({a.text}, {names} -> z9 {names}, z9=n)"]),
+                a.ty, True)
         else:  # no return / an unused broken statement
             if ret is not None and r.chance(0.5):
                 body = body + [f"q = {atom(a)} @ {atom(b)} @ {atom(a)}"]
@@ -972,16 +1325,30 @@ TRICKY = [
     "fn f(x: [n]) -> (x):\n    return x\n",
     "fn f(x: [n]) -> [n] = (x, x)\n",
     "fn f(x: [n]):\n    print((x, x), ())\n",
+    'python fn e(x: []) -> [] = "\\N"\n',
+    'python fn e(x: []) -> [] = "mod.\\x"\n',
+    'python fn e(x: []) -> [] = "\x00"\n',
+    "fn f(x: [n]) -> [n] = " + " + ".join(["x"] * 210) + "\n",
+    "fn f(c: [n], x: [n k]) -> [n k] = where(c > 0.5, x, x)\n",
+    "fn f(c: [n], x: [n k]) -> [n k] = masked_fill(x, c > 0.5, 0.0)\n",
+    "fn f(x: [" + " ".join(f"a{k}" for k in range(53)) + "]) -> [] = einsum(x, "
+    + " ".join(f"p{k}" for k in range(53)) + " -> )\n",
+    "fn f(x: [n]) -> [n] = rearrange(x, (\u00b2 a) -> a)\n",
+    "fn f(x: [], log: Sink):\n    write(log, logs(class=x))\n",
+    "fn f(x: []):\n    print(logs(x=x, x=x))\n",
 ]
 
 
 # ---- the tests ---------------------------------------------------------------------------------
 
 try:
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, given, note, settings
     from hypothesis import strategies as st
-except ImportError:  # the helpers below work without hypothesis
-    HealthCheck = given = settings = st = None  # type: ignore[assignment]
+except ImportError:  # the helpers below work without hypothesis; the tests need it
+    if "pytest" in sys.modules:
+        import pytest
+        pytest.skip("hypothesis is not installed (pip install -e .[test])", allow_module_level=True)
+    HealthCheck = given = note = settings = st = None  # type: ignore[assignment]
 
 if st is not None:
     import pytest
@@ -992,8 +1359,12 @@ if st is not None:
                                                HealthCheck.filter_too_much, HealthCheck.large_base_example])
 
     def strategy(kind: str):
+        """Half driven by hypothesis' draws (they shrink well, but lean to the first choice and to
+        False), half by a seeded random.Random (uniform choices; shrinking only tries other seeds)."""
         make = KINDS[kind]
-        return st.composite(lambda draw: make(DrawRand(draw)))()
+        drawn = st.composite(lambda draw: make(DrawRand(draw)))()
+        seeded = st.integers(0, 2**32 - 1).map(lambda seed: make(RandomRand(seed)))
+        return st.one_of(drawn, seeded)
 
     def test_seeds_compile() -> None:
         """The valid seeds are valid (else the mutations start from broken programs)."""
@@ -1005,39 +1376,43 @@ if st is not None:
     def test_error_examples_give_diagnostics(code: str) -> None:
         assert compile_program(CODES[code].example) in ("syntax", "check", "ok")
 
-    @fuzz_settings(400)
+    def fuzz_one(source: str) -> None:
+        note(f"the program, as text:\n{source}")  # a seeded example is otherwise shown by its seed
+        compile_program(source)
+
+    @fuzz_settings(1000)
     @given(strategy("mutant"))
     def test_mutated_programs(source: str) -> None:
-        compile_program(source)
+        fuzz_one(source)
 
-    @fuzz_settings(400)
+    @fuzz_settings(600)
     @given(strategy("soup"))
     def test_token_soups(source: str) -> None:
-        compile_program(source)
+        fuzz_one(source)
 
-    @fuzz_settings(200)
+    @fuzz_settings(400)
     @given(st.text(alphabet=st.sampled_from(list(CHARS)) | st.characters(), max_size=80))
     def test_character_soups(source: str) -> None:
-        compile_program(source)
+        fuzz_one(source)
 
-    @fuzz_settings(300)
+    @fuzz_settings(800)
     @given(strategy("grammar"))
     def test_grammar_programs(source: str) -> None:
-        compile_program(source)
+        fuzz_one(source)
 
-    @fuzz_settings(300)
+    @fuzz_settings(800)
     @given(strategy("grammar_mutant"))
     def test_mutated_grammar_programs(source: str) -> None:
-        compile_program(source)
+        fuzz_one(source)
 
     @pytest.mark.parametrize("source", TRICKY, ids=[f"tricky{k:02d}" for k in range(len(TRICKY))])
     def test_tricky_programs(source: str) -> None:
         compile_program(source)
 
-    @fuzz_settings(100)
+    @fuzz_settings(150)
     @given(strategy("deep"))
     def test_deep_programs(source: str) -> None:
-        compile_program(source)
+        fuzz_one(source)
 
     def test_grammar_programs_mostly_compile() -> None:
         """The generator keeps its purpose: many programs compile, many fail in the checker."""
@@ -1069,6 +1444,8 @@ def bug_key(exc: BaseException) -> str:
         code = re.match(r"E\d{4}", text)
         detail = " " + (code.group() + " " if code else "") + re.sub(r"`[^`]*`|'[^']*'|\[[^]]*\]|\d+", "_",
                                                                        text.split("\n")[0])[-60:]
+    elif isinstance(exc, CompilerRecursion):
+        detail = " " + str(exc)
     elif isinstance(exc, SyntaxError):
         detail = " " + re.sub(r"'[^']*'|\(.*\)", "_", str(exc))[:60]
     return f"{type(exc).__name__} at {Path(f.filename).name}:{f.lineno} ({f.name}){detail}"
@@ -1104,10 +1481,10 @@ def minimize(src: str, key: str) -> str:
     return "".join(pass_over(list(src), ""))
 
 
-def hunt(n: int) -> None:
+def hunt(n: int, start: int = 0) -> None:
     found: dict[str, tuple[str, BaseException]] = {}
     for kind, make in KINDS.items():
-        for seed in range(n):
+        for seed in range(start, start + n):
             src = make(RandomRand(seed * 7919 + len(kind)))
             try:
                 compile_program(src)
@@ -1131,9 +1508,9 @@ def hunt(n: int) -> None:
         print(tb)
 
 
-def stats(n: int) -> None:
+def stats(n: int, start: int = 0) -> None:
     for kind, make in KINDS.items():
-        counts = Counter(outcome(make(RandomRand(seed))) for seed in range(n))
+        counts = Counter(outcome(make(RandomRand(seed))) for seed in range(start, start + n))
         share = ", ".join(f"{k} {100 * v / n:.0f}%" for k, v in counts.most_common())
         print(f"{kind:15} {share}")
 
@@ -1141,4 +1518,5 @@ def stats(n: int) -> None:
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else "stats"
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
-    {"stats": stats, "hunt": hunt}[cmd](count)
+    first = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    {"stats": stats, "hunt": hunt}[cmd](count, first)

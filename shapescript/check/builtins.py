@@ -263,6 +263,15 @@ def over_axis(ck: "BodyChecker", arg: A.Arg, t: T.TensorT, what: str) -> int | N
     return hits[0]
 
 
+def literal_number(node: A.Node) -> int | float | None:
+    """The value of a literal number, negated ones included (`-1` parses as a unary minus)."""
+    if isinstance(node, (A.IntLit, A.FloatLit)):
+        return node.value
+    if isinstance(node, A.Unary) and node.op == "-" and isinstance(node.operand, (A.IntLit, A.FloatLit)):
+        return -node.operand.value
+    return None
+
+
 def int_arg(ck: "BodyChecker", arg: A.Arg | None, what: str) -> bool:
     if arg is None:
         return True

@@ -6,6 +6,10 @@ silences the errors that would follow from it) and returns a `Checked` or raises
 
 from __future__ import annotations
 
+import re
+
+import sympy
+
 from ..errors import CompileError, Diagnostic, Span
 from ..syntax import ast as A
 from ..syntax.parser import parse
@@ -20,6 +24,9 @@ OPTIMIZERS = {"AdamW", "Sgd"}
 RESERVED_MEMBERS = {"init", "params", "named_params", "state_dict", "load_state_dict", "spec"}
 RESERVED_FIELDS = {"spec", "size", "lengths"}
 SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
+
+
+_PYTHON_TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
 class Context:
@@ -268,6 +275,9 @@ def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
                       f"`{name}` is unknown at each call",
                       f"use a dim of a parameter, or declare it with `dim {name} = ...`")
     kind = "fn" if isinstance(node, A.Fn) else node.kind
+    if isinstance(node, A.Extern) and not _PYTHON_TARGET.match(node.target):
+        ctx.error("E0205", f'"{node.target}" isn\'t the name of a Python function', node.target_span,
+                  "expected module.function", 'write it as "package.module.function"')
     for p in params:
         if isinstance(p.ty, T.AxisArgT) and kind != "extern":
             ctx.error("E0401", f"an `Axis[...]` parameter belongs to an extern fn, not to a {kind} fn",
@@ -356,7 +366,8 @@ def describe_names(ctx: Context, wrapper: str) -> str:
 
 
 def index_bound(ctx: Context, node: A.NamedType, generics, allow_generic, what) -> D.Dim | None:
-    if len(node.args) != 1 or isinstance(node.args[0], (A.ShapeType, A.NamedType)) and getattr(node.args[0], "args", None):
+    arg = node.args[0] if len(node.args) == 1 else None
+    if arg is None or isinstance(arg, A.ShapeType) or (isinstance(arg, A.NamedType) and arg.args):
         ctx.error("E0204", f"`{node.name}` takes one dim, as `{node.name}[C]`", node.span, f"expected {node.name}[C]")
         return None
     arg = node.args[0]
@@ -401,13 +412,19 @@ def resolve_dim(ctx: Context, node: A.DimExpr, generics, allow_generic: bool, wh
     right = resolve_dim(ctx, node.right, generics, allow_generic, what)
     if left is None or right is None:
         return None
-    if node.op == "+":
-        return left + right
-    if node.op == "-":
-        return left - right
-    if node.op == "*":
-        return left * right
-    return left / right
+    result = {"+": lambda: left + right, "-": lambda: left - right, "*": lambda: left * right,
+              "/": lambda: left / right}[node.op]()
+    exact = sympy.sympify(result.xreplace({s: ctx.dim_values[s.name] for s in _declared(result)
+                                          if ctx.dim_values.get(s.name) is not None}))
+    if result.has(sympy.zoo, sympy.nan) or (exact.is_number and (not exact.is_integer or exact <= 0)):
+        ctx.error("E0310", f"the dim {D.show(result)} isn't a positive whole size"
+                  + (f" (it is {exact})" if exact.is_number and exact.is_finite else ""), node.span, "not a size")
+        return None
+    return result
+
+
+def _declared(d: D.Dim) -> set:
+    return {s for s in d.free_symbols if not D.is_generic(s)}
 
 
 def show_type_expr(node: A.TypeExpr) -> str:

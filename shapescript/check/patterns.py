@@ -69,6 +69,11 @@ def bind_lhs(ck: "BodyChecker", operand: T.TensorT, axes: list[A.PatAxis], known
                            f"with {operand.rank}", node, f"{len(parts)} axes here",
                            "write one name or group per axis of the operand")
     side = Side()
+    names = [m.name for _, members in parts for m in members if m.name]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PatternError(f"`{twice[0]}` names two axes of one operand", node, "a name twice",
+                           "give each axis its own name")
     for (ax, members), axis in zip(parts, operand.axes):
         start = len(side.atoms)
         if ax.group is None:
@@ -131,8 +136,15 @@ def _split(ck: "BodyChecker", ax: A.PatAxis, members: list[A.PatAxis], axis: T.A
     for g in given:
         if g is not None:
             product *= g
+    if any(m.size is not None and m.size <= 0 for m in members):
+        raise PatternError("a part's size must be positive", ax, "not a size")
     if unknown:
         given[unknown[0]] = sympy.simplify(axis.size / product)
+        inferred = sympy.sympify(given[unknown[0]].xreplace(
+            {s: v for s in given[unknown[0]].free_symbols if (v := ck.ctx.dim_values.get(s.name)) is not None}))
+        if inferred.is_number and (not inferred.is_integer or inferred <= 0):
+            raise PatternError(f"{axis.show()} doesn't split evenly into this group: a part would be {inferred}",
+                               ax, "doesn't divide")
     elif not D.equal(product, axis.size) and not _same_value(product, axis.size, ck.ctx.dim_values):
         # Splitting a declared dim into declared parts is allowed when their sizes agree: the
         # pattern says how to read the axis, as a cast would.

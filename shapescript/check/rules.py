@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ..syntax import ast as A
 from . import types as T
-from .builtins import _unused_args, int_arg, matmul, over_axis, placed_within, rule, tensor_arg
+from .builtins import _unused_args, int_arg, literal_number, matmul, over_axis, placed_within, rule, tensor_arg
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -237,7 +237,7 @@ def batches(ck: "BodyChecker", node: A.Call) -> T.Ty:
         return _unused_args(ck, node)
     t = ck.expr(args[0].value)  # type: ignore[union-attr]
     int_arg(ck, args[1], "a batch's size")
-    size = args[1].value.value if isinstance(args[1].value, A.IntLit) else None  # type: ignore[union-attr]
+    size = literal_number(args[1].value)  # type: ignore[union-attr]
     if size is not None and size <= 0:
         return ck.error("E0310", f"a batch holds at least one example, not {size}", args[1].span,  # type: ignore
                         "not a size")
@@ -262,10 +262,15 @@ def print_(ck: "BodyChecker", node: A.Call) -> T.Ty:
 
 @rule("logs")
 def logs(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    seen: set[str] = set()
     for a in node.args:
         if not a.keyword:
             ck.error("E0206", "`logs` takes named values, as `logs(loss=l)`", a.span, "no name")
             continue
+        if a.keyword in seen:
+            ck.error("E0206", f"`{a.keyword}` is logged twice", a.span, "given again")
+            continue
+        seen.add(a.keyword)
         t = ck.expr(a.value)  # type: ignore[arg-type]
         if not (isinstance(t, (T.TensorT, T.ScalarT)) or t is T.UNKNOWN):
             ck.error("E0401", f"a log holds numbers and tensors, not {t.show()}", a.span, f"this is {t.show()}")

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 from ..syntax import ast as A
 from . import dims as D
 from . import types as T
-from .builtins import _unused_args, broadcast, int_arg, over_axis, placed_within, rule, tensor_arg
+from .builtins import (_unused_args, broadcast, int_arg, literal_number, over_axis, placed_within, rule,
+                       tensor_arg)
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -76,6 +77,9 @@ def where(ck: "BodyChecker", node: A.Call) -> T.Ty:
         dtype = "f32" if T.FLOAT in (a, b) else "i64"
         ck.record_call(node, "builtin", "where", [x.value for x in args], cond_index=())  # type: ignore
         return T.TensorT(cond.axes, dtype)
+    if len(tensors) == 1 and T.FLOAT in (a, b) and not tensors[0].is_float:
+        return ck.error("E0308", f"`where` chooses between {tensors[0].dtype} and a float", node.span,
+                        "different dtypes", "write the number as an integer, or convert the tensor")
     if len(tensors) == 2 and (a.dtype != b.dtype or not all(  # type: ignore[union-attr]
             x.same(y) for x, y in zip(a.axes, b.axes)) or a.rank != b.rank):  # type: ignore[union-attr]
         return ck.error("E0301", f"`where` chooses between {a.show()} and {b.show()}, which must be the same",
@@ -256,8 +260,9 @@ def dropout(ck: "BodyChecker", node: A.Call) -> T.Ty:
     p_node = args[1].value  # type: ignore[union-attr]
     if not _number(ck, args[1], "`dropout`'s p"):
         return T.UNKNOWN
-    if isinstance(p_node, A.FloatLit | A.IntLit) and not 0 <= p_node.value < 1:
-        return ck.error("E0310", f"`dropout`'s p is a probability below 1, not {p_node.value}", args[1].span)  # type: ignore
+    p_value = literal_number(p_node)
+    if p_value is not None and not 0 <= p_value < 1:
+        return ck.error("E0310", f"`dropout`'s p is a probability below 1, not {p_value}", args[1].span)  # type: ignore
     mode = ck.expr(args[2].value)  # type: ignore[union-attr]
     if mode != MODE and mode is not T.UNKNOWN:
         return ck.error("E0401", f"`dropout`'s mode is Train(seed=...) or Eval, not {mode.show()}",

@@ -63,6 +63,15 @@ def _size_value(ck: "BodyChecker", arg: A.Arg) -> D.Dim | None:
     return None
 
 
+def _unused_sizes(args: _Args, p: A.Pattern) -> None:
+    """A size keyword must name an axis of the pattern."""
+    names = {a.name for side in p.lhs + [p.rhs] for ax in side for a in (ax.group or [ax]) if a.name}
+    extra = sorted(set(args.sizes) - names)
+    if extra:
+        raise PatternError(f"`{extra[0]}=` names no axis of the pattern", p, "an unused size",
+                           "give sizes only for names in the pattern")
+
+
 def _fail(ck: "BodyChecker", node: A.Call, e: PatternError) -> T.UnknownT:
     return ck.error("E0307", str(e), e.node.span, e.label, e.help)
 
@@ -101,6 +110,7 @@ def rearrange(ck: "BodyChecker", node: A.Call) -> T.Ty:
     p = args.pattern
     assert p is not None
     try:
+        _unused_sizes(args, p)
         known: dict[str, T.AxisT] = {}
         lhs = bind_lhs(ck, t, p.lhs[0], known, args.sizes, p)
         rhs, axes = build_rhs(p.rhs, known, {})
@@ -149,6 +159,7 @@ def reduce(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if op.id == "mean" and not t.is_float:
         return ck.error("E0308", "`reduce` with mean takes floats", args.tensors[0].span)
     try:
+        _unused_sizes(args, p)
         known: dict[str, T.AxisT] = {}
         lhs = bind_lhs(ck, t, p.lhs[0], known, args.sizes, p)
         rhs, axes = build_rhs(p.rhs, known, {})
@@ -174,6 +185,7 @@ def repeat(ck: "BodyChecker", node: A.Call) -> T.Ty:
     p = args.pattern
     assert p is not None
     try:
+        _unused_sizes(args, p)
         known: dict[str, T.AxisT] = {}
         lhs = bind_lhs(ck, t, p.lhs[0], known, {}, p)
         new = {k: v for k, v in args.sizes.items() if k not in known}
@@ -222,11 +234,14 @@ def einsum(ck: "BodyChecker", node: A.Call) -> T.Ty:
     letters: dict[str, str] = {}
     specs = []
     try:
+        _unused_sizes(args, p)
         for side, t in zip(p.lhs, tensors):
             if any(ax.group is not None or ax.size is not None for ax in side):
                 raise PatternError("`einsum`'s pattern takes names only", p, "",
                                    "rearrange groups apart first")
             bind_lhs(ck, t, side, known, {}, p)  # type: ignore[arg-type]
+            if len(set(letters) | {ax.name for ax in side}) > len(string.ascii_letters):
+                raise PatternError(f"`einsum` takes at most {len(string.ascii_letters)} names", p, "too many names")
             specs.append("".join(letters.setdefault(ax.name, string.ascii_letters[len(letters)])  # type: ignore
                                  for ax in side))
         rhs, axes = build_rhs(p.rhs, known, {})

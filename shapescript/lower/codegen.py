@@ -27,7 +27,9 @@ NEEDS_ALL_DIMS = {"logsumexp", "max", "min"}
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
 RUNTIME_CALLS = {"update": "_rt.update", "shuffle": "_rt.shuffle", "print": "_rt.show",
                  "write": "_rt.write", "save": "_rt.save", "load": "_rt.load"}
-RESERVED = {"torch", "_F", "_rt"}
+# Names the generated module binds itself, or calls: a user's name among them is renamed.
+RESERVED = {"torch", "_F", "_rt", "annotations", "types", "sys", "getattr", "tuple", "float",
+            "DIMS", "DEVICE", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
 # Built-ins that lower to one call: the arguments' texts by position, the call's options by name.
 TEMPLATES = {
     "softmax": "torch.softmax({0}, dim={axis})", "log_softmax": "torch.log_softmax({0}, dim={axis})",
@@ -42,8 +44,10 @@ TEMPLATES = {
 
 
 def py_name(name: str) -> str:
-    """A .ss name as a Python identifier that can't clash with Python or the generated prelude."""
-    if keyword.iskeyword(name) or name in RESERVED or name.startswith("_"):
+    """A .ss name as a Python identifier that can't clash with Python or the module's own names.
+    Renamed names start with `ss_`, and so does every name that is renamed: no two names meet."""
+    if (keyword.iskeyword(name) or name in RESERVED or name.startswith(("_", "ss_"))
+            or name.endswith("_spec")):
         return f"ss_{name}"
     return name
 
@@ -86,12 +90,14 @@ class _Writer:
         self.emit("from __future__ import annotations")
         self.emit("import torch")
         self.emit("import torch.nn.functional as _F")
-        if self.standalone:
-            self.emit("from types import SimpleNamespace")
+        if self.standalone:  # the runtime, in a module of its own so that none of its names meets ours
+            self.emit("import sys")
+            self.emit("import types")
             self.emit("")
-            for line in specs.standalone_prelude().splitlines():
-                self.emit(line)
-            self.emit("_rt = SimpleNamespace(**{k: v for k, v in globals().items() if not k.startswith('__')})")
+            self.emit(f"RUNTIME_SOURCE = {specs.standalone_prelude()!r}")
+            self.emit('_rt = types.ModuleType(__name__ + "._rt")')
+            self.emit("sys.modules[_rt.__name__] = _rt  # dataclasses look their module up there")
+            self.emit('exec(compile(RUNTIME_SOURCE, "<shapescript runtime>", "exec"), _rt.__dict__)')
         else:
             self.emit("from shapescript.runtime import core as _rt")
         self.emit("")
@@ -123,12 +129,16 @@ class _Writer:
         if isinstance(node, A.Extern):
             module, _, attr = node.target.rpartition(".")
             self.emit(f"def {py_name(fn.name)}({params}):", node)
-            self.emit(f'"""{fn.kind} fn: calls {node.target}."""', indent=1)
+            self.emit(f"# {fn.kind} fn: calls {node.target!r}", indent=1)
             args = f"({params}{',' if len(fn.params) == 1 else ''})"
             self.emit(f"return _rt.python_call({module!r}, {attr!r}, {args}, PYTHON_RESULTS.get({fn.name!r}), "
                       f"{str(node.span)!r})", node, 1)
             return
         self.emit(f"def {py_name(fn.name)}({params}):", node)
+        for source in self.sizes_used(node):  # read before the body can rebind the parameter
+            param, axis = source
+            read = f"{py_name(param)}.size" if axis == "size" else f"{py_name(param)}.shape[{axis}]"
+            self.emit(f"{self.size_text(source)} = {read}", indent=1)
         body = node.body
         if not body:
             self.emit("pass", indent=1)
@@ -164,6 +174,8 @@ class _Writer:
         if isinstance(node, A.Name):
             recipe = self.c.recipes.get(id(node))
             return self.size_text(recipe["size"]) if recipe else py_name(node.id)
+        if isinstance(node, A.FloatLit) and node.value in (float("inf"), float("-inf")):
+            return 'float("inf")'
         if isinstance(node, (A.IntLit, A.FloatLit, A.StrLit)):
             return repr(node.value)
         if isinstance(node, A.BoolLit):
@@ -230,6 +242,8 @@ class _Writer:
                 return f"{REDUCE_TORCH[name]}({args[0]}, dim={tuple(range(int(opts['rank'])))!r})"
             return f"{REDUCE_TORCH[name]}({args[0]}{'' if axis is None else f', dim={axis}'})"
         if name == "matmul":
+            if self.c.recipes.get(id(node), {}).get("kind") == "tensordot":
+                return f"torch.tensordot({args[0]}, {args[1]}, dims=1)"
             return f"{self.expr(info.args[0], True)} @ {self.expr(info.args[1], True)}"  # type: ignore
         if name == "cross_entropy":
             axis, rank = opts["axis"], opts["rank"]
@@ -247,6 +261,9 @@ class _Writer:
         if name == "batches":
             return f"_rt.batches({args[0]}, {args[1]}, {spec_var(str(opts['data']))}, DEVICE)"
         if name == "logs":
+            if any(keyword.iskeyword(k) for k in opts["names"]):  # e.g. logs(class=x)
+                pairs = ", ".join(f"{k!r}: {v}" for k, v in zip(opts["names"], args))  # type: ignore
+                return f"_rt.logs(**{{{pairs}}})"
             pairs = ", ".join(f"{k}={v}" for k, v in zip(opts["names"], args))  # type: ignore[arg-type]
             return f"_rt.logs({pairs})"
         if name in RUNTIME_CALLS:
@@ -304,13 +321,26 @@ class _Writer:
         """Argument k, with the index that places its axes among another's, if it needs one."""
         return self.wrapped[k] + index_text(index) if index else args[k]
 
+    def sizes_used(self, fn: A.Fn) -> list[tuple]:
+        """The generic dims' sizes a function reads off its parameters (dims as numbers, causal)."""
+        from ..check.split import iter_nodes
+        found: list[tuple] = []
+        for node in iter_nodes(fn):
+            sources = []
+            if isinstance(node, A.Name) and "size" in self.c.recipes.get(id(node), {}):
+                sources = [self.c.recipes[id(node)]["size"]]
+            elif isinstance(node, A.Call) and id(node) in self.c.calls and self.c.calls[id(node)].name == "causal":
+                sources = list(self.c.calls[id(node)].options["sizes"])
+            found += [s for s in sources if isinstance(s, tuple) and s not in found]
+        return found
+
     @staticmethod
     def size_text(source: object) -> str:
-        """A dim's size at run time: a number, or read off the parameter whose shape gives it."""
+        """A dim's size at run time: a number, or the local that holds what a parameter's shape said."""
         if isinstance(source, int):
             return str(source)
         param, axis = source  # type: ignore[misc]
-        return f"{py_name(param)}.size" if axis == "size" else f"{py_name(param)}.shape[{axis}]"
+        return f"_size_{py_name(param)}_{axis}"
 
 
 def device_of(c: Checked) -> str:

@@ -91,7 +91,7 @@ def standalone_prelude() -> str:
         text = text.replace("from __future__ import annotations\n", "")
         text = _strip_package_imports(text)
         parts.append(f"# ---- inlined from shapescript/{rel} ----\n{text}")
-    return "\n".join(parts)
+    return "from __future__ import annotations\n" + "\n".join(parts)
 
 
 def _strip_package_imports(text: str) -> str:

@@ -107,14 +107,14 @@ class _Lexer:
                 pos += 1
             elif ch == "#":
                 break
-            elif ch.isalpha() or ch == "_":
+            elif _name_start(ch):
                 end = pos + 1
-                while end < n and (text[end].isalnum() or text[end] == "_"):
+                while end < n and (_name_start(text[end]) or text[end] in _DIGITS):
                     end += 1
                 word = text[pos:end]
                 self.emit("KW" if word in KEYWORDS else "NAME", word, number, col, end + 1)
                 pos = end
-            elif ch.isdigit() or (ch == "." and pos + 1 < n and text[pos + 1].isdigit()):
+            elif ch in _DIGITS or (ch == "." and pos + 1 < n and text[pos + 1] in _DIGITS):
                 pos = self.number(text, pos, number)
             elif ch == '"':
                 end = text.find('"', pos + 1)
@@ -140,23 +140,23 @@ class _Lexer:
         end = pos
         n = len(text)
         is_float = False
-        while end < n and (text[end].isdigit() or text[end] == "_"):
+        while end < n and (text[end] in _DIGITS or text[end] == "_"):
             end += 1
         if end < n and text[end] == "." and not (end + 1 < n and text[end + 1] == "."):
             is_float = True
             end += 1
-            while end < n and text[end].isdigit():
+            while end < n and text[end] in _DIGITS:
                 end += 1
         if end < n and text[end] in "eE":
             k = end + 1
             if k < n and text[k] in "+-":
                 k += 1
-            if k < n and text[k].isdigit():
+            if k < n and text[k] in _DIGITS:
                 is_float = True
                 end = k
-                while end < n and text[end].isdigit():
+                while end < n and text[end] in _DIGITS:
                     end += 1
-        if end < n and (text[end].isalpha() or text[end] == "_"):
+        if end < n and _name_start(text[end]):
             self.error("E0101", f"unexpected character `{text[end]}` after a number",
                        self.span(number, end + 1, end + 2), "",
                        "separate a number from a name with a space or an operator")
@@ -181,3 +181,9 @@ class _Lexer:
 
 
 _CLOSER = {"(": ")", "[": "]"}
+_DIGITS = "0123456789"
+
+
+def _name_start(ch: str) -> bool:
+    """Names are ASCII: `²` or `ﬁ` would mean one thing here and another to Python."""
+    return ch == "_" or ("a" <= ch <= "z") or ("A" <= ch <= "Z")

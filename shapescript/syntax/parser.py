@@ -19,6 +19,9 @@ BINARY = {
     "+": 6, "-": 6, "*": 7, "/": 7, "@": 7, "**": 9,
 }
 NOT_POWER = 4
+# Limits that keep the checker's recursion and the generated Python's nesting within Python's own.
+MAX_NESTING = 100
+MAX_LOOPS = 16
 NEG_POWER = 8
 
 
@@ -53,6 +56,9 @@ class _Parser:
     def __init__(self, tokens: list[Token], source: str, file: str) -> None:
         self.toks = tokens
         self.pos = 0
+        self.nesting = 0  # expressions being parsed inside one another
+        self.chain = 0  # operators in the current statement
+        self.loops = 0  # `for` loops around the current statement
         self.source = source
         self.file = file
 
@@ -78,9 +84,12 @@ class _Parser:
     def fail(self, message: str, tok: Token | None = None, label: str = "", help: str = "") -> ParseError:
         tok = tok or self.tok
         span = tok.span
-        if tok.kind in ("NEWLINE", "EOF", "DEDENT", "INDENT") and self.pos > 0:
-            prev = self.toks[self.pos - 1].span  # point just after the last real token
-            span = Span(prev.file, prev.end_line, prev.end_col, prev.end_line, prev.end_col + 1)
+        if tok.kind in ("NEWLINE", "EOF", "DEDENT"):  # point at the last real token instead
+            k = min(self.pos, len(self.toks) - 1)
+            while k > 0 and self.toks[k].kind in ("NEWLINE", "EOF", "DEDENT", "INDENT"):
+                k -= 1
+            if self.toks[k].kind not in ("NEWLINE", "EOF", "DEDENT", "INDENT"):
+                span = self.toks[k].span
         return ParseError(Diagnostic("E0105", message, span, label, (help,) if help else ()))
 
     def expect(self, text: str, what: str = "", help: str = "") -> Token:
@@ -254,6 +263,7 @@ class _Parser:
         return params
 
     def fn(self) -> A.Fn:
+        self.chain = 0
         start = self.advance().span
         name = self.expect_name("a function name")
         params = self.params()
@@ -374,6 +384,7 @@ class _Parser:
     # ---- statements ---------------------------------------------------------------------------
 
     def stmt(self) -> A.Stmt:
+        self.chain = 0
         start = self.tok.span
         if self.at("return", "KW"):
             self.advance()
@@ -382,12 +393,17 @@ class _Parser:
             self.expect_newline()
             return node
         if self.at("for", "KW"):
+            self.loops += 1
+            if self.loops > MAX_LOOPS:
+                raise self.fail(f"more than {MAX_LOOPS} loops inside one another", label="too deep",
+                                help="move the inner loops into a function of their own")
             self.advance()
             var = self.expect_name("a loop variable")
             self.expect("in", "after the loop variable")
             it = self.expr()
             self.expect(":", "to start the loop's body")
             body = self.block(self.stmt)
+            self.loops -= 1
             return A.For(self.span_from(start), A.Name(var.span, var.text), it, body)
         first = self.expr()
         if self.at(",", "OP") or self.at("=", "OP"):
@@ -420,6 +436,16 @@ class _Parser:
         return A.TupleExpr(first.span.to(items[-1].span), items)
 
     def expr(self, power: int = 0) -> A.Expr:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self.fail(f"this expression is nested more than {MAX_NESTING} deep", label="too deep",
+                            help="split it into several statements")
+        try:
+            return self._expr(power)
+        finally:
+            self.nesting -= 1
+
+    def _expr(self, power: int = 0) -> A.Expr:
         left = self.prefix()
         while True:
             t = self.tok
@@ -434,6 +460,10 @@ class _Parser:
                 left = self.pipe(left, right, t)
             else:
                 left = A.Binary(left.span.to(right.span), op, left, right)
+            self.chain += 1  # a long chain is deep too, for the checker and for Python
+            if self.chain > MAX_NESTING:
+                raise self.fail(f"this expression chains more than {MAX_NESTING} operations", t,
+                                label="too long", help="split it into several statements")
 
     def pipe(self, left: A.Expr, right: A.Expr, tok: Token) -> A.Call:
         span = left.span.to(right.span)
