@@ -29,6 +29,13 @@ class Token:
         return f"{self.kind}({self.text!r})@{self.span.line}:{self.span.col}"
 
 
+def describe(tok: Token) -> str:
+    """A token as a message names it: `x`, or the end of the line."""
+    layout = {"NEWLINE": "the end of the line", "EOF": "the end of the file", "INDENT": "an indented block",
+              "DEDENT": "the end of the block"}
+    return layout.get(tok.kind, f"`{tok.text}`")
+
+
 class LexError(Exception):
     def __init__(self, diagnostic: Diagnostic) -> None:
         super().__init__(diagnostic.message)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ..errors import CompileError, Diagnostic, Span
 from . import ast as A
-from .lexer import LexError, Token, tokenize
+from .lexer import LexError, Token, describe, tokenize
+from .types import TypeGrammar
 
 ITEM_WORDS = ("devices", "dim", "data", "model", "extern", "python")
 DTYPES = ("f16", "bf16", "f32", "f64", "i32", "i64", "bool")
@@ -40,19 +41,7 @@ def parse(source: str, file: str = "<input>") -> A.Program:
         raise CompileError([e.diagnostic], source) from None
 
 
-def _describe(tok: Token) -> str:
-    if tok.kind == "NEWLINE":
-        return "the end of the line"
-    if tok.kind == "EOF":
-        return "the end of the file"
-    if tok.kind == "INDENT":
-        return "an indented block"
-    if tok.kind == "DEDENT":
-        return "the end of the block"
-    return f"`{tok.text}`"
-
-
-class _Parser:
+class _Parser(TypeGrammar):
     def __init__(self, tokens: list[Token], source: str, file: str) -> None:
         self.toks = tokens
         self.pos = 0
@@ -95,20 +84,20 @@ class _Parser:
     def expect(self, text: str, what: str = "", help: str = "") -> Token:
         if self.tok.text == text and self.tok.kind in ("OP", "KW", "NAME"):
             return self.advance()
-        raise self.fail(f"expected `{text}`{' ' + what if what else ''}, found {_describe(self.tok)}",
+        raise self.fail(f"expected `{text}`{' ' + what if what else ''}, found {describe(self.tok)}",
                         label=f"expected `{text}`", help=help)
 
     def expect_name(self, what: str) -> Token:
         if self.tok.kind == "NAME":
             return self.advance()
         extra = " (a reserved word)" if self.tok.kind == "KW" else ""
-        raise self.fail(f"expected {what}, found {_describe(self.tok)}{extra}", label=f"expected {what}")
+        raise self.fail(f"expected {what}, found {describe(self.tok)}{extra}", label=f"expected {what}")
 
     def expect_newline(self) -> None:
         if self.tok.kind == "NEWLINE":
             self.advance()
             return
-        raise self.fail(f"expected the end of the line, found {_describe(self.tok)}", label="unexpected",
+        raise self.fail(f"expected the end of the line, found {describe(self.tok)}", label="unexpected",
                         help="put each statement on a line of its own")
 
     def span_from(self, start: Span) -> Span:
@@ -150,7 +139,7 @@ class _Parser:
             raise self.fail("unexpected indentation", label="this line is indented",
                             help="top-level items start at the first column")
         raise self.fail(f"expected an item (devices, dim, data, model, fn, extern fn, python fn), "
-                        f"found {_describe(t)}", label="not an item",
+                        f"found {describe(t)}", label="not an item",
                         help="statements go inside a `fn`")
 
     def item_devices(self) -> A.Devices:
@@ -195,7 +184,7 @@ class _Parser:
         if self.at("=", "OP"):
             self.advance()
             if self.tok.kind != "INT":
-                raise self.fail(f"expected a whole number for dim `{name.text}`, found {_describe(self.tok)}",
+                raise self.fail(f"expected a whole number for dim `{name.text}`, found {describe(self.tok)}",
                                 label="a dim's value is a literal size")
             value = int(self.advance().text)
         node = A.Dim(self.span_from(start), name.text, name.span, value)
@@ -299,87 +288,11 @@ class _Parser:
             ret = self.type()
         self.expect("=", "and the Python function's name", help=f'e.g. `{kind} fn f(x: [n]) -> [n] = "module.func"`')
         if self.tok.kind != "STRING":
-            raise self.fail(f'expected the Python function as a string, "module.func", found {_describe(self.tok)}')
+            raise self.fail(f'expected the Python function as a string, "module.func", found {describe(self.tok)}')
         target = self.advance()
         node = A.Extern(self.span_from(start), kind, name.text, name.span, params, ret, target.text, target.span)
         self.expect_newline()
         return node
-
-    # ---- types --------------------------------------------------------------------------------
-
-    def type(self) -> A.TypeExpr:
-        start = self.tok.span
-        if self.at("[", "OP"):
-            self.advance()
-            axes: list[A.Axis] = []
-            while not self.at("]", "OP"):
-                axes.append(self.axis())
-            self.advance()
-            element = None
-            if self.tok.kind == "NAME":
-                element = self.named_type()
-            return A.ShapeType(self.span_from(start), axes, element)
-        if self.tok.kind == "NAME":
-            return self.named_type()
-        raise self.fail(f"expected a type, found {_describe(self.tok)}", label="expected a type",
-                        help="a tensor type is written `[b D]`, a scalar `[]`")
-
-    def named_type(self) -> A.NamedType:
-        name = self.expect_name("a type name")
-        args: list[A.TypeExpr | A.DimExpr] = []
-        if self.at("[", "OP"):
-            self.advance()
-            while not self.at("]", "OP"):
-                if self.at("[", "OP") or (self.tok.kind == "NAME" and self.peek().text == "["):
-                    args.append(self.type())
-                else:
-                    args.append(self.dimexpr())
-                if self.at(",", "OP"):
-                    self.advance()
-            self.advance()
-        return A.NamedType(self.span_from(name.span), name.text, args)
-
-    def axis(self) -> A.Axis:
-        if self.at("(", "OP"):
-            start = self.advance().span
-            parts: list[A.DimExpr] = []
-            while not self.at(")", "OP"):
-                parts.append(self.dimexpr())
-            self.advance()
-            if not parts:
-                raise self.fail("an empty group `()` has no axis", self.toks[self.pos - 1])
-            if len(parts) == 1:
-                first = parts[0]
-                return self.dim_tail(first) if self.tok.text in "+-*/" and self.tok.kind == "OP" else first
-            return A.GroupAxis(self.span_from(start), parts)
-        return self.dimexpr()
-
-    def dimexpr(self, power: int = 0) -> A.DimExpr:
-        left = self.dim_atom()
-        return self.dim_tail(left, power)
-
-    def dim_tail(self, left: A.DimExpr, power: int = 0) -> A.DimExpr:
-        ops = {"+": 1, "-": 1, "*": 2, "/": 2}
-        while self.tok.kind == "OP" and self.tok.text in ops and ops[self.tok.text] > power:
-            op = self.advance().text
-            right = self.dimexpr(ops[op])
-            left = A.DimBin(left.span.to(right.span), op, left, right)
-        return left
-
-    def dim_atom(self) -> A.DimExpr:
-        t = self.tok
-        if t.kind == "NAME":
-            self.advance()
-            return A.DimName(t.span, t.text)
-        if t.kind == "INT":
-            self.advance()
-            return A.DimInt(t.span, int(t.text))
-        if self.at("(", "OP"):
-            self.advance()
-            inner = self.dimexpr()
-            self.expect(")", "to close the dim expression")
-            return inner
-        raise self.fail(f"expected a dim (a name or a size), found {_describe(t)}", label="expected a dim")
 
     # ---- statements ---------------------------------------------------------------------------
 
@@ -508,7 +421,7 @@ class _Parser:
             inner = self.expr_or_tuple()
             self.expect(")", "to close the parenthesis")
             return inner
-        raise self.fail(f"expected an expression, found {_describe(t)}", label="expected an expression")
+        raise self.fail(f"expected an expression, found {describe(t)}", label="expected an expression")
 
     def postfix(self, node: A.Expr) -> A.Expr:
         while True:
