@@ -88,6 +88,16 @@ CASES = [
      lambda x: x.reshape(4, 2, 3).amax(1).T),
     ("einsum", "fn f(q: [b i D] f64, k: [b j D] f64) -> [b i j] f64 = einsum(q, k, b i d, b j d -> b i j)",
      lambda: (r(2, 3, 3), r(2, 5, 3)), lambda q, k: q @ k.transpose(1, 2)),
+    ("layer_norm", 'extern fn ln(x: [b n D] f64, over: Axis[D]) -> [b n D] f64 = "shapescript.std.layer_norm"\n'
+     "fn f(x: [b n D] f64) -> [b n D] f64 = ln(x, over=D)", lambda: (r(2, 4, 3),),
+     lambda x: F.layer_norm(x, (3,))),
+    ("layer_norm-middle", 'extern fn ln(x: [b D n] f64, over: Axis[D]) -> [b D n] f64 = "shapescript.std.layer_norm"\n'
+     "fn f(x: [b D n] f64) -> [b D n] f64 = ln(x, over=D)", lambda: (r(2, 3, 4),),
+     lambda x: F.layer_norm(x.transpose(1, 2), (3,)).transpose(1, 2)),
+    ("rms_norm", 'extern fn rn(x: [b D] f64, over: Axis[D]) -> [b D] f64 = "shapescript.std.rms_norm"\n'
+     "fn f(x: [b D] f64) -> [b D] f64 = rn(x, over=D)", lambda: (r(5, 3),), lambda x: F.rms_norm(x, (3,), eps=1e-6)),
+    ("compare-logic", "fn f(a: [b C] f64, x: [b C] f64) -> [b C] bool = not (a < x) or a == x and a != 0.0",
+     lambda: (r(3, 4), r(3, 4)), lambda a, x: ~(a < x) | ((a == x) & (a != 0))),
 ]
 
 
@@ -175,6 +185,28 @@ MISUSES = [
     ("fn f(x: [b C]) -> [] = norm(x, over=D)", "E0303"),
     ("fn f(x: [b C]) -> [b C] = clamp(x)", "E0206"),
     ("fn f(x: [b C]) -> [b b] bool = causal(b, k)", "E0303"),
+    ("fn f(x: [b C] i64) -> [b C] i64 = exp(x)", "E0308"),
+    ("fn f(x: [b C] i64) -> [b C] i64 = relu(x)", "E0308"),
+    ("fn f(x: [b C]) -> [b C] = not x", "E0308"),
+    ("fn f(x: [b C]) -> [b C] bool = x and x", "E0308"),
+    ("fn f(x: [b C] bool) -> [b C] bool = x + x", "E0308"),
+    ("fn f(x: [b C] f64, y: [b C]) -> [b C] bool = x < y", "E0308"),
+    ("fn f(x: [b C]) -> [b] = any(x, over=C)", "E0308"),
+    ("fn f(x: [b C] i64) -> [b] = logsumexp(x, over=C)", "E0308"),
+    ("fn f(x: [b C]) -> [b] = prod(x, over=D)", "E0303"),
+    ("fn f(x: [b C]) -> [b C] = log_softmax(x, over=D)", "E0303"),
+    ("fn f(x: [b C]) -> [b C] = sort(x, over=V)", "E0303"),
+    ("fn f(a: [b C], i: [b k] Index[C], s: [b k] f64) -> [b C] = scatter(a, i, s, over=C)", "E0301"),
+    ("fn f(x: [b (H Dh)]) -> [b Dh] = split(x, b (h d) -> b d, h=H)", "E0307"),
+    ("fn f(x: [D]) -> [C D] = repeat(x, d -> n d)", "E0307"),
+    ("fn f(x: [b C]) -> [b C] = minimum(x, 2.0)", "E0401"),
+    ("fn f(x: [b C], y: [b D]) -> [b C] = x @ y", "E0304"),
+    ("fn f(x: [b C]) -> [b C] = clip_norm(x, 1.0)", "E0401"),
+    ('extern fn ln(x: [n D], over: Axis[D]) -> [n D] = "shapescript.std.layer_norm"\n'
+     "fn f(x: [n D]) -> [n D] = ln(x, over=n)", "E0303"),
+    ("fn f(x: [b C], m: Mode) -> [b C] = batch_norm(x, x, m, over=C)", "E0401"),
+    ("fn f(x: [b C]) -> [b C] = abs(x, x)", "E0206"),
+    ("fn f(x: [b C]) -> [b C] = sqrt(tanh(sigmoid(gelu(silu(x)))), over=C)", "E0206"),
 ]
 
 
