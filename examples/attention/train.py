@@ -19,6 +19,7 @@ import shapescript as ss
 HERE = Path(__file__).resolve().parent
 SMALL = {"D": 64, "H": 4, "Dh": 16, "F": 256, "L": 2}  # the chapter's full size: D 768, H 12, Dh 64
 T = 64  # the program's context length
+BATCH = 32  # the program's batches(32)
 
 
 def windows(ids: torch.Tensor, stride: int) -> ss.TensorDataset:
@@ -49,8 +50,11 @@ def main(steps: int = 300, quiet: bool = False) -> dict[str, float]:
     log = ss.sinks.memory()
     start = time.perf_counter()
     first = float(prog.evaluate(m, held_out))
-    while len(log.records) < steps:
-        prog.train(m, opt, train_data, mode, log)
+    while len(log.records) < steps:  # whole epochs, then the part of one that the steps left need
+        remaining = (steps - len(log.records)) * BATCH
+        part = train_data if remaining >= len(train_data) else ss.TensorDataset(
+            **{k: v[:remaining] for k, v in train_data.fields.items()})
+        prog.train(m, opt, part, mode, log)
     losses = [r["loss"] for r in log.records[:steps]]
     end = float(prog.evaluate(m, held_out))
     baseline = unigram_entropy(text)
