@@ -111,7 +111,8 @@ class Exprs:
         op, lit = self.r.choice(["+", "-", "*", "/", "**"]), self.r.choice(["2", "0.5", "1.0", "3"])
         return Ex(f"{atom(e)} {op} {lit}" if self.r.chance(0.7) else f"{lit} {op} {atom(e)}", e.ty, False)
 
-    def binary(self, pool):
+    def operands(self, pool):
+        """Two float values that broadcast together by name, in either order, and the larger's."""
         r = self.r
         fs = self.floats(pool)
         if not fs:
@@ -121,7 +122,14 @@ class Exprs:
             len(e.ty.axes) < len(a.ty.axes) and _subsequence(e.ty.axes, a.ty.axes)))]
         b = r.choice(partners)
         left, right = (a, b) if r.chance(0.5) else (b, a)
-        op = r.choice(["+", "-", "*", "/"])
+        return left, right, a
+
+    def binary(self, pool):
+        got = self.operands(pool)
+        if got is None:
+            return None
+        left, right, a = got
+        op = self.r.choice(["+", "-", "*", "/"])
         return Ex(f"{atom(left)} {op} {atom(right)}", a.ty, False)
 
     def compare(self, pool):

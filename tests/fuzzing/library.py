@@ -110,16 +110,11 @@ class Library(Exprs):
         return Ex(f"where({atom(c)} > 0.5, {a.text}, {b})", a.ty, True)
 
     def pairwise(self, pool):
-        r = self.r
-        fs = self.floats(pool)
-        if not fs:
+        got = self.operands(pool)
+        if got is None:
             return None
-        a = r.choice(fs)
-        partners = [e for e in fs if e.ty.dtype == a.ty.dtype and (e.ty.axes == a.ty.axes or (
-            len(e.ty.axes) < len(a.ty.axes) and _subsequence(e.ty.axes, a.ty.axes)))]
-        b = r.choice(partners)
-        left, right = (a, b) if r.chance(0.5) else (b, a)
-        return Ex(f"{r.choice(['maximum', 'minimum'])}({left.text}, {right.text})", a.ty, True)
+        left, right, a = got
+        return Ex(f"{self.r.choice(['maximum', 'minimum'])}({left.text}, {right.text})", a.ty, True)
 
     def clamp(self, pool):
         fs = self.floats(pool)
