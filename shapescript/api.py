@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import types
 import re
 import traceback
 from pathlib import Path
@@ -80,7 +81,13 @@ class Program:
         for name in checked.data:
             self._members[name] = namespace[f"{name}_spec"]
         if self.several:  # functions on the workers are called through them, from Python or the controller
+            from .parallel.loading import Datasets, RemoteBatches
             from .parallel.remote import RemoteFunction
+            self.datasets = Datasets()
+            core = namespace["_rt"]
+            controller_rt = types.SimpleNamespace(**{k: getattr(core, k) for k in core.__all__})
+            controller_rt.batches = lambda ds, n, spec, device: RemoteBatches(self, core.batches(ds, n, spec, device))
+            namespace["_rt"] = controller_rt  # the workers load the controller's batches themselves
             for fn in checked.fns.values():
                 if fn.placement == "workers" and fn.kind == "fn":
                     namespace[py_name(fn.name)] = RemoteFunction(self, fn, py_name(fn.name))

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from shapescript.parallel import loading
 from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives
 from shapescript.runtime.data import Batch
@@ -36,10 +37,21 @@ def make_optimizer(state: Any, handle: int, model: int, kind: str, hyper: dict[s
     state.objects[handle] = make(state.objects[model], **hyper)
 
 
+@handler("keep_dataset")
+def keep_dataset(state: Any, handle: int, base: Any, spec: str) -> None:
+    state.objects[handle] = loading.keep(state, base, state.program[f"{spec}_spec"])
+
+
+SKIPPED = "skipped: another worker couldn't load its part of the batch"
+
+
 def decode(state: Any, value: Any) -> Any:
     kind = value[0]
     if kind == "handle":
         return state.objects[value[1]]
+    if kind == "batchref":
+        _, handle, indices, spec = value
+        return loading.load_part(state, state.objects[handle], indices, state.program[f"{spec}_spec"])
     if kind == "batch":
         _, spec, fields, lengths = value
         move = {k: v.to(state.device) for k, v in fields.items()}
@@ -60,7 +72,15 @@ def to_cpu(value: Any) -> Any:
 @handler("call")
 def call(state: Any, name: str, args: tuple) -> Any:
     fn = state.program[name]
-    values = [decode(state, a) for a in args]
+    loads = [a for a in args if a[0] == "batchref" and loading.needs_agreement(state.objects[a[1]])]
+    try:
+        values = [decode(state, a) for a in args]
+    except Exception:
+        if loads and state.world > 1:
+            loading.agree(state, failed=True)  # so that no worker starts the step
+        raise
+    if loads and state.world > 1 and not loading.agree(state, failed=False):
+        return SKIPPED  # the worker that failed raises the loader's error in the controller
     with torch.no_grad():  # value_and_grad turns gradients on where it needs them
         return to_cpu(fn(*values))
 

@@ -90,6 +90,8 @@ class RemoteOptimizer:
 
 def encode(value: Any) -> Any:
     """A value as it travels to a worker: handles by number, batches as their fields."""
+    if isinstance(value, tuple) and value and value[0] == "batchref":
+        return value  # already a worker's part of a RemoteBatch
     if isinstance(value, RemoteModel):
         value.workers()  # still alive
         return ("handle", value.handle)
@@ -107,6 +109,8 @@ def split_value(value: Any, axis: int | None, parts: list[int]) -> list[Any]:
     """Each worker's part of an argument: split along `axis`, or the whole for everyone."""
     if axis is None:
         return [value] * len(parts)
+    if getattr(value, "is_remote", False) and hasattr(value, "parts"):  # a RemoteBatch: indices only
+        return value.parts(parts)
     if isinstance(value, Batch):
         fields = batch_fields(value)
         pieces = {k: torch.split(v, parts) for k, v in fields.items()}
@@ -119,7 +123,7 @@ def split_value(value: Any, axis: int | None, parts: list[int]) -> list[Any]:
 
 
 def batch_size(value: Any, axis: int) -> int:
-    return value.size if isinstance(value, Batch) else int(value.shape[axis])
+    return value.size if isinstance(value, Batch) or hasattr(value, "parts") else int(value.shape[axis])
 
 
 class RemoteFunction:

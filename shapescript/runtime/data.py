@@ -286,8 +286,8 @@ def _pad(t: torch.Tensor, f: FieldSpec, longest: dict[str, int]) -> torch.Tensor
     return torch.nn.functional.pad(t, widths) if any(widths) else t
 
 
-def _load(base: Any, indices: list[int], spec: DataSpec
-          ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def load_items(base: Any, indices: list[int], spec: DataSpec
+               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """A batch's fields, and the lengths of its items along each generic dim (if padded)."""
     getitems = getattr(base, "__getitems__", None)
     if getitems is None:
@@ -395,11 +395,15 @@ class _Batches:
     def __len__(self) -> int:
         return -(-self.total // self.n)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def indices(self) -> Iterator[list[int]]:
+        """Each batch's items, as indices into the underlying dataset."""
         order = self.order.tolist() if self.order is not None else range(self.total)
         for start in range(0, self.total, self.n):
-            indices = list(order[start:start + self.n])
-            fields, lengths = _load(self.base, indices, self.spec)
+            yield list(order[start:start + self.n])
+
+    def __iter__(self) -> Iterator[Batch]:
+        for indices in self.indices():
+            fields, lengths = load_items(self.base, indices, self.spec)
             if self.device is not None:  # loaded and checked on the CPU, then sent to the device
                 fields = {k: v.to(self.device, non_blocking=True) for k, v in fields.items()}
                 lengths = {k: v.to(self.device, non_blocking=True) for k, v in lengths.items()}

@@ -145,3 +145,31 @@ def test_extern_fns_run_on_the_workers_but_not_from_the_main_script() -> None:
             main.f(torch.zeros(2, 3))
     finally:
         main.stop()
+
+
+@pytest.mark.slow
+def test_workers_load_their_parts_and_agree_before_the_step(two) -> None:
+    from sample_data import BadAt
+
+    m = two.Lin.init(seed=0)
+    before = m.state_dict()["w"]
+    for bad in (0, 7):  # the first worker's part, then the second's
+        with pytest.raises(ss.ShapeError, match=f"item {bad} of the dataset: field `x` has shape \\[3\\]"):
+            two.fit(m, ss.adamw(m, lr=0.1), BadAt(bad), ss.sinks.memory())
+        assert torch.equal(m.state_dict()["w"], before)  # no worker started the step
+    fine = BadAt(-1)
+    sink = ss.sinks.memory()
+    two.fit(m, ss.adamw(m, lr=0.1), fine, sink)
+    one = ss.load(PROGRAM, devices="cpu", name="fit.ss")
+    ref = one.Lin.init(seed=0)
+    ref_sink = ss.sinks.memory()
+    one.fit(ref, ss.adamw(ref, lr=0.1), fine, ref_sink)
+    assert sink.records[0]["loss"] == pytest.approx(ref_sink.records[0]["loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_tensor_dataset_is_checked_whole_when_the_workers_keep_it(two) -> None:
+    bad = ss.TensorDataset(x=torch.zeros(10, 4), y=torch.tensor([0, 1, 2, 0, 1, 2, 0, 9, 1, 2]))
+    m = two.Lin.init(seed=0)
+    with pytest.raises(ss.DomainError, match="item 7"):
+        two.fit(m, ss.adamw(m, lr=0.1), bad, ss.sinks.memory())

@@ -1,0 +1,16 @@
+"""Datasets the workers can import (a test module's local classes can't be sent to them)."""
+
+from __future__ import annotations
+
+
+class BadAt:
+    """Eight items of Ex (x: [4], y: Index[3]); item `bad` has an x of 3 values."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": [float(i)] * (3 if i == self.bad else 4), "y": i % 3}
