@@ -35,3 +35,13 @@ def test_doc_block(source: str, code: str | None) -> None:
 
 def test_docs_have_blocks() -> None:
     assert len(blocks()) >= 12
+
+
+def test_the_readme_error_is_what_the_compiler_prints() -> None:
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("A mistake is caught before anything runs:\n\n```\n")[1].split("```")[0]
+    source = (ROOT / "examples" / "readme" / "mlp.ss").read_text().replace(
+        "relu(x @ m.w1) @ m.w2", "relu(x @ m.w1) @ m.w1")
+    with pytest.raises(CompileError) as info:
+        check_source(source, "mlp.ss")
+    assert str(info.value) + "\n" == shown
