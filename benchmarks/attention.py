@@ -37,6 +37,7 @@ for p in (ROOT, ROOT / "examples" / "attention"):
         sys.path.insert(0, str(p))
 
 import torch  # noqa: E402
+from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 import torch.nn.functional as F  # noqa: E402
 
 import shapescript as ss  # noqa: E402
@@ -50,16 +51,6 @@ T = 64
 BATCH = 32
 LR = 3e-3
 CLIP = 1.0
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class Hand:

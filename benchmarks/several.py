@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 # Only torch here: the DDP ranks are spawned processes that import this file, and must not pay for
 # importing shapescript. shapescript is imported in main().
 import torch  # noqa: E402
+from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 import torch.nn.functional as F  # noqa: E402
 
 PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
@@ -49,16 +50,6 @@ LR = 1e-3
 WORLD = 2
 DEVICES = "cpu[0 1]"
 TINY = float(torch.finfo(torch.float32).tiny)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def worker_threads() -> int:

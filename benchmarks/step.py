@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 import torch.nn.functional as F  # noqa: E402
 
 import shapescript as ss  # noqa: E402
@@ -39,16 +40,6 @@ from shapescript.lower.codegen import generate  # noqa: E402
 PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
 D, HD, C = 784, 256, 10
 LR = 1e-3
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class Hand:
