@@ -3,21 +3,35 @@
     python benchmarks/several.py            # a few minutes on 2 cores
     python benchmarks/several.py --quick    # well under a minute, for a smoke test
 
-The step: examples/readme/mlp.ss loaded with devices='cpu[0 1]' (two worker processes, Gloo), AdamW
-with lr = 1e-3, called from Python as `prog.train_step(m, opt, {"img": x, "label": y})`, against
-the same model in torch.nn.parallel.DistributedDataParallel on two processes (Gloo, a FileStore in
-a temporary folder, GLOO_SOCKET_IFNAME=lo), each with the whole batch in its own memory and taking
-its half, as the workers get theirs. Both start from the same weights, see the same fresh batch
-for each pair of steps, and use one torch thread per process (the workers' own rule: the CPUs
-shared among them); their steps alternate in ABBA order after a warmup, and each figure is a
-median. The ShapeScript step is timed in the controller around the call, so it includes sending
-each worker its half of the batch through a pipe and getting the loss back; the DDP step is timed
-inside the ranks (after a barrier, the slower rank's time), as its own training loop sees it. The
-ratio is ShapeScript / DDP. After them, in the same run, one device's step for reference
-(devices='cpu', in this process, with this process's torch threads).
+The step: examples/readme/mlp.ss on devices='cpu[0 1]' (two worker processes, Gloo), AdamW with
+lr = 1e-3, against the same model in torch.nn.parallel.DistributedDataParallel on two processes
+(Gloo, a FileStore in a temporary folder, GLOO_SOCKET_IFNAME=lo), each with the whole batch in its
+own memory and taking its half, as the workers take theirs. Every process runs one torch thread
+(the workers' own rule: the CPUs shared among them). The sides:
 
-Also: the workers' cold start (ss.load + the first call, until its result, in fresh processes) and
-the round trip of one call from the controller (a program `fn ident(x: [n]) -> [n] = x`).
+- ShapeScript, `prog.train_step(m, opt, {"img": x, "label": y})` called from Python: timed in the
+  controller around the call, so it includes checking the batch, sending each worker its half
+  through the pipes, and getting the loss back;
+- DDP: loss, backward, AdamW step, timed inside the ranks (after a barrier, the slower rank's time),
+  as its own training loop sees it;
+- the generated code run in DDP's ranks: the program's compiled train_step, called in each rank on
+  its half, as a worker runs it but without the controller and its messages;
+- ShapeScript, the program's own loop `prog.run(m, opt, dataset, sink)` over a TensorDataset that
+  the workers keep (sent once), so each step sends only the indices of each worker's part and the
+  workers gather their rows; only the whole loop is timed (the mean step of each block). The
+  README's loop takes batches of 64; for 6144 the program is loaded with that one number changed.
+
+Each side runs blocks of steps back to back, as a training loop does; the blocks take turns (ABCD,
+then DCBA) after a warmup, and the sides that draw batches draw the same sequence, so their i-th
+steps see the same batch and start from the same weights (their first losses are compared). Each
+figure is a median; the ratio is against DDP, and the pair ratio the median of the rounds' ratios.
+After the race, in the same run, one device's step for reference (devices='cpu', in this process,
+with this process's torch threads).
+
+Also: the workers' cold start (ss.load + the first call, until its result, in fresh processes); the
+round trip of one call from the controller (a program `fn ident(x: [n]) -> [n] = x`); what sending
+a batch costs (a call that only reads it), and a bare socket pair's time for a worker's half of a
+batch of 6144.
 """
 
 from __future__ import annotations
@@ -209,26 +223,28 @@ class DdpRanks:
 # -- timing ----------------------------------------------------------------------------------------
 
 def race(sides: list[Callable[[int], list[tuple[float, float]]]], warmup: int, blocks: int, size: int
-         ) -> tuple[list[list[float]], list[float], float]:
-    """Each side's step times, the per-round ratios of the first two sides' block medians, and the
-    largest loss difference between any side and the first over the first 3 steps. Each side runs
-    blocks of `size` steps back to back, as a training loop does; the blocks take turns in ABC CBA
-    order (ABBA for two sides), after `warmup` rounds. Every side draws the same sequence of
-    batches, so their i-th steps see the same batch."""
+         ) -> tuple[list[list[float]], list[list[float]], float]:
+    """Each side's step times, each round's block medians (one per side), and the largest loss
+    difference between a side and the first over the first 3 steps (sides that give NaN losses left
+    out). Each side runs blocks of `size` steps back to back, as a training loop does; the blocks take
+    turns in ABC..CBA order (ABBA for two sides), after `warmup` rounds. The sides that draw batches
+    draw the same sequence, so their i-th steps see the same batch."""
     times: list[list[float]] = [[] for _ in sides]
-    ratios, worst = [], 0.0
+    rounds: list[list[float]] = []
+    worst = 0.0
     for i in range(-warmup, blocks):
         order = list(range(len(sides))) if i % 2 == 0 else list(reversed(range(len(sides))))
         results: dict[int, list[tuple[float, float]]] = {}
         for k in order:
             results[k] = sides[k](size)
         if i == -warmup:
-            worst = max(abs(la - lb) for r in results.values() for (_, la), (_, lb) in zip(results[0][:3], r[:3]))
+            worst = max(abs(la - lb) for r in results.values() for (_, la), (_, lb) in zip(results[0][:3], r[:3])
+                        if lb == lb)
         if i >= 0:
             for k, r in results.items():
                 times[k] += [t for t, _ in r]
-            ratios.append(statistics.median(t for t, _ in results[0]) / statistics.median(t for t, _ in results[1]))
-    return times, ratios, worst
+            rounds.append([statistics.median(t for t, _ in results[k]) for k in range(len(sides))])
+    return times, rounds, worst
 
 
 def timed_steps(prog: Any, m: Any, opt: Any, data: Batches) -> Callable[[int], list[tuple[float, float]]]:
@@ -244,6 +260,32 @@ def timed_steps(prog: Any, m: Any, opt: Any, data: Batches) -> Callable[[int], l
             loss = train_step(m, opt, batch)
             out.append((time.perf_counter() - t0, float(loss)))
         return out
+    return steps
+
+
+def loop_source(batch: int) -> str:
+    """The README program with its loop's batch size set to `batch` (it is 64 there)."""
+    source = PROGRAM.read_text()
+    assert source.count("batches(64)") == 1
+    return source.replace("batches(64)", f"batches({batch})")
+
+
+def timed_loop(prog: Any, m: Any, opt: Any, batch: int, k: int) -> Callable[[int], list[tuple[float, float]]]:
+    """The program's own loop, `prog.run(m, opt, dataset, sink)`, over a TensorDataset of k batches
+    (the same every time, sent to the workers on the first run, then kept there): k steps whose
+    batches the workers gather themselves. Only the whole loop is timed: each step counts as its
+    mean (loss NaN: its batches aren't the other sides')."""
+    import shapescript as ss
+    data = Batches(batch)
+    xs, ys = zip(*(data.next() for _ in range(k)))
+    dataset = ss.TensorDataset(img=torch.cat(xs), label=torch.cat(ys))
+    sink = ss.sinks.memory()
+
+    def steps(n: int) -> list[tuple[float, float]]:
+        assert n == k
+        t0 = time.perf_counter()
+        prog.run(m, opt, dataset, sink)
+        return [((time.perf_counter() - t0) / k, float("nan"))] * k
     return steps
 
 
@@ -306,6 +348,37 @@ def round_trips(ss: Any, calls: int) -> dict[str, float]:
     return out
 
 
+_READER = """
+import sys
+from multiprocessing.connection import Connection
+c = Connection(int(sys.argv[1]))
+while len(c.recv_bytes()) > 3:
+    c.send_bytes(b"ok")
+"""
+
+
+def socket_pair_time(nbytes: int, reps: int) -> float:
+    """Median seconds to send `nbytes` to another process over a bare socket pair (the pool's
+    channel, with multiprocessing's Connection) and get a 2-byte answer."""
+    import socket
+    from multiprocessing.connection import Connection
+    payload = b"x" * nbytes
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-c", _READER, str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    conn = Connection(ours.detach())
+    times = []
+    for _ in range(reps + 2):
+        t0 = time.perf_counter()
+        conn.send_bytes(payload)
+        conn.recv_bytes()
+        times.append(time.perf_counter() - t0)
+    conn.send_bytes(b"end")
+    proc.wait(10)
+    conn.close()
+    return statistics.median(times[2:])
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
@@ -337,15 +410,20 @@ def main(argv: list[str] | None = None) -> None:
     # ~700 steps after which AdamW's first moments of dead ReLU units reach the subnormal floats
     plan = [(64, 1, 10, 5), (6144, 1, 4, 2)] if args.quick else [(64, 2, 50, 10), (6144, 1, 40, 5)]
     prog2 = ss.load(PROGRAM, devices=DEVICES)
-    print(f"{'batch':>6}  {'ShapeScript':>12}  {'DDP':>12}  {'ratio':>6}  {'pair ratio':>10}  {'loss diff':>9}  "
-          f"{'gen. in ranks':>13}  {'one device':>12}  steps")
-    spreads = []
     for batch, warmup, blocks, size in plan:
         m2 = prog2.Mlp.init(seed=0)
         opt2 = ss.adamw(m2, lr=LR)
         ddp.setup(batch, m2.w1, m2.w2, prog2.python_source)
-        (a, b, g), ratios, worst = race([timed_steps(prog2, m2, opt2, Batches(batch)), ddp.steps("ddp"),
-                                         ddp.steps("generated")], warmup, blocks, size)
+        progl = ss.load(loop_source(batch), devices=DEVICES, name=f"mlp.ss with batches({batch})")
+        ml = progl.Mlp.init(seed=0)
+        sides = {
+            "ShapeScript, prog.train_step(m, opt, batch dict)": timed_steps(prog2, m2, opt2, Batches(batch)),
+            "DDP": ddp.steps("ddp"),
+            "the generated code run in DDP's ranks": ddp.steps("generated"),
+            "ShapeScript, the program's loop (prog.run)": timed_loop(progl, ml, ss.adamw(ml, lr=LR), batch, size),
+        }
+        times, rounds, worst = race(list(sides.values()), warmup, blocks, size)
+        progl.stop()
         sub, total = ddp.subnormals()
         # one device, after the race, in this process, with its threads
         torch.set_num_threads(one_dev_threads)
@@ -355,14 +433,18 @@ def main(argv: list[str] | None = None) -> None:
         steps1(warmup * size)
         ones = [t for t, _ in steps1(blocks * size)]
         torch.set_num_threads(1)
-        s, t, gen, one = (statistics.median(v) for v in (a, b, g, ones))
-        print(f"{batch:>6}  {s * 1e3:>9.3f} ms  {t * 1e3:>9.3f} ms  {s / t:>6.3f}  {statistics.median(ratios):>10.3f}  "
-              f"{worst:>9.1e}  {gen * 1e3:>10.3f} ms  {one * 1e3:>9.3f} ms  {len(a)}", flush=True)
-        spreads.append(f"batch {batch}: ShapeScript {quantiles(a)}; DDP {quantiles(b)}; generated code in the ranks "
-                       f"{quantiles(g)}; one device {quantiles(ones)}; DDP's AdamW first moments subnormal at "
-                       f"the end: {sub} of {total}")
-    for line in spreads:
-        print("  " + line)
+        ddp_median = statistics.median(times[1])
+        print(f"batch {batch}: {blocks} blocks of {size} steps a side, after {warmup} round(s) of warmup; "
+              f"{'median':>10}  {'/ DDP':>6}  {'pair ratio':>10}")
+        for k, (label, ts) in enumerate(zip(sides, times)):
+            ratio = statistics.median(ts) / ddp_median
+            pair = statistics.median(r[k] / r[1] for r in rounds)
+            print(f"  {label:<52} {statistics.median(ts) * 1e3:>7.3f} ms  {ratio:>6.3f}  {pair:>10.3f}  "
+                  f"({quantiles(ts)})", flush=True)
+        print(f"  {'one device (devices=cpu), after the race':<52} {statistics.median(ones) * 1e3:>7.3f} ms  "
+              f"{statistics.median(ones) / ddp_median:>6.3f}  {'':>10}  ({quantiles(ones)})")
+        print(f"  the first 3 losses of prog.train_step, DDP and the generated code in the ranks agree to "
+              f"{worst:.1e}; DDP's AdamW first moments subnormal at the end: {sub} of {total}", flush=True)
     ddp.stop()
     prog2.stop()
 
@@ -388,6 +470,9 @@ def main(argv: list[str] | None = None) -> None:
             prog.stop()
         mb = (x.numel() * x.element_size() + y.numel() * y.element_size()) / 2**20
         print(f"  batch {batch:>4} ({mb:.2f} MiB): {row[0] * 1e3:.3f} ms on {DEVICES}, {row[1] * 1e3:.3f} ms on one device")
+    half = 6144 // WORLD * (D * 4 + 8)
+    print(f"  for comparison, a worker's half of a batch of 6144 ({half / 2**20:.2f} MiB) through a bare socket "
+          f"pair to another process, and a 2-byte answer: {socket_pair_time(half, 5 if args.quick else 30) * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":
