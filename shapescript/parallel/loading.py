@@ -1,11 +1,13 @@
 """Batches on several devices: the workers load them.
 
 A loop over a dataset in the controller doesn't load its batches. The dataset is sent to every
-worker once (again only if its length changes), and each call sends each worker the indices of its
-part of the batch; the worker loads and checks those items itself (a TensorDataset is kept on the
-worker's device, checked whole when it arrives, and gathered there). A dataset the workers can't
-receive, as one defined in the controller's main script, which they never import, is loaded in the
-controller with a warning, and its batches travel through the pipes.
+worker once (again only if its length changes). A call names the loop (the dataset, the shuffles'
+seeds, the batch size) and the batch's number; each worker makes the loop's order from the seeds
+itself, and loads its own part of the next batches in a prefetch thread while the current step
+runs. Items are checked as they load (a TensorDataset is kept on the worker's device, checked
+whole when it arrives, and gathered there). A dataset the workers can't receive, as one defined
+in the controller's main script, which they never import, is loaded in the controller with a
+warning, and its batches travel through the pipes.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from __future__ import annotations
 import itertools
 import pickle
 import warnings
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
 
 import torch
 
-from shapescript.runtime.data import Batch, DataSpec, load_items
+from shapescript.parallel.remote import shares
+from shapescript.runtime.data import Batch, DataSpec, batch_bounds, load_items, shuffle_order
 
 _handles = itertools.count(1_000_000)  # apart from the models' handles
 
@@ -28,8 +33,8 @@ class RemoteBatch:
 
     is_remote = True
 
-    def __init__(self, dataset: int, base: Any, indices: list[int], spec: DataSpec) -> None:
-        self.dataset, self.base, self.indices, self.spec = dataset, base, indices, spec
+    def __init__(self, plan: tuple, number: int, base: Any, indices: list[int], spec: DataSpec) -> None:
+        self.plan, self.number, self.base, self.indices, self.spec = plan, number, base, indices, spec
         self.size = len(indices)
         self._loaded: Batch | None = None
 
@@ -41,10 +46,10 @@ class RemoteBatch:
         return getattr(self._loaded, name)
 
     def parts(self, sizes: list[int]) -> list[tuple]:
-        """What each worker is sent: its slice of the indices."""
+        """What each worker is sent: the loop, the batch's number, and where its part lies in it."""
         out, start = [], 0
         for n in sizes:
-            out.append(("batchref", self.dataset, self.indices[start:start + n], self.spec.name))
+            out.append(("batchref", self.plan, self.number, start, n))
             start += n
         return out
 
@@ -105,8 +110,10 @@ class RemoteBatches:
         if handle is None:
             yield from self.batches
             return
-        for indices in self.batches.indices():
-            yield RemoteBatch(handle, self.batches.base, indices, self.batches.spec)
+        b = self.batches
+        plan = (next(_handles), handle, b.seeds, b.n, b.spec.name)  # all a worker needs to make the loop
+        for number, indices in enumerate(b.indices()):
+            yield RemoteBatch(plan, number, b.base, indices, b.spec)
 
 
 def keep(state: Any, base: Any, spec: DataSpec) -> Any:
@@ -123,13 +130,91 @@ def load_part(state: Any, base: Any, indices: list[int], spec: DataSpec) -> Batc
     if getattr(base, "checked", False):  # kept on the device, checked whole: a gather, nothing more
         return Batch(spec, base.__getitems__(indices))
     fields, lengths = load_items(base, indices, spec)
-    move = {k: v.to(state.device) for k, v in fields.items()}
-    return Batch(spec, move, {k: v.to(state.device) for k, v in lengths.items()})
+    pin = state.device.type == "cuda"  # pinned pages let the copy run while the GPU computes
+    move = {k: _to_device(v, state.device, pin) for k, v in fields.items()}
+    return Batch(spec, move, {k: _to_device(v, state.device, pin) for k, v in lengths.items()})
 
 
-def needs_agreement(base: Any) -> bool:
-    """Whether loading a part can fail, so the workers must agree that each has its part first."""
-    return not getattr(base, "checked", False)
+def _to_device(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
+    return t.pin_memory().to(device, non_blocking=True) if pin else t.to(device)
+
+
+class WorkerLoop:
+    """One loop over batches, on a worker: the order made from the seeds, and this worker's part of
+    the next `AHEAD` batches loading in a thread while the current step runs."""
+
+    AHEAD = 2
+    _threads = ThreadPoolExecutor(1, thread_name_prefix="shapescript-prefetch")  # one per worker process
+
+    def __init__(self, state: Any, base: Any, seeds: tuple[int, ...], n: int, spec: DataSpec) -> None:
+        self.state, self.base, self.n, self.spec = state, base, n, spec
+        self.total = len(base)
+        self.order = shuffle_order(self.total, seeds).tolist() if seeds else range(self.total)
+        self.count = -(-self.total // n)
+        self.ahead: dict[int, Future[Batch]] = {}
+        self.last: tuple[tuple[int, int, int], Batch] | None = None  # a batch used twice loads once
+
+    def part(self, number: int, start: int, size: int) -> list[int]:
+        first, _ = batch_bounds(self.total, self.n, number)
+        return list(self.order[first + start:first + start + size])
+
+    def my_share(self, number: int) -> tuple[int, int]:
+        """Where this worker's part of batch `number` lies: the batch split as calls split it."""
+        first, end = batch_bounds(self.total, self.n, number)
+        sizes = shares(end - first, self.state.world)
+        return sum(sizes[:self.state.rank]), sizes[self.state.rank]
+
+    def take(self, number: int, start: int, size: int) -> Batch:
+        """This worker's part of batch `number`, prefetched if it was the one expected; and start
+        loading the next ones."""
+        if self.last is not None and self.last[0] == (number, start, size):
+            return self.last[1]
+        ahead = self.ahead.pop(number, None)
+        for k in [k for k in self.ahead if k < number]:  # batches the loop skipped
+            self.ahead.pop(k).cancel()
+        for k in range(number + 1, min(self.count, number + 1 + self.AHEAD)):
+            if k not in self.ahead:
+                self.ahead[k] = self._threads.submit(self._load, k, *self.my_share(k))
+        if ahead is not None and (start, size) == self.my_share(number):
+            batch = ahead.result()  # a bad item raises here, as it would have loading now
+        else:
+            batch = self._load(number, start, size)
+        self.last = ((number, start, size), batch)
+        return batch
+
+    def _load(self, number: int, start: int, size: int) -> Batch:
+        return load_part(self.state, self.base, self.part(number, start, size), self.spec)
+
+    def close(self) -> None:
+        for future in self.ahead.values():
+            future.cancel()
+        self.ahead.clear()
+
+
+class WorkerLoops:
+    """A worker's loops, made when a call first names one; the oldest are dropped past `KEEP` (and
+    made again, from their plan, if a batch of theirs comes back)."""
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self.loops: OrderedDict[int, WorkerLoop] = OrderedDict()
+
+    def get(self, state: Any, plan: tuple) -> WorkerLoop:
+        handle, dataset, seeds, n, spec = plan
+        loop = self.loops.get(handle)
+        if loop is None:
+            loop = self.loops[handle] = WorkerLoop(state, state.objects[dataset], seeds, n,
+                                                   state.program[f"{spec}_spec"])
+            while len(self.loops) > self.KEEP:
+                self.loops.popitem(last=False)[1].close()
+        return loop
+
+
+def needs_agreement(state: Any, plan: tuple) -> bool:
+    """Whether loading a part of the loop's batches can fail, so the workers must agree that each
+    has its part before any starts the step."""
+    return not getattr(state.objects[plan[1]], "checked", False)
 
 
 def agree(state: Any, failed: bool) -> bool:

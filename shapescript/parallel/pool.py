@@ -32,6 +32,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Self
@@ -43,6 +44,7 @@ from shapescript.parallel.worker import WAITING, describe_status, dumps, read_st
 DEFAULT_TIMEOUT = 600.0
 TIMEOUT_ENV = "SHAPESCRIPT_COLLECTIVE_TIMEOUT"
 STOP_GRACE = 3.0  # seconds a worker has to exit after a stop message, and after SIGTERM
+PARALLEL_SEND_BYTES = 1 << 20  # messages bigger than this go to the workers at once, from threads
 COLLECTIVE_GRACE = 2.0  # after one worker's collective failed, how long the others have to report theirs
 _timeout_override: float | None = None
 # A fresh interpreter that imports the worker module by name, never the controller's __main__ (as
@@ -150,6 +152,16 @@ def _shutdown(workers: list[_Worker], folder: str | None, grace: float) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _torch_settings() -> dict[str, Any]:
+    """The controller's numerical settings, which the workers take so their floats agree with it.
+    torch has no getter for flushing denormals: a denormal that a multiplication keeps tells."""
+    import torch
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    return {"flush_denormal": bool((tiny * 1.0).item() == 0.0),
+            "matmul_precision": torch.get_float32_matmul_precision(),
+            "deterministic": torch.are_deterministic_algorithms_enabled()}
+
+
 class WorkerPool:
     """One worker process per device of `devices`, in one process group. `timeout` is the collective
     timeout in seconds (default: `current_collective_timeout()` when the pool starts); `modules` are
@@ -175,6 +187,7 @@ class WorkerPool:
         self._start_error: BaseException | None = None
         self._t0 = 0.0
         self._finalizer: weakref.finalize | None = None
+        self._senders: ThreadPoolExecutor | None = None  # for big messages, see _send
 
     # -- starting ----------------------------------------------------------------------------------
 
@@ -227,7 +240,7 @@ class WorkerPool:
                 conn.send_bytes(dumps({
                     "rank": rank, "world": self.world, "kind": self.devices.kind, "index": index,
                     "store_path": store_path, "status_path": worker.status_path, "timeout": self.timeout,
-                    "sys_path": sys_path, "modules": self.modules}))
+                    "sys_path": sys_path, "modules": self.modules, "torch": _torch_settings()}))
         except BaseException as exc:
             self._die(f"the workers couldn't be started: {exc}")
             if isinstance(exc, OSError):
@@ -323,6 +336,8 @@ class WorkerPool:
         if self._finalizer is not None:
             self._finalizer.detach()
         _shutdown(self._workers, self._folder, grace)
+        if self._senders is not None:  # its threads end once the pipes close
+            self._senders.shutdown(wait=False)
 
     # -- calls -------------------------------------------------------------------------------------
 
@@ -337,11 +352,7 @@ class WorkerPool:
         where = where or f"`{handler}`"
         payloads = self._encode(handler, args, where)
         try:
-            for w, payload in zip(self._workers, payloads):
-                try:
-                    w.conn.send_bytes(payload)
-                except OSError:  # it stopped since the last call
-                    self._fail_dead(w, f"idle, before {where}")
+            self._send(payloads, where)
             replies, pending = self._gather(f"running {where}")
         except WorkerError:
             raise
@@ -355,6 +366,28 @@ class WorkerPool:
             rank = next(i for i, r in enumerate(replies) if r is not None and r[0] == "err")
             self._raise_error(self._workers[rank], failed[0][1], where)
         return [r[1] for r in replies]  # type: ignore[index]
+
+    def _send(self, payloads: list[bytes], where: str) -> None:
+        """Each worker its message. Big ones (a batch from Python) go at once, from threads, so the
+        last worker doesn't wait for the first to read all of its part before its own starts."""
+        def send(w: _Worker, payload: bytes) -> bool:
+            try:
+                w.conn.send_bytes(payload)
+                return True
+            except OSError:  # it stopped since the last call
+                return False
+
+        pairs = list(zip(self._workers, payloads))
+        if len(pairs) > 1 and max(len(p) for p in payloads) > PARALLEL_SEND_BYTES:
+            if self._senders is None:
+                self._senders = ThreadPoolExecutor(self.world - 1, thread_name_prefix="shapescript-send")
+            others = [self._senders.submit(send, w, p) for w, p in pairs[1:]]
+            sent = [send(*pairs[0])] + [f.result() for f in others]
+        else:
+            sent = [send(w, p) for w, p in pairs]
+        for (w, _), ok in zip(pairs, sent):
+            if not ok:
+                self._fail_dead(w, f"idle, before {where}")
 
     def _encode(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str) -> list[bytes]:
         """The messages for each worker, pickled: once when every worker gets the same."""

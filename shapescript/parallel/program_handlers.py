@@ -42,6 +42,8 @@ def keep_dataset(state: Any, handle: int, base: Any, spec: str) -> None:
     state.objects[handle] = loading.keep(state, base, state.program[f"{spec}_spec"])
 
 
+LOOPS = loading.WorkerLoops()  # this worker's loops over batches
+
 SKIPPED = "skipped: another worker couldn't load its part of the batch"
 
 
@@ -50,8 +52,8 @@ def decode(state: Any, value: Any) -> Any:
     if kind == "handle":
         return state.objects[value[1]]
     if kind == "batchref":
-        _, handle, indices, spec = value
-        return loading.load_part(state, state.objects[handle], indices, state.program[f"{spec}_spec"])
+        _, plan, number, start, size = value
+        return LOOPS.get(state, plan).take(number, start, size)
     if kind == "batch":
         _, spec, fields, lengths = value
         move = {k: v.to(state.device) for k, v in fields.items()}
@@ -72,7 +74,7 @@ def to_cpu(value: Any) -> Any:
 @handler("call")
 def call(state: Any, name: str, args: tuple) -> Any:
     fn = state.program[name]
-    loads = [a for a in args if a[0] == "batchref" and loading.needs_agreement(state.objects[a[1]])]
+    loads = [a for a in args if a[0] == "batchref" and loading.needs_agreement(state, a[1])]
     try:
         values = [decode(state, a) for a in args]
     except Exception:

@@ -225,6 +225,9 @@ def _boot(config: dict[str, Any]) -> WorkerState:
         device = torch.device("cpu")
         if "OMP_NUM_THREADS" not in os.environ:  # the workers share the CPUs: don't oversubscribe them
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    torch.set_flush_denormal(config["torch"]["flush_denormal"])  # the controller's numerics
+    torch.set_float32_matmul_precision(config["torch"]["matmul_precision"])
+    torch.use_deterministic_algorithms(config["torch"]["deterministic"])
     state = WorkerState(rank, world, device, config["status_path"])
     for name in config["modules"]:
         importlib.import_module(name)

@@ -359,10 +359,11 @@ class TensorDataset:
 
 
 class _Shuffled:
-    """A permuted view of a map-style dataset: view[i] is base[perm[i]]."""
+    """A permuted view of a map-style dataset: view[i] is base[perm[i]], perm drawn from `seed`."""
 
-    def __init__(self, base: Any, perm: torch.Tensor) -> None:
-        self.base, self.perm = base, perm
+    def __init__(self, base: Any, seed: int) -> None:
+        self.base, self.seed = base, seed
+        self.perm = shuffle_order(_length(base, "shuffle"), (seed,))
 
     def __len__(self) -> int:
         return len(self.perm)
@@ -376,30 +377,46 @@ class _Shuffled:
         return getitems(real) if getitems is not None else [self.base[i] for i in real]
 
 
+def shuffle_order(length: int, seeds: Sequence[int]) -> torch.Tensor:
+    """The order of `length` items after shuffling with each seed in turn, outermost first: what
+    torch.randperm draws from a generator seeded with each. The same in every process, so workers
+    make a loop's order from its seeds rather than receive it."""
+    order: torch.Tensor | None = None
+    for seed in seeds:
+        perm = torch.randperm(length, generator=torch.Generator().manual_seed(seed))
+        order = perm if order is None else perm[order]
+    return order if order is not None else torch.arange(length)
+
+
 def shuffle(ds: Any, seed: int) -> _Shuffled:
     """`ds` in the order torch.randperm draws from a generator seeded with `seed`."""
-    seed = _int_arg(seed, "shuffle", "seed")
-    g = torch.Generator().manual_seed(seed)
-    return _Shuffled(ds, torch.randperm(_length(ds, "shuffle"), generator=g))
+    return _Shuffled(ds, _int_arg(seed, "shuffle", "seed"))
+
+
+def batch_bounds(total: int, n: int, k: int) -> tuple[int, int]:
+    """Where the k-th batch of `n` starts and ends in a loop's order of `total` items."""
+    return k * n, min(total, (k + 1) * n)
 
 
 class _Batches:
-    """The batches of a dataset, re-iterable; the last one may be smaller."""
+    """The batches of a dataset, re-iterable; the last one may be smaller. `seeds` are the
+    shuffles' seeds, outermost first (none: the dataset's own order)."""
 
-    def __init__(self, base: Any, order: torch.Tensor | None, n: int, spec: DataSpec,
+    def __init__(self, base: Any, seeds: tuple[int, ...], n: int, spec: DataSpec,
                  device: torch.device | None = None) -> None:
-        self.base, self.order, self.n, self.spec = base, order, n, spec
+        self.base, self.seeds, self.n, self.spec = base, seeds, n, spec
         self.device = device if device is not None and torch.device(device).type != "cpu" else None
-        self.total = len(order) if order is not None else _length(base, "batches")
+        self.total = _length(base, "batches")
 
     def __len__(self) -> int:
         return -(-self.total // self.n)
 
     def indices(self) -> Iterator[list[int]]:
         """Each batch's items, as indices into the underlying dataset."""
-        order = self.order.tolist() if self.order is not None else range(self.total)
-        for start in range(0, self.total, self.n):
-            yield list(order[start:start + self.n])
+        order = shuffle_order(self.total, self.seeds).tolist() if self.seeds else range(self.total)
+        for k in range(len(self)):
+            start, end = batch_bounds(self.total, self.n, k)
+            yield list(order[start:end])
 
     def __iter__(self) -> Iterator[Batch]:
         for indices in self.indices():
@@ -416,8 +433,8 @@ def batches(ds: Any, n: int, spec: DataSpec, device: torch.device | str | None =
     if n <= 0:
         raise DomainError(f"batches: the batch size must be positive, got {n}")
     # Unwrap shuffled views so items are fetched from the base and errors name its indices.
-    order: torch.Tensor | None = None
+    seeds: list[int] = []
     while isinstance(ds, _Shuffled):
-        order = ds.perm if order is None else ds.perm[order]
+        seeds.append(ds.seed)
         ds = ds.base
-    return _Batches(ds, order, n, spec, device)
+    return _Batches(ds, tuple(seeds), n, spec, device)

@@ -14,3 +14,16 @@ class BadAt:
 
     def __getitem__(self, i: int) -> dict:
         return {"x": [float(i)] * (3 if i == self.bad else 4), "y": i % 3}
+
+
+class Rows:
+    """`n` items of Ex as plain Python records (not a TensorDataset): loaded item by item."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": [((i * 7 + j * 3) % 11) / 5.0 - 1.0 for j in range(4)], "y": (i * 5) % 3}

@@ -173,3 +173,21 @@ def test_a_tensor_dataset_is_checked_whole_when_the_workers_keep_it(two) -> None
     m = two.Lin.init(seed=0)
     with pytest.raises(ss.DomainError, match="item 7"):
         two.fit(m, ss.adamw(m, lr=0.1), bad, ss.sinks.memory())
+
+
+@pytest.mark.slow
+def test_workers_take_the_controllers_numerical_settings() -> None:
+    src = "fn scale(x: [n]) -> [n] = x * 0.5\n"
+    tiny = torch.tensor([1e-39, 2e-39, 1.0, 3e-39], dtype=torch.float32)
+    torch.set_flush_denormal(True)
+    try:
+        one = ss.load(src, devices="cpu", name="s.ss").scale(tiny)
+        prog = ss.load(src, devices="cpu[0 1]", name="s.ss")
+        try:
+            two = prog.scale(tiny)
+        finally:
+            prog.stop()
+    finally:
+        torch.set_flush_denormal(False)
+    assert one.tolist() == [0.0, 0.0, 0.5, 0.0]  # flushed here, so the workers must flush too
+    assert torch.equal(two, one)
