@@ -1,21 +1,27 @@
-"""ShapeScript on two devices against torch DDP: the README's MLP on cpu[0 1], and what the workers cost.
+"""ShapeScript on several devices against torch DDP: the README's MLP, and what the workers cost.
 
-    python benchmarks/several.py            # a few minutes on 2 cores
-    python benchmarks/several.py --quick    # well under a minute, for a smoke test
+    python benchmarks/several.py                         # cpu[0 1]: a few minutes on 2 cores
+    python benchmarks/several.py --quick                 # well under a minute, for a smoke test
+    python benchmarks/several.py --devices 'cuda[0 1]'   # on GPUs (also cpu[0 1 2], cuda[0 1 2 3], ...)
 
-The step: examples/readme/mlp.ss on devices='cpu[0 1]' (two worker processes, Gloo), AdamW with
-lr = 1e-3, against the same model in torch.nn.parallel.DistributedDataParallel on two processes
-(Gloo, a FileStore in a temporary folder, GLOO_SOCKET_IFNAME=lo), each with the whole batch in its
-own memory and taking its half, as the workers take theirs. Every process runs one torch thread
-(the workers' own rule: the CPUs shared among them). The sides:
+The step: examples/readme/mlp.ss on --devices (default 'cpu[0 1]': two worker processes, Gloo),
+AdamW with lr = 1e-3, against the same model in torch.nn.parallel.DistributedDataParallel on as many
+processes (the same backend: Gloo with GLOO_SOCKET_IFNAME=lo on cpu[...], NCCL with
+NCCL_SOCKET_IFNAME=lo on cuda[...]; a FileStore in a temporary folder), each with the whole batch in
+its own memory and taking its part, as the workers take theirs. On cpu[...] every process runs the
+CPUs shared among the processes in torch threads (the workers' own rule: one each on 2 cores for
+cpu[0 1]). On cuda[...] each rank runs on its GPU, cuda:<index> (the model and its part of the batch
+moved there before the timing, each step ended by torch.cuda.synchronize() before the clock is
+read) with min(4, cores) torch threads; the workers pick their GPUs themselves, and the batches
+passed from Python are CPU tensors that they move. The sides:
 
 - ShapeScript, `prog.train_step(m, opt, {"img": x, "label": y})` called from Python: timed in the
-  controller around the call, so it includes checking the batch, sending each worker its half
+  controller around the call, so it includes checking the batch, sending each worker its part
   through the pipes, and getting the loss back;
-- DDP: loss, backward, AdamW step, timed inside the ranks (after a barrier, the slower rank's time),
+- DDP: loss, backward, AdamW step, timed inside the ranks (after a barrier, the slowest rank's time),
   as its own training loop sees it;
 - the generated code run in DDP's ranks: the program's compiled train_step, called in each rank on
-  its half, as a worker runs it but without the controller and its messages;
+  its part, as a worker runs it but without the controller and its messages;
 - ShapeScript, the program's own loop `prog.run(m, opt, dataset, sink)` over a TensorDataset that
   the workers keep (sent once), so each step sends only the indices of each worker's part and the
   workers gather their rows; only the whole loop is timed (the mean step of each block). The
@@ -25,13 +31,14 @@ Each side runs blocks of steps back to back, as a training loop does; the blocks
 then DCBA) after a warmup, and the sides that draw batches draw the same sequence, so their i-th
 steps see the same batch and start from the same weights (their first losses are compared). Each
 figure is a median; the ratio is against DDP, and the pair ratio the median of the rounds' ratios.
-After the race, in the same run, one device's step for reference (devices='cpu', in this process,
-with this process's torch threads).
+After the race, in the same run, one device's step for reference, in this process: devices='cpu'
+with this process's torch threads for cpu[...], devices='cuda' (cuda:0, its batches passed as CPU
+tensors, synchronized before the clock is read) for cuda[...].
 
 Also: the workers' cold start (ss.load + the first call, until its result, in fresh processes); the
 round trip of one call from the controller (a program `fn ident(x: [n]) -> [n] = x`); what sending
-a batch costs (a call that only reads it), and a bare socket pair's time for a worker's half of a
-batch of 6144.
+a batch costs (a call that only reads it), and a bare socket pair's time for a worker's part of a
+batch of 6144; each against one device as above.
 """
 
 from __future__ import annotations
@@ -61,14 +68,27 @@ import torch.nn.functional as F  # noqa: E402
 PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
 D, HD, C = 784, 256, 10
 LR = 1e-3
-WORLD = 2
-DEVICES = "cpu[0 1]"
 TINY = float(torch.finfo(torch.float32).tiny)
 
 
-def worker_threads() -> int:
-    """Torch threads per process, as the ShapeScript workers choose them: the CPUs shared out."""
-    return max(1, len(os.sched_getaffinity(0)) // WORLD)
+def rank_threads(kind: str, world: int) -> int:
+    """Torch threads per DDP rank: on cpu[...] as the ShapeScript workers choose them, the CPUs shared
+    out; on cuda[...], where the GPUs compute, a few (the workers keep torch's default there)."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores // world) if kind == "cpu" else min(4, cores)
+
+
+def synced(f: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """`f` as timed on the device kind `kind`: on a GPU, whose work a call only queues, the call and
+    then waiting for that work (on the CPU, `f` itself)."""
+    if kind != "cuda":
+        return f
+
+    def call(*args: Any) -> Any:
+        out = f(*args)
+        torch.cuda.synchronize()
+        return out
+    return call
 
 
 def shares(n: int, workers: int) -> list[int]:
@@ -102,16 +122,23 @@ class Mlp(torch.nn.Module):
         return torch.relu(x @ self.w1) @ self.w2
 
 
-def ddp_rank(rank: int, store_path: str, conn: Any, threads: int) -> None:
-    """A rank: ("setup", batch, w1, w2, source) builds the DDP model from w1 and w2 and, from `source`
-    (the program's generated Python for cpu[0 1]), the program's model, optimizer and train_step, as a
-    worker does; ("steps", kind, k) runs k timed steps of the DDP model (kind "ddp") or of the
-    generated code (kind "generated"), each on the next batch of that kind's sequence (drawn whole,
-    outside the timing) of which it takes its half; ("stop",) ends."""
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+def ddp_rank(rank: int, store_path: str, conn: Any, threads: int, kind: str, indices: tuple[int, ...]) -> None:
+    """A rank of len(indices) (a spawned process: everything it needs comes as arguments), on the CPU
+    with Gloo (kind "cpu") or on cuda:indices[rank] with NCCL (kind "cuda"). ("setup", batch, w1, w2,
+    source) builds the DDP model from w1 and w2 and, from `source` (the program's generated Python
+    for the devices), the program's model, optimizer and train_step, as a worker does; ("steps",
+    side, k) runs k timed steps of the DDP model (side "ddp") or of the generated code (side
+    "generated"), each on the next batch of that side's sequence (drawn whole, outside the timing)
+    of which it takes its part, moved to its device; ("stop",) ends."""
+    world, cuda = len(indices), kind == "cuda"
+    os.environ["NCCL_SOCKET_IFNAME" if cuda else "GLOO_SOCKET_IFNAME"] = "lo"
     import torch.distributed as dist
     torch.set_num_threads(threads)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, WORLD), rank=rank, world_size=WORLD)
+    device = torch.device("cuda", indices[rank]) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world, device_id=device if cuda else None)
     dist.barrier()
     conn.send(("ready",))
     steps: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
@@ -122,9 +149,10 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int) -> None:
             break
         if msg[0] == "setup":
             _, batch, w1, w2, source = msg
-            lo = sum(shares(batch, WORLD)[:rank])
-            hi = lo + shares(batch, WORLD)[rank]
-            model = torch.nn.parallel.DistributedDataParallel(Mlp(w1, w2))
+            lo = sum(shares(batch, world)[:rank])
+            hi = lo + shares(batch, world)[rank]
+            model = torch.nn.parallel.DistributedDataParallel(Mlp(w1, w2).to(device),
+                                                              device_ids=[device] if cuda else None)
             opt = torch.optim.AdamW(model.parameters(), lr=LR)
 
             def ddp_step(x: torch.Tensor, y: torch.Tensor, model: Any = model, opt: Any = opt) -> torch.Tensor:
@@ -140,9 +168,9 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int) -> None:
             from shapescript.runtime.model import Model
             from shapescript.runtime.optim import adamw
             ns: dict[str, Any] = {"__name__": "generated_in_the_ranks"}
-            exec(compile(source, "<generated for cpu[0 1]>", "exec"), ns)
-            ns["DEVICE"] = "cpu"
-            gm = Model.init(ns["Mlp_spec"], 0, "cpu")
+            exec(compile(source, f"<generated for {kind}{list(indices)}>", "exec"), ns)
+            ns["DEVICE"] = str(device)
+            gm = Model.init(ns["Mlp_spec"], 0, device)
             gopt = adamw(gm, lr=LR)
 
             def generated_step(x: torch.Tensor, y: torch.Tensor, train_step: Any = ns["train_step"],
@@ -150,17 +178,19 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int) -> None:
                 with torch.no_grad():  # as the worker's `call` handler
                     return train_step(m, opt, Batch(spec, {"img": x, "label": y}))
 
-            steps = {"ddp": ddp_step, "generated": generated_step}
-            data = {kind: Batches(batch) for kind in steps}
+            steps = {"ddp": synced(ddp_step, kind), "generated": synced(generated_step, kind)}
+            data = {side: Batches(batch) for side in steps}
             conn.send(("ok",))
         elif msg[0] == "steps":  # a block of steps, back to back as in a training loop
-            _, kind, k = msg
-            step, batches = steps[kind], data[kind]
+            _, side, k = msg
+            step, batches = steps[side], data[side]
             out = []
             for _ in range(k):
                 x, y = batches.next()
-                x, y = x[lo:hi], y[lo:hi]
-                dist.barrier()  # both ranks start the step together: neither times the other's draw
+                x, y = x[lo:hi].to(device), y[lo:hi].to(device)
+                dist.barrier()  # the ranks start the step together: none times another's draw
+                if cuda:  # with NCCL the barrier, and the copies, may still be queued on the GPU
+                    torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 loss = step(x, y)
                 out.append((time.perf_counter() - t0, loss.item()))
@@ -174,16 +204,17 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int) -> None:
 class DdpRanks:
     """The DDP ranks as the controller drives them."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, kind: str, indices: tuple[int, ...]) -> None:
         import multiprocessing as mp
         ctx = mp.get_context("spawn")
         self.folder = tempfile.mkdtemp(prefix="ddp-bench-")
+        self.world = len(indices)
         t0 = time.perf_counter()
         self.conns, self.procs = [], []
-        for rank in range(WORLD):
+        for rank in range(self.world):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=ddp_rank, args=(rank, os.path.join(self.folder, "store"), theirs, threads),
-                               daemon=True)
+            proc = ctx.Process(target=ddp_rank, daemon=True,
+                               args=(rank, os.path.join(self.folder, "store"), theirs, threads, kind, indices))
             proc.start()
             theirs.close()
             self.conns.append(ours)
@@ -198,14 +229,16 @@ class DdpRanks:
         return [c.recv() for c in self.conns]
 
     def setup(self, batch: int, w1: torch.Tensor, w2: torch.Tensor, source: str) -> None:
+        self.parts = shares(batch, self.world)
         self.ask_all(("setup", batch, w1, w2, source))
 
-    def steps(self, kind: str) -> Callable[[int], list[tuple[float, float]]]:
-        """k steps of `kind`: for each, (the slower rank's time, the batch's loss; DDP's is the mean
-        of the halves', the generated code's the whole batch's on every rank)."""
+    def steps(self, side: str) -> Callable[[int], list[tuple[float, float]]]:
+        """k steps of `side`: for each, (the slowest rank's time, the batch's loss; DDP's is the mean
+        of the parts', weighted by their sizes, the generated code's the whole batch's on every rank)."""
         def run(k: int) -> list[tuple[float, float]]:
-            per_rank = self.ask_all(("steps", kind, k))
-            return [(max(t for t, _ in step), sum(loss for _, loss in step) / WORLD) for step in zip(*per_rank)]
+            per_rank = self.ask_all(("steps", side, k))
+            return [(max(t for t, _ in step), sum(loss * n for (_, loss), n in zip(step, self.parts)) / sum(self.parts))
+                    for step in zip(*per_rank)]
         return run
 
     def subnormals(self) -> tuple[int, int]:
@@ -249,7 +282,7 @@ def race(sides: list[Callable[[int], list[tuple[float, float]]]], warmup: int, b
 
 def timed_steps(prog: Any, m: Any, opt: Any, data: Batches) -> Callable[[int], list[tuple[float, float]]]:
     """k steps of `prog.train_step`, each on the next batch (drawn outside the timing): (time, loss)."""
-    train_step = prog.train_step
+    train_step = synced(prog.train_step, prog.device.type)  # (on several devices the controller's: cpu)
 
     def steps(k: int) -> list[tuple[float, float]]:
         out = []
@@ -313,26 +346,27 @@ prog.stop()
 """
 
 
-def cold_starts(processes: int) -> list[dict[str, float]]:
+def cold_starts(processes: int, devices: str) -> list[dict[str, float]]:
     """In fresh interpreters (torch and shapescript already imported): ss.load + the first call
     (Mlp.init, which starts the workers) until it returns; the pool's own cold_start_s; and the
     first train_step after it."""
-    code = _COLD.format(root=str(ROOT), program=str(PROGRAM), devices=DEVICES)
+    code = _COLD.format(root=str(ROOT), program=str(PROGRAM), devices=devices)
     return [json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                                       text=True).stdout.strip().splitlines()[-1]) for _ in range(processes)]
 
 
-def round_trips(ss: Any, calls: int) -> dict[str, float]:
-    """Median seconds of one call of `ident` from the controller: on cpu[0 1], the pool's bare
-    `ping` under it, and on one device in this process."""
+def round_trips(ss: Any, calls: int, several: str, one: str) -> dict[str, float]:
+    """Median seconds of one call of `ident` from the controller: on the devices `several`, the pool's
+    bare `ping` under it, and on the device `one` in this process (synchronized on a GPU)."""
     source = "fn ident(x: [n]) -> [n] = x\n"
     out = {}
     x = torch.zeros(2)
-    for devices in (DEVICES, "cpu"):
+    for devices in (several, one):
         prog = ss.load(source, devices=devices)
         prog.ident(x)
-        fns: dict[str, Callable[[], Any]] = {f"prog.ident on {devices}": lambda: prog.ident(x)}
-        if devices != "cpu":
+        fns: dict[str, Callable[[], Any]] = {f"prog.ident on {devices}": synced(lambda: prog.ident(x),
+                                                                                 prog.device.type)}
+        if devices == several:
             pool = prog._pool
             fns["pool.call('ping') on " + devices] = lambda: pool.call("ping", ())
         for label, f in fns.items():
@@ -384,37 +418,60 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of this process, for the one-device step (default: torch's own)")
+    ap.add_argument("--devices", default="cpu[0 1]",
+                    help="the devices, as a program's devices line lists them (default: cpu[0 1]); "
+                         "e.g. cpu[0 1 2], cuda[0 1], cuda[0 1 2 3]")
     args = ap.parse_args(argv)
     import shapescript as ss
+    from shapescript.api import parse_devices
+
+    try:
+        device_set = parse_devices(args.devices)
+    except ValueError as e:
+        ap.error(f"--devices: {e}")
+    if device_set.count < 2:
+        ap.error(f"--devices {args.devices!r}: list two devices or more, e.g. 'cpu[0 1]' or 'cuda[0 1]'")
+    kind, indices, world, devices = device_set.kind, device_set.indices or (), device_set.count, str(device_set)
+    if kind == "cuda" and torch.cuda.device_count() <= max(indices):
+        ap.error(f"--devices {devices} needs GPUs up to cuda:{max(indices)}, and torch {torch.__version__} sees "
+                 f"{torch.cuda.device_count()} GPU(s)" + ("" if torch.version.cuda else " (a build without CUDA)"))
+    one = "cpu" if kind == "cpu" else "cuda"  # the one-device reference, in this process (cuda: cuda:0)
+    threads = rank_threads(kind, world)
 
     one_dev_threads = args.threads if args.threads is not None else torch.get_num_threads()
     load = os.getloadavg()[0]
+    backend = "Gloo" if kind == "cpu" else "NCCL"
+    gpus = "" if kind == "cpu" else "; " + ", ".join(f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in indices)
+    print(f"devices {devices}: ShapeScript's {world} workers and torch DDP's {world} ranks, {backend}; "
+          f"one device for reference: {one}{gpus}")
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, load {load:.2f}; torch {torch.__version__}; "
-          f"python {platform.python_version()}; {worker_threads()} torch thread(s) per worker and per rank, "
-          f"{one_dev_threads} for one device; subnormals kept (the workers can't be told to flush them)")
+          f"python {platform.python_version()}; " + (
+              f"{threads} torch thread(s) per worker and per rank, {one_dev_threads} for one device; "
+              "subnormals kept (the workers can't be told to flush them)" if kind == "cpu" else
+              f"{threads} torch thread(s) per rank, torch's default in the workers, {one_dev_threads} in this process"))
 
     runs = 1 if args.quick else 3
-    colds = cold_starts(runs)
+    colds = cold_starts(runs, devices)
     med = {k: statistics.median(c[k] for c in colds) for k in colds[0]}
-    print(f"cold start on {DEVICES}, median of {runs} fresh process(es): ss.load + Mlp.init {med['first']:.3f} s "
+    print(f"cold start on {devices}, median of {runs} fresh process(es): ss.load + Mlp.init {med['first']:.3f} s "
           f"(pool cold_start_s {med['pool']:.3f} s); the first train_step after it {med['step'] * 1e3:.1f} ms")
 
-    rtts = round_trips(ss, 200 if args.quick else 2000)
+    rtts = round_trips(ss, 200 if args.quick else 2000, devices, one)
     for label, t in rtts.items():
         print(f"round trip, {label}: {t * 1e6:.0f} us (median)")
 
     torch.set_num_threads(1)  # the draws of the batches here: no idle OpenMP threads spinning beside the race
-    ddp = DdpRanks(worker_threads())
+    ddp = DdpRanks(threads, kind, indices)
     print(f"DDP ranks: spawned until the process group formed: {ddp.cold_start_s:.3f} s")
     # (batch, warmup pairs of blocks, blocks of each side, steps a block): each side runs fewer than the
     # ~700 steps after which AdamW's first moments of dead ReLU units reach the subnormal floats
     plan = [(64, 1, 10, 5), (6144, 1, 4, 2)] if args.quick else [(64, 2, 50, 10), (6144, 1, 40, 5)]
-    prog2 = ss.load(PROGRAM, devices=DEVICES)
+    prog2 = ss.load(PROGRAM, devices=devices)
     for batch, warmup, blocks, size in plan:
         m2 = prog2.Mlp.init(seed=0)
         opt2 = ss.adamw(m2, lr=LR)
         ddp.setup(batch, m2.w1, m2.w2, prog2.python_source)
-        progl = ss.load(loop_source(batch), devices=DEVICES, name=f"mlp.ss with batches({batch})")
+        progl = ss.load(loop_source(batch), devices=devices, name=f"mlp.ss with batches({batch})")
         ml = progl.Mlp.init(seed=0)
         sides = {
             "ShapeScript, prog.train_step(m, opt, batch dict)": timed_steps(prog2, m2, opt2, Batches(batch)),
@@ -427,7 +484,7 @@ def main(argv: list[str] | None = None) -> None:
         sub, total = ddp.subnormals()
         # one device, after the race, in this process, with its threads
         torch.set_num_threads(one_dev_threads)
-        prog1 = ss.load(PROGRAM, devices="cpu")
+        prog1 = ss.load(PROGRAM, devices=one)
         m1 = prog1.Mlp.init(seed=0)
         steps1 = timed_steps(prog1, m1, ss.adamw(m1, lr=LR), Batches(batch))
         steps1(warmup * size)
@@ -441,38 +498,44 @@ def main(argv: list[str] | None = None) -> None:
             pair = statistics.median(r[k] / r[1] for r in rounds)
             print(f"  {label:<52} {statistics.median(ts) * 1e3:>7.3f} ms  {ratio:>6.3f}  {pair:>10.3f}  "
                   f"({quantiles(ts)})", flush=True)
-        print(f"  {'one device (devices=cpu), after the race':<52} {statistics.median(ones) * 1e3:>7.3f} ms  "
+        print(f"  {f'one device (devices={one}), after the race':<52} {statistics.median(ones) * 1e3:>7.3f} ms  "
               f"{statistics.median(ones) / ddp_median:>6.3f}  {'':>10}  ({quantiles(ones)})")
+        parts = shares(batch, world)
+        uneven = "" if len(set(parts)) == 1 else (
+            f" (parts of {'/'.join(map(str, parts))}: DDP averages its ranks' mean gradients where ShapeScript counts "
+            f"each example once, so their losses differ from the second step on)")
         print(f"  the first 3 losses of prog.train_step, DDP and the generated code in the ranks agree to "
-              f"{worst:.1e}; DDP's AdamW first moments subnormal at the end: {sub} of {total}", flush=True)
+              f"{worst:.1e}{uneven}; DDP's AdamW first moments subnormal at the end: {sub} of {total}", flush=True)
     ddp.stop()
     prog2.stop()
 
     # What sending a batch costs: a function of the program that only reads its batch (no collective,
-    # a [b] result), on cpu[0 1] against one device.
+    # a [b] result), on the devices against one device.
     source = PROGRAM.read_text() + "\nfn rows(batch: [b] Digit) -> [b] = sum(batch.img, over=D)\n"
     print("a call that only reads the batch, `fn rows(batch: [b] Digit) -> [b] = sum(batch.img, over=D)`, median:")
     for batch, calls in ((64, 50 if args.quick else 500), (6144, 10 if args.quick else 100)):
         x, y = Batches(batch).next()
         data = {"img": x, "label": y}
         row = []
-        for devices in (DEVICES, "cpu"):
-            prog = ss.load(source, devices=devices, name="mlp.ss + rows")
-            torch.set_num_threads(one_dev_threads if devices == "cpu" else 1)
+        for on in (devices, one):
+            prog = ss.load(source, devices=on, name="mlp.ss + rows")
+            torch.set_num_threads(one_dev_threads if on == one else 1)
+            rows = synced(prog.rows, prog.device.type)
             for _ in range(5):
-                prog.rows(data)
+                rows(data)
             times = []
             for _ in range(calls):
                 t0 = time.perf_counter()
-                prog.rows(data)
+                rows(data)
                 times.append(time.perf_counter() - t0)
             row.append(statistics.median(times))
             prog.stop()
         mb = (x.numel() * x.element_size() + y.numel() * y.element_size()) / 2**20
-        print(f"  batch {batch:>4} ({mb:.2f} MiB): {row[0] * 1e3:.3f} ms on {DEVICES}, {row[1] * 1e3:.3f} ms on one device")
-    half = 6144 // WORLD * (D * 4 + 8)
-    print(f"  for comparison, a worker's half of a batch of 6144 ({half / 2**20:.2f} MiB) through a bare socket "
-          f"pair to another process, and a 2-byte answer: {socket_pair_time(half, 5 if args.quick else 30) * 1e3:.2f} ms")
+        print(f"  batch {batch:>4} ({mb:.2f} MiB): {row[0] * 1e3:.3f} ms on {devices}, {row[1] * 1e3:.3f} ms on one device")
+    part = shares(6144, world)[0] * (D * 4 + 8)
+    print(f"  for comparison, a worker's {'half' if world == 2 else 'part'} of a batch of 6144 "
+          f"({part / 2**20:.2f} MiB) through a bare socket pair to another process, and a 2-byte answer: "
+          f"{socket_pair_time(part, 5 if args.quick else 30) * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

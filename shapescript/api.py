@@ -96,15 +96,15 @@ class Program:
 
     @property
     def several(self) -> bool:
-        return self.checked.devices.count > 1
+        return self.checked.device_set.count > 1
 
     def workers(self) -> Any:
         """The worker pool of a program on several devices, started when first needed."""
         if self._pool is None or not self._pool.alive:
             from .parallel.pool import WorkerPool
-            pool = WorkerPool(self.checked.devices, modules=["shapescript.parallel.program_handlers"])
+            pool = WorkerPool(self.checked.device_set, modules=["shapescript.parallel.program_handlers"])
             pool.start()
-            pool.call("load_program", (self.python_source, self._module_file, str(self.checked.devices)),
+            pool.call("load_program", (self.python_source, self._module_file, str(self.checked.device_set)),
                       where="loading the program")
             self._pool = pool
         return self._pool
@@ -126,10 +126,15 @@ class Program:
         return list(super().__dir__()) + list(self._members)
 
     def __repr__(self) -> str:
-        return f"<ShapeScript program {self.checked.file} on {self.checked.devices}: {', '.join(self._members)}>"
+        return f"<ShapeScript program {self.checked.file} on {self.checked.device_set}: {', '.join(self._members)}>"
 
     @property
     def devices(self) -> DeviceSet:
+        return self.checked.device_set
+
+    @property
+    def device_table(self) -> Any:
+        """How values lie on the devices and what each line sends (check/comms.py's DeviceTable)."""
         return self.checked.devices
 
     def locate(self, exc: BaseException) -> list[tuple[str, Span]]:

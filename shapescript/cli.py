@@ -1,8 +1,9 @@
-"""The command line: `shapescript check | build | run | explain`."""
+"""The command line: `shapescript check | build | run | comms | explain | lsp`."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -35,8 +36,19 @@ def main(argv: list[str] | None = None) -> int:
                        help="the size of a dim declared without one, e.g. V=65")
     run.add_argument("--devices", help="override the program's devices line")
 
+    comms = sub.add_parser("comms", help="show how values lie on the devices and what each line sends")
+    comms.add_argument("file")
+    comms.add_argument("--devices", help="override the program's devices line, e.g. 'cpu[0 1 2]'")
+    comms.add_argument("--batch", type=int, metavar="N", help="the batch size for the shares (default: the "
+                       "program's batches(n))")
+    comms.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                       help="the size of a dim declared without one, e.g. V=65")
+    comms.add_argument("--json", action="store_true", help="print the table as JSON")
+
     explain = sub.add_parser("explain", help="explain an error code, e.g. E0301")
     explain.add_argument("code")
+
+    sub.add_parser("lsp", help="run the language server on stdin/stdout")
 
     args = parser.parse_args(argv)
     try:
@@ -50,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"error: no such file: {e.filename}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `shapescript comms f.ss | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush can't fail
+        return 141
 
 
 def dim_sizes(pairs: list[str]) -> dict[str, int]:
@@ -67,7 +82,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     source, file = read_program(Path(args.file))
     checked = compile_program(source, file, args.devices, dim_sizes(args.dim))
-    print(f"{file}: ok ({len(checked.fns)} functions, {len(checked.models)} models, on {checked.devices})")
+    print(f"{file}: ok ({len(checked.fns)} functions, {len(checked.models)} models, on {checked.device_set})")
     return 0
 
 
@@ -118,7 +133,36 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"check": cmd_check, "build": cmd_build, "run": cmd_run, "explain": cmd_explain}
+def cmd_comms(args: argparse.Namespace) -> int:
+    from .api import compile_program, read_program
+    from .check.comms_text import report, to_json
+
+    if args.batch is not None and args.batch <= 0:
+        raise ValueError(f"--batch takes a positive number of examples, not {args.batch}")
+    source, file = read_program(Path(args.file))
+    checked = compile_program(source, file, args.devices, dim_sizes(args.dim))
+    if args.json:
+        import json
+        print(json.dumps(to_json(checked, args.batch), indent=2, ensure_ascii=False))
+    else:
+        print(report(checked, args.batch))
+    return 0
+
+
+def cmd_lsp(args: argparse.Namespace) -> int:
+    try:  # pygls is an optional dependency; its 2.x layout is the one the server is written for
+        import pygls.lsp.server  # noqa: F401
+    except ImportError:
+        print("error: the language server needs pygls 2: pip install 'shapescript[editor]'", file=sys.stderr)
+        return 2
+    from .lsp import serve
+
+    serve()
+    return 0
+
+
+COMMANDS = {"check": cmd_check, "build": cmd_build, "run": cmd_run, "explain": cmd_explain, "lsp": cmd_lsp,
+            "comms": cmd_comms}
 
 if __name__ == "__main__":
     sys.exit(main())

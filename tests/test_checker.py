@@ -25,7 +25,7 @@ def body_expr(checked, fn: str, k: int = -1):
 
 def test_readme_types_and_placement() -> None:
     c = check_source((ROOT / "examples" / "readme" / "mlp.ss").read_text(), "mlp.ss")
-    assert c.devices.count == 3 and c.devices.kind == "cuda"
+    assert c.device_set.count == 3 and c.device_set.kind == "cuda" and c.devices.count == 3
     assert c.type_of(body_expr(c, "forward")).show() == "[b C]"
     assert {n: f.placement for n, f in c.fns.items()} == {
         "forward": "workers", "loss": "workers", "train_step": "workers", "run": "controller"}

@@ -93,3 +93,23 @@ def test_run_calls_a_function_without_arguments(tmp_path) -> None:
 def test_usage_errors(args) -> None:
     res = cli(*args)
     assert res.returncode == 2 and "usage:" in res.stderr
+
+
+def test_comms_prints_the_table_as_text_and_as_json() -> None:
+    import json
+
+    text = cli("comms", str(README))
+    assert text.returncode == 0, text.stderr
+    assert "on cuda[0 1 2]: a batch of 64 splits 22/21/21" in text.stdout
+    assert "203,264 × f32 = 813,056 bytes (794 KiB)" in text.stdout
+    assert "inside `loss` (forward and backward): 16 bytes per call" in text.stdout
+    assert "`train_step` on the workers: 813,072 bytes (794 KiB) per call" in text.stdout
+    data = json.loads(cli("comms", str(README), "--json", "--devices", "cpu[0 1]", "--batch", "7").stdout)
+    assert data["devices"] == "cpu[0 1]" and data["shares"] == [4, 3]
+    step = next(f for f in data["functions"] if f["name"] == "train_step")
+    assert step["per_call"]["bytes"] == 813_072 and step["placement"] == "workers"
+    sends = {(s["what"].split(",")[0], s["count"], s["dtype"], s["times"]) for s in step["sends"]}
+    assert sends == {("the gradients of `Mlp`'s params `w1` and `w2`", 203_264, "f32", 1),
+                     ("cross_entropy's sum and count", 2, "f32", 2)}
+    bad = cli("comms", str(README), "--batch", "0")
+    assert bad.returncode == 1 and "--batch takes a positive number" in bad.stderr

@@ -83,7 +83,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         check_bodies(ctx)
     if not ctx.diagnostics:
         place(ctx)
-    if not ctx.diagnostics and checked.devices.count > 1:
+    if not ctx.diagnostics and checked.device_set.count > 1:
         from .split import split_batches
         split_batches(ctx)
     if ctx.diagnostics:

@@ -41,7 +41,7 @@ def place(ctx: Context) -> None:
     for fn in fns.values():
         if fn.placement == "anywhere" and fn.kind == "fn" and ("tensors" in fn.uses or fn.device_work):
             fn.placement, fn.placement_reason = "workers", "uses tensors"
-    devices = ctx.checked.devices if ctx.checked else None
+    devices = ctx.checked.device_set if ctx.checked else None
     if devices is None or devices.count == 1:
         return
     for fn in fns.values():

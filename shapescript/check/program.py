@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import Span
 from ..syntax import ast as A
 from . import dims as D
 from .types import DataT, ModelT, Ty
+
+if TYPE_CHECKING:
+    from .comms import DeviceTable
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class Checked:
     program: A.Program
     file: str
     source: str
-    devices: DeviceSet
+    device_set: DeviceSet
     dim_values: dict[str, int | None]
     data: dict[str, DataT]
     models: dict[str, ModelT]
@@ -83,6 +87,16 @@ class Checked:
     types: dict[int, Ty] = field(default_factory=dict)  # id(expr) -> type
     calls: dict[int, CallInfo] = field(default_factory=dict)  # id(call) -> resolution
     recipes: dict[int, dict] = field(default_factory=dict)  # id(expr) -> how to lower it
+    _table: object = field(default=None, repr=False)
+
+    @property
+    def devices(self) -> "DeviceTable":
+        """How values are laid out over the devices and what every line sends between them (worked
+        out when first asked for: a one-device build never needs it)."""
+        if self._table is None:
+            from .comms import DeviceTable
+            self._table = DeviceTable.of(self)
+        return self._table  # type: ignore[return-value]
 
     def type_of(self, node: A.Node) -> Ty:
         return self.types[id(node)]

@@ -68,7 +68,7 @@ def seeds(ctx: Context, fn: FnInfo) -> set:
             elif fn.placement != "controller":
                 node = next(p.node for p in fn.params if p.ty is t)
                 ctx.error("E1802", f"a batch of a fixed size, {t.show()}, can't be split across "
-                          f"{ctx.checked.devices.count} devices", node.span, "a fixed batch size",  # type: ignore
+                          f"{ctx.checked.device_set.count} devices", node.span, "a fixed batch size",  # type: ignore
                           "give the batch a generic size, as `[b] Digit`")
     return out
 
@@ -151,7 +151,7 @@ class Classifier:
 
     def __init__(self, ctx: Context, fn: FnInfo) -> None:
         self.ctx, self.fn, self.checked = ctx, fn, ctx.checked
-        self.n = ctx.checked.devices.count  # type: ignore[union-attr]
+        self.n = ctx.checked.device_set.count  # type: ignore[union-attr]
 
     def error(self, code: str, message: str, span: Span, label: str, *help: str) -> None:
         self.ctx.error(code, message, span, label, *help)

@@ -53,10 +53,10 @@ def py_name(name: str) -> str:
 
 
 def generate(checked: Checked, standalone: bool = False) -> str:
-    if standalone and checked.devices.count > 1:
+    if standalone and checked.device_set.count > 1:
         span = checked.program.items[0].span if checked.program.items else checked.program.span
         raise CompileError([Diagnostic(
-            "E1805", f"a standalone build can't run on {checked.devices.count} devices", span,
+            "E1805", f"a standalone build can't run on {checked.device_set.count} devices", span,
             "several devices", ("build without --standalone, or for one device",),
             ("on several devices the program runs in a controller that starts the package's workers",))],
             checked.source)
@@ -227,7 +227,8 @@ class _Writer:
                 args[k] = str(axis)  # an Axis[...] argument is passed as the axis's index
             return f"{py_name(info.name)}({', '.join(args)})"
         if info.kind == "grad":
-            return f"_rt.value_and_grad({', '.join([py_name(info.name)] + args)})"
+            where = f"where={str(node.span)!r}" if self.c.device_set.count > 1 else ""  # for the workers' reports
+            return f"_rt.value_and_grad({', '.join([py_name(info.name)] + args + ([where] if where else []))})"
         name, opts = info.name, info.options
         across = self.c.recipes.get(id(node), {}).get("across")
         if across:
@@ -345,7 +346,7 @@ class _Writer:
 
 def device_of(c: Checked) -> str:
     """The torch device of a one-device program: `cpu`, or `cuda:N` for `devices cuda[N]`."""
-    d = c.devices
+    d = c.device_set
     if d.kind == "cpu" or d.count > 1:  # on several devices the controller's tensors are on its CPU
         return "cpu"
     return f"cuda:{d.indices[0] if d.indices else 0}"

@@ -116,3 +116,12 @@ def restore(state: Any, path: str, model: int, opt: int | None) -> None:
 def free(state: Any, handles: list[int]) -> None:
     for h in handles:
         state.objects.pop(h, None)
+
+
+@handler("record_collectives")
+def record_collectives(state: Any, on: bool) -> list[tuple[str, int, str]]:
+    """Start recording every collective (on), or stop and return what was recorded: (.ss location,
+    values, dtype) each, to compare with the DeviceTable."""
+    done = collectives.recorded or []
+    collectives.recorded = [] if on else None
+    return [(where, n, str(dtype).removeprefix("torch.")) for where, n, dtype in done]

@@ -23,12 +23,25 @@ import torch.nn.functional as F
 status_hook: Callable[[str], AbstractContextManager[object]] | None = None
 
 
+# Set by a test or a profiler: every collective is appended as (its .ss location, values, dtype).
+# The DeviceTable (check/comms.py) says beforehand what this will hold.
+recorded: list[tuple[str, int, torch.dtype]] | None = None
+
+
 def world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _waiting_at(where: str) -> AbstractContextManager[object]:
     return status_hook(where) if status_hook is not None else nullcontext()
+
+
+def _all_reduce(t: torch.Tensor, where: str) -> None:
+    """Every collective of the compiled code goes through here: a sum over the workers, in place."""
+    if recorded is not None:
+        recorded.append((where, t.numel(), t.dtype))
+    with _waiting_at(where):
+        dist.all_reduce(t)
 
 
 class _AllSum(torch.autograd.Function):
@@ -39,15 +52,13 @@ class _AllSum(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, where: str) -> torch.Tensor:  # type: ignore[override]
         ctx.where = where
         y = x.detach().clone()
-        with _waiting_at(where):
-            dist.all_reduce(y)
+        _all_reduce(y, where)
         return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         total = grad.detach().clone()
-        with _waiting_at(ctx.where):
-            dist.all_reduce(total)
+        _all_reduce(total, ctx.where)
         return total, None
 
 
@@ -105,8 +116,7 @@ def average_grads(grads: list[torch.Tensor], where: str = "value_and_grad") -> l
         by_dtype.setdefault(g.dtype, []).append(k)
     for dtype, ks in by_dtype.items():
         flat = torch.cat([grads[k].reshape(-1) for k in ks])
-        with _waiting_at(where):
-            dist.all_reduce(flat)
+        _all_reduce(flat, where)
         flat /= n
         for k, piece in zip(ks, flat.split([grads[k].numel() for k in ks])):
             out[k] = piece.view_as(grads[k])

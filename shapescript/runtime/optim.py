@@ -32,7 +32,7 @@ class Grads:
         return f"Grads[{self.model_spec.name}]({', '.join(param_names(self.model_spec))})"
 
 
-def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any
+def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: str = "value_and_grad"
                    ) -> tuple[torch.Tensor, Grads]:
     """`f(m, *args)` and its gradient with respect to `m`'s trained params."""
     params = m.params()
@@ -48,7 +48,7 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any
         else:  # v does not depend on any param: autograd.grad would refuse
             grads = (None,) * len(params)
     tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-    return v.detach(), Grads(m.spec, average_grads(tensors))
+    return v.detach(), Grads(m.spec, average_grads(tensors, where))
 
 
 class Optimizer:

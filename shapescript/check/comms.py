@@ -1,0 +1,362 @@
+"""The DeviceTable: how a program's values lie on its devices, and what each line sends.
+
+Worked out from the checker's placement (check/placement.py) and batch split (check/split.py),
+never from running anything. It is one table for every front end: `shapescript comms`, the
+language server's hovers and the notebook's widgets all read it (check/comms_text.py renders it).
+
+Each collective is the lowering's own (runtime/collectives.py): an operation across the batch axis
+is one all-reduce (sum and contractions send their result's values, mean its sum and a count,
+cross_entropy a sum and a count, batch_norm 2·C + 1 values in f64), and value_and_grad all-reduces
+the whole params' gradients, one buffer per dtype. A collective of floats in a function that
+value_and_grad differentiates runs again, as big, in the backward pass, so it counts twice there.
+Sizes are sympy expressions with the declared dims' values put in; the batch's own dims stay
+symbols (`3,072·b·n` bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import sympy
+
+from ..errors import Span
+from ..syntax import ast as A
+from . import types as T
+from .program import Checked, FnInfo
+from .split import iter_nodes
+
+DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}
+WHAT = {
+    "sum": "`sum`'s partial sums, every device's part of the batch added up",
+    "mean": "`mean`'s sum and count",
+    "cross_entropy": "cross_entropy's sum and count",
+    "batch_norm": "batch_norm's sums, sums of squares and count for each channel, in f64 (under Train)",
+    "contraction": "the partial products of a contraction over the batch axis",
+}
+
+
+def shares(n: int, devices: int) -> list[int]:
+    """How n examples split over the devices: as evenly as can be, the first taking one more
+    (64 over 3 is 22, 21, 21)."""
+    return [n // devices + (1 if k < n % devices else 0) for k in range(devices)]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of the compiled program, as one run of its line sends it."""
+    op: str  # "all-reduce"
+    what: str  # what it combines, in words
+    fn: str  # the function whose line it is on
+    span: Span
+    count: sympy.Expr  # how many values
+    dtype: str
+
+    @property
+    def bytes(self) -> sympy.Expr:
+        return self.count * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A collective as a call runs it: `times` is 2 when the backward pass runs it again, and `via`
+    the calls it is reached through, outermost first (empty: in the function's own body)."""
+    collective: Collective
+    times: int = 1
+    via: tuple[str, ...] = ()
+
+    @property
+    def bytes(self) -> sympy.Expr:
+        return self.collective.bytes * self.times
+
+
+@dataclass(frozen=True)
+class LineItem:
+    """What one line sends: a collective of its own, or a call whose callee sends something."""
+    span: Span
+    fn: str  # the function whose line it is
+    sent: tuple[Sent, ...]  # for a call: everything the callee sends, its calls included
+    collective: Collective | None = None
+    callee: str | None = None
+    differentiated: bool = False  # the callee, under value_and_grad: forward and backward
+
+    @property
+    def bytes(self) -> sympy.Expr:
+        return sympy.Add(*(s.bytes for s in self.sent))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one value lies on the devices. kind: split (along `axis`), whole, model (a copy on
+    every device), optimizer (state beside its model's copy), controller (in the controller only)."""
+    name: str
+    fn: str | None
+    span: Span
+    type: str
+    kind: str
+    axis: str | None = None
+    bytes: sympy.Expr | None = None  # the whole value's; a model's params and buffers on one device
+    per_example: sympy.Expr | None = None  # a split value's bytes per example
+
+
+@dataclass(frozen=True)
+class FnPlan:
+    name: str
+    span: Span
+    placement: str
+    reason: str
+    sent: tuple[Sent, ...]  # one call's collectives, its calls included
+    differentiated: bool  # value_and_grad differentiates it somewhere
+    sent_differentiated: tuple[Sent, ...]  # the same under value_and_grad
+
+    @property
+    def bytes(self) -> sympy.Expr:
+        return sympy.Add(*(s.bytes for s in self.sent))
+
+
+@dataclass
+class DeviceTable:
+    """Checked.devices: the program's layout and communication on its device set."""
+    devices: str
+    count: int
+    batch: int | None  # the batch size of the program's batches(n), for shares
+    batch_span: Span | None
+    fns: dict[str, FnPlan] = field(default_factory=dict)
+    values: list[Layout] = field(default_factory=list)
+    models: dict[str, Layout] = field(default_factory=dict)
+    lines: dict[int, list[LineItem]] = field(default_factory=dict)
+    file: str = ""
+
+    @classmethod
+    def of(cls, checked: Checked) -> "DeviceTable":
+        return _Builder(checked).build()
+
+    def shares(self, batch: int | None = None) -> list[int] | None:
+        n = batch if batch is not None else self.batch
+        return shares(n, self.count) if n is not None else None
+
+    def line(self, number: int) -> list[LineItem]:
+        return self.lines.get(number, [])
+
+    def value_at(self, line: int, column: int) -> Layout | None:
+        return next((v for v in self.values if _inside(v.span, line, column)), None)
+
+    def fn_at(self, line: int, column: int) -> FnPlan | None:
+        return next((f for f in self.fns.values() if _inside(f.span, line, column)), None)
+
+
+def _inside(span: Span, line: int, column: int) -> bool:
+    return span.line == line and span.col <= column < max(span.end_col, span.col + 1)
+
+
+class _Builder:
+    def __init__(self, checked: Checked) -> None:
+        self.c = checked
+        self.values = {sympy.Symbol(k, integer=True, positive=True): v
+                       for k, v in checked.dim_values.items() if v is not None}
+        self.count = checked.device_set.count
+        self.memo: dict[tuple[str, bool], tuple[Sent, ...]] = {}
+        self.differentiated = self._differentiated()
+
+    def size(self, expr: sympy.Expr) -> sympy.Expr:
+        return sympy.expand(expr.xreplace(self.values)) if self.values else sympy.expand(expr)
+
+    def build(self) -> DeviceTable:
+        batch, batch_span = self._batch_size()
+        table = DeviceTable(str(self.c.device_set), self.count, batch, batch_span, file=self.c.file)
+        for name, model in self.c.models.items():
+            table.models[name] = Layout(name, None, model.node.name_span, name, "model",
+                                        bytes=self.size(model_bytes(model)))
+        for fn in self.c.fns.values():
+            if fn.kind != "fn":
+                continue
+            table.fns[fn.name] = FnPlan(fn.name, fn.span, fn.placement, fn.placement_reason,
+                                        self.sends(fn.name, False), fn.name in self.differentiated,
+                                        self.sends(fn.name, True))
+            table.values.extend(self.layouts(fn))
+            for item in self.line_items(fn):
+                table.lines.setdefault(item.span.line, []).append(item)
+        return table
+
+    # -- where the batch size comes from ------------------------------------------------------------
+
+    def _batch_size(self) -> tuple[int | None, Span | None]:
+        for node in iter_nodes(self.c.program):
+            info = self.c.calls.get(id(node))
+            if info is not None and info.kind == "builtin" and info.name == "batches" and len(info.args) > 1:
+                n = info.args[1]
+                if isinstance(n, A.IntLit):
+                    return n.value, node.span
+        return None, None
+
+    def _differentiated(self) -> set[str]:
+        """The functions value_and_grad differentiates, and those they call."""
+        out: set[str] = set()
+        todo = [info.name for info in self.c.calls.values() if info.kind == "grad"]
+        while todo:
+            name = todo.pop()
+            if name in out or name not in self.c.fns:
+                continue
+            out.add(name)
+            todo.extend(self.c.fns[name].calls)
+        return out
+
+    # -- what a call sends ----------------------------------------------------------------------------
+
+    def sends(self, name: str, differentiated: bool) -> tuple[Sent, ...]:
+        """Everything one call of `name` sends, its calls included, in the order of the source."""
+        key = (name, differentiated)
+        if key not in self.memo:
+            self.memo[key] = ()  # recursion is refused by the checker; this only guards the walk
+            fn = self.c.fns[name]
+            out: list[Sent] = []
+            if self.count > 1 and fn.kind == "fn":
+                for item in self.line_items(fn, differentiated):
+                    out.extend(item.sent)
+            self.memo[key] = tuple(out)
+        return self.memo[key]
+
+    def line_items(self, fn: FnInfo, differentiated: bool = False) -> Iterator[LineItem]:
+        """Each collective in `fn`'s body, and each call that sends something, in source order."""
+        if self.count == 1 or fn.kind != "fn":
+            return
+        for node in iter_nodes(fn.node):
+            collective = self.collective(fn, node)
+            if collective is not None:
+                twice = differentiated and collective.dtype in T.FLOAT_DTYPES
+                yield LineItem(node.span, fn.name, (Sent(collective, 2 if twice else 1),), collective)
+                continue
+            info = self.c.calls.get(id(node))
+            if info is None or info.name not in self.c.fns or info.kind not in ("fn", "grad"):
+                continue
+            callee = self.c.fns[info.name]
+            if fn.placement == "controller" and callee.placement == "controller":
+                continue  # runs in the controller: sends nothing itself
+            sent: list[Sent] = []
+            if info.kind == "grad":
+                sent.extend(Sent(c) for c in self.gradients(fn, node, info.args[0]))
+            inner = self.sends(callee.name, differentiated or info.kind == "grad")
+            sent.extend(Sent(s.collective, s.times, (callee.name,) + s.via) for s in inner)
+            if sent:
+                yield LineItem(node.span, fn.name, tuple(sent), callee=callee.name,
+                               differentiated=differentiated or info.kind == "grad")
+
+    def collective(self, fn: FnInfo, node: A.Node) -> Collective | None:
+        across = self.c.recipes.get(id(node), {}).get("across")
+        if not across:
+            return None
+        result = self.c.types.get(id(node))
+        info = self.c.calls.get(id(node))
+        if across == "cross_entropy":
+            logits = self.c.types[id(info.args[0])]  # type: ignore[union-attr]
+            return self._make(fn, node, "cross_entropy", sympy.Integer(2), logits.dtype)  # type: ignore[union-attr]
+        if across == "batch_norm":
+            x = self.c.types[id(info.args[0])]  # type: ignore[union-attr]
+            channels = x.axes[info.options["axis"]].size  # type: ignore[union-attr]
+            return self._make(fn, node, "batch_norm", 2 * channels + 1, "f64")
+        assert isinstance(result, T.TensorT)
+        values = numel(result)
+        if across == "mean":
+            masked = info is not None and info.options.get("mask_index") is not None
+            values = 2 * values if masked else values + 1
+            return self._make(fn, node, "mean", values, result.dtype)
+        kind = "sum" if info is not None and info.name == "sum" else "contraction"
+        return self._make(fn, node, kind, values, result.dtype)
+
+    def _make(self, fn: FnInfo, node: A.Node, kind: str, values: sympy.Expr, dtype: str) -> Collective:
+        return Collective("all-reduce", WHAT[kind], fn.name, node.span, self.size(values), dtype)
+
+    def gradients(self, fn: FnInfo, node: A.Node, model_arg: A.Node) -> list[Collective]:
+        """value_and_grad's all-reduce of the whole params' gradients: one per dtype."""
+        model = self.c.types.get(id(model_arg))
+        if not isinstance(model, T.ModelT):
+            return []
+        by_dtype: dict[str, list[tuple[str, sympy.Expr]]] = {}
+        for path, tensor, count in params(model):
+            by_dtype.setdefault(tensor.dtype, []).append((path, count * numel(tensor)))
+        out = []
+        for dtype, items in by_dtype.items():
+            names = [f"`{p}`" for p, _ in items]
+            listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+            what = (f"the gradients of `{model.name}`'s params {listed}, every device's part of the "
+                    f"batch added up")
+            out.append(Collective("all-reduce", what, fn.name, node.span,
+                                  self.size(sympy.Add(*(v for _, v in items))), dtype))
+        return out
+
+    # -- how values lie ---------------------------------------------------------------------------------
+
+    def layouts(self, fn: FnInfo) -> Iterator[Layout]:
+        """Each parameter, and each name in the body that holds a value (a variable's every use)."""
+        variables = {p.name for p in fn.params}
+        for node in iter_nodes(fn.node):
+            if isinstance(node, A.Assign):
+                variables.update(t.id for t in node.targets)
+            elif isinstance(node, A.For):
+                variables.add(node.var.id)
+        for p in fn.params:
+            yield self.layout(fn, p.name, p.node.span, p.ty)
+        for node in iter_nodes(fn.node):
+            t = self.c.types.get(id(node))
+            if isinstance(node, A.Name) and node.id in variables and t is not None:
+                yield self.layout(fn, node.id, node.span, t)
+
+    def layout(self, fn: FnInfo, name: str, span: Span, ty: T.Ty) -> Layout:
+        shown = ty.show()
+        if isinstance(ty, (T.ModelT, T.StackT)):
+            model = ty if isinstance(ty, T.ModelT) else ty.model
+            bytes_ = model_bytes(model) * (1 if isinstance(ty, T.ModelT) else ty.count)
+            return Layout(name, fn.name, span, shown, "model", bytes=self.size(bytes_))
+        if isinstance(ty, T.OptT):
+            return Layout(name, fn.name, span, shown, "optimizer", bytes=self.size(model_bytes(ty.model)))
+        if fn.placement == "controller" and not isinstance(ty, T.BatchT):
+            return Layout(name, fn.name, span, shown, "controller")
+        axes, per_example = value_axes(ty)
+        if axes is None:
+            return Layout(name, fn.name, span, shown, "controller" if fn.placement == "controller" else "whole")
+        split = [a for a in axes if a.size in fn.split] if self.count > 1 else []
+        whole = sympy.Mul(*(a.size for a in axes)) * per_example
+        if isinstance(ty, T.BatchT) and (split or fn.placement == "controller"):
+            first = ty.axes[0]
+            return Layout(name, fn.name, span, shown, "split" if self.count > 1 else "whole", first.show(),
+                          self.size(whole), self.size(whole / first.size))
+        if split:
+            return Layout(name, fn.name, span, shown, "split", split[0].show(), self.size(whole),
+                          self.size(whole / split[0].size))
+        return Layout(name, fn.name, span, shown, "whole", bytes=self.size(whole))
+
+
+def numel(t: T.TensorT) -> sympy.Expr:
+    return sympy.Mul(*(a.size for a in t.axes))
+
+
+def params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.Integer(1)
+           ) -> Iterator[tuple[str, T.TensorT, sympy.Expr]]:
+    """Every trained param of `model` (sub-models' included) as (dotted name, type, copies)."""
+    for m in model.members.values():
+        if m.kind == "param" and m.tensor is not None:
+            yield prefix + m.name, m.tensor, count
+        elif m.kind == "sub" and m.model is not None:
+            yield from params(m.model, f"{prefix}{m.name}.", count * (m.count if m.count is not None else 1))
+
+
+def model_bytes(model: T.ModelT) -> sympy.Expr:
+    """Params and buffers, as each device's copy holds them."""
+    total = sympy.Integer(0)
+    for m in model.members.values():
+        if m.kind in ("param", "buffer") and m.tensor is not None:
+            total += numel(m.tensor) * DTYPE_BYTES[m.tensor.dtype]
+        elif m.kind == "sub" and m.model is not None:
+            total += model_bytes(m.model) * (m.count if m.count is not None else 1)
+    return total
+
+
+def value_axes(ty: T.Ty) -> tuple[tuple[T.AxisT, ...] | None, sympy.Expr]:
+    """A value's axes and bytes per element of them (a batch's: its fields' bytes per example)."""
+    if isinstance(ty, T.TensorT):
+        return ty.axes, sympy.Integer(DTYPE_BYTES[ty.dtype])
+    if isinstance(ty, T.BatchT):  # a field's type has the batch's axes in front
+        fields = [ty.field(f) for f in ty.data.fields]
+        per = sympy.Add(*(numel(f) * DTYPE_BYTES[f.dtype] for f in fields)) / sympy.Mul(*(a.size for a in ty.axes))
+        return ty.axes, per
+    return None, sympy.Integer(0)

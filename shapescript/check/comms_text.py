@@ -1,0 +1,225 @@
+"""The DeviceTable in words and as data: the sentences a hover shows, `shapescript comms`'s report
+(the same sentences, for the whole file) and its JSON. Nothing here works anything out: it all
+comes from check/comms.py's table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from . import dims as D
+from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent
+from .program import Checked
+
+UNITS = ("KiB", "MiB", "GiB", "TiB")
+
+
+def number_text(expr: sympy.Expr) -> str:
+    """`813,056`; `3,072·b·n`; `2·C + 1` where a dim has no value."""
+    expr = sympy.expand(expr)
+    if expr.is_Integer:
+        return f"{int(expr):,}"
+    parts = []
+    for term in expr.as_ordered_terms():
+        coeff, factors = term.as_coeff_mul()
+        symbols = "·".join(D.show(f) for f in factors)
+        if not factors:
+            parts.append(f"{int(coeff):,}" if coeff.is_Integer else str(coeff))
+        elif coeff == 1:
+            parts.append(symbols)
+        else:
+            parts.append(f"{int(coeff):,}·{symbols}" if coeff.is_Integer else f"{coeff}·{symbols}")
+    return " + ".join(parts)
+
+
+def bytes_text(expr: sympy.Expr) -> str:
+    """`16 bytes`; `813,056 bytes (794 KiB)`; `3,072·b·n bytes`."""
+    expr = sympy.expand(expr)
+    text = f"{number_text(expr)} byte{'' if expr == 1 else 's'}"
+    if not expr.is_Integer or int(expr) < 1024:
+        return text
+    value = float(expr)
+    for unit in UNITS:
+        value /= 1024
+        if value < 1024 or unit == UNITS[-1]:
+            shown = f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+            return f"{text} ({shown} {unit})"
+    return text
+
+
+def shares_text(table: DeviceTable, batch: int | None = None) -> str:
+    parts = table.shares(batch)
+    n = batch if batch is not None else table.batch
+    if parts is None:
+        return "each holding its share of the batch"
+    where = f", from batches({n}) at line {table.batch_span.line}" if batch is None and table.batch_span else ""
+    return f"each holding its share of the batch ({'/'.join(map(str, parts))} for a batch of {n}{where})"
+
+
+# -- hovers ------------------------------------------------------------------------------------------
+
+def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
+    head = f"`{v.name}`: {v.type}"
+    if table.count == 1:
+        return f"{head}, on {table.devices}" + (f": {bytes_text(v.bytes)}" if v.bytes is not None else "")
+    if v.kind == "model":
+        return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"  # type: ignore
+    if v.kind == "optimizer":
+        return f"{head}, on every device, beside each copy of the model"
+    if v.kind == "controller":
+        fn = table.fns.get(v.fn or "")
+        why = f" (`{fn.name}` runs there: it {fn.reason})" if fn is not None and fn.reason else ""
+        return f"{head}, in the controller{why}"
+    if v.kind == "split":
+        size = f"; {bytes_text(v.per_example)} per example" if v.per_example is not None else ""
+        fn = table.fns.get(v.fn or "")
+        if fn is not None and fn.placement == "controller":
+            return (f"{head}, a batch the workers load in parts: it is split across the {table.count} devices "
+                    f"along {v.axis}, {shares_text(table, batch)}{size}")
+        return (f"{head}, split across the {table.count} devices along {v.axis}, "
+                f"{shares_text(table, batch)}{size}")
+    return f"{head}, whole on every device" + (f": {bytes_text(v.bytes)}" if v.bytes is not None else "")
+
+
+def fn_text(table: DeviceTable, f: FnPlan) -> str:
+    where = {"controller": "in the controller", "workers": "on the workers"}.get(f.placement, "anywhere")
+    text = f"`fn {f.name}` runs {where}" + (f": it {f.reason}" if f.reason else "")
+    if table.count == 1 or f.placement == "controller":
+        return text + "."
+    if not f.sent and not f.sent_differentiated:
+        return text + f". It sends nothing between the {table.count} devices."
+    text += f". Each call sends {bytes_text(f.bytes)} between the {table.count} devices, its calls included"
+    if f.differentiated and f.sent_differentiated != f.sent:
+        text += f"; under value_and_grad, {bytes_text(sum_bytes(f.sent_differentiated))}, with the backward pass"
+    return text + "."
+
+
+def sum_bytes(sent: tuple[Sent, ...]) -> sympy.Expr:
+    return sympy.Add(*(s.bytes for s in sent))
+
+
+def item_lines(table: DeviceTable, item: LineItem) -> list[str]:
+    if item.collective is not None:
+        c = item.collective
+        text = f"- {c.op} of {c.what}: {number_text(c.count)} × {c.dtype} = {bytes_text(c.bytes)}"
+        fn = table.fns.get(c.fn)
+        if fn is not None and fn.differentiated and c.dtype in ("f16", "bf16", "f32", "f64"):
+            text += f"; as much again in the backward pass when value_and_grad differentiates `{c.fn}`"
+        return [text]
+    out = []
+    own = [s for s in item.sent if not s.via]
+    for s in own:  # value_and_grad's gradients
+        c = s.collective
+        out.append(f"- {c.op} of {c.what}: {number_text(c.count)} × {c.dtype} = {bytes_text(c.bytes)}")
+    inner = tuple(s for s in item.sent if s.via)
+    if inner:
+        both = " (forward and backward)" if item.differentiated else ""
+        caller = table.fns.get(item.fn)
+        if own or (caller is not None and caller.placement != "controller"):
+            out.append(f"- inside `{item.callee}`{both}: {bytes_text(sum_bytes(inner))} per call")
+        else:
+            out.append(f"- `{item.callee}` on the workers: {bytes_text(sum_bytes(inner))} per call")
+    return out
+
+
+def line_text(table: DeviceTable, line: int) -> str | None:
+    items = table.line(line)
+    if not items:
+        return None
+    out = [f"Sent between the {table.count} devices by this line, each time it runs:", ""]
+    for item in items:
+        out.extend(item_lines(table, item))
+    total = sympy.Add(*(i.bytes for i in items))
+    out += ["", f"In all: {bytes_text(total)}."]
+    return "\n".join(out)
+
+
+def hover_text(checked: Checked, line: int, column: int) -> str | None:
+    """Markdown for a hover at 1-based (line, column): the function or value under the cursor, and
+    what the line sends; None where there is nothing to say."""
+    table = checked.devices
+    parts = []
+    f = table.fn_at(line, column)
+    if f is not None:
+        parts.append(fn_text(table, f))
+    else:
+        v = table.value_at(line, column)
+        if v is not None:
+            parts.append(value_text(table, v))
+        else:
+            model = next((m for m in table.models.values() if m.span.line == line), None)
+            if model is not None:
+                parts.append(value_text(table, model))
+    sent = line_text(table, line)
+    if sent:
+        parts.append(sent)
+    return "\n\n".join(parts) or None
+
+
+# -- the whole file ----------------------------------------------------------------------------------
+
+def report(checked: Checked, batch: int | None = None) -> str:
+    """`shapescript comms`: every function, model, value and line that sends, in words."""
+    table = checked.devices
+    out = [f"{checked.file} on {table.devices}"]
+    if table.count > 1:
+        parts = table.shares(batch)
+        n = batch if batch is not None else table.batch
+        out[0] += (f": a batch of {n} splits {'/'.join(map(str, parts))}" if parts else
+                   ": no batches(n) gives a batch size (use --batch N to see the shares)")
+    out += ["", "Functions"]
+    out += [f"  {f.span.line:>4}  {fn_text(table, f)}" for f in table.fns.values()]
+    if table.models:
+        out += ["", "Models"]
+        out += [f"  {m.span.line:>4}  {value_text(table, m)}" for m in table.models.values()]
+    out += ["", "Values"]
+    seen: set[tuple[str | None, str]] = set()
+    for v in table.values:
+        if (v.fn, v.name) not in seen:
+            seen.add((v.fn, v.name))
+            out.append(f"  {v.span.line:>4}  in `{v.fn}`: {value_text(table, v, batch)}")
+    if table.count > 1:
+        out += ["", "Lines that send"]
+        if not table.lines:
+            out.append("  none: nothing is sent between the devices")
+        for line in sorted(table.lines):
+            text = line_text(table, line) or ""
+            source = checked.source.splitlines()[line - 1].strip() if line <= len(checked.source.splitlines()) else ""
+            out.append(f"  {line:>4}  {source}")
+            out += [f"        {t}" if t else "" for t in text.splitlines()[2:]]
+    return "\n".join(out).replace("\n\n\n", "\n\n")
+
+
+def size_json(expr: sympy.Expr | None) -> dict[str, Any] | None:
+    if expr is None:
+        return None
+    expr = sympy.expand(expr)
+    return {"bytes": int(expr) if expr.is_Integer else None, "expr": D.show(expr), "text": bytes_text(expr)}
+
+
+def sent_json(s: Sent) -> dict[str, Any]:
+    c = s.collective
+    return {"op": c.op, "what": c.what, "fn": c.fn, "line": c.span.line, "col": c.span.col,
+            "count": int(c.count) if c.count.is_Integer else D.show(c.count), "dtype": c.dtype,
+            "times": s.times, "via": list(s.via), "size": size_json(s.bytes)}
+
+
+def to_json(checked: Checked, batch: int | None = None) -> dict[str, Any]:
+    table = checked.devices
+    return {
+        "file": checked.file, "devices": table.devices, "count": table.count,
+        "batch": batch if batch is not None else table.batch, "shares": table.shares(batch),
+        "functions": [{"name": f.name, "line": f.span.line, "placement": f.placement, "reason": f.reason,
+                       "per_call": size_json(f.bytes), "differentiated": f.differentiated,
+                       "per_call_differentiated": size_json(sum_bytes(f.sent_differentiated)),
+                       "sends": [sent_json(s) for s in f.sent]} for f in table.fns.values()],
+        "models": [{"name": m.name, "line": m.span.line, "per_device": size_json(m.bytes)}
+                   for m in table.models.values()],
+        "values": [{"fn": v.fn, "name": v.name, "line": v.span.line, "col": v.span.col, "type": v.type,
+                    "layout": v.kind, "axis": v.axis, "size": size_json(v.bytes),
+                    "per_example": size_json(v.per_example)} for v in table.values],
+        "lines": [{"line": line, "size": size_json(sympy.Add(*(i.bytes for i in items))),
+                   "sends": [sent_json(s) for i in items for s in i.sent],
+                   "text": line_text(table, line)} for line, items in sorted(table.lines.items())],
+    }

@@ -1,0 +1,110 @@
+"""The DeviceTable says beforehand what a step sends between the devices; these tests run the step
+on cpu[0 1] with the runtime's collectives recorded and compare: each collective's line, count of
+values and dtype, and so the bytes. And the README's figures, as the manual gives them."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+import shapescript as ss
+from shapescript.api import compile_program
+from shapescript.check.comms import DTYPE_BYTES
+from shapescript.check.comms_text import hover_text, report
+
+from test_equivalence import BATCH_NORM, GPT, GPT_DIMS, README, digits
+
+TORCH_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
+               "int32": "i32", "bool": "bool"}
+
+
+def expected(prog, fn: str) -> Counter:
+    """What the table says one call of `fn` sends: (line, column, values, dtype), each as often as it runs."""
+    plan = prog.device_table.fns[fn]
+    return Counter({(s.collective.span.line, s.collective.span.col, int(s.collective.count), s.collective.dtype): 0
+                    for s in plan.sent}) + Counter(
+        (s.collective.span.line, s.collective.span.col, int(s.collective.count), s.collective.dtype)
+        for s in plan.sent for _ in range(s.times))
+
+
+def recorded(prog, *args) -> tuple[Counter, int]:
+    pool = prog.workers()
+    pool.call("record_collectives", (True,))
+    prog.train_step(*args)
+    runs = pool.call("record_collectives", (False,))
+    assert runs[0] == runs[1]  # both workers ran the same collectives
+    out = Counter()
+    nbytes = 0
+    for where, values, dtype in runs[0]:
+        line, col = map(int, re.fullmatch(r".*:(\d+):(\d+)", where).groups())
+        out[(line, col, values, TORCH_NAMES[dtype])] += 1
+        nbytes += values * DTYPE_BYTES[TORCH_NAMES[dtype]]
+    return out, nbytes
+
+
+CASES = {
+    "mlp": (README, None, "Mlp", lambda: (digits(1, 64, 784, 10)[0],)),
+    "attention": (GPT, GPT_DIMS, "Gpt", lambda: ({"tokens": torch.randint(0, 11, (7, 8)),
+                                                  "targets": torch.randint(0, 11, (7, 8))}, ss.Eval)),
+    "batch_norm": (BATCH_NORM, None, "Net", lambda: ({"x": torch.randn(10, 6), "y": torch.randint(0, 3, (10,))},
+                                                     ss.Train(seed=0))),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_table_says_what_a_step_sends(case: str) -> None:
+    source, dims, model, args = CASES[case]
+    prog = ss.load(source, devices="cpu[0 1]", dims=dims, name="prog.ss")
+    try:
+        m = getattr(prog, model).init(seed=0)
+        opt = ss.adamw(m, lr=1e-3)
+        got, nbytes = recorded(prog, m, opt, *args())
+        want = expected(prog, "train_step")
+        assert got == want
+        assert nbytes == int(prog.device_table.fns["train_step"].bytes)
+        assert len(want) >= 2  # the gradients and the loss at least
+    finally:
+        prog.stop()
+
+
+def test_the_readme_figures_on_three_gpus() -> None:
+    checked = compile_program(README, "mlp.ss", "cuda[0 1 2]")
+    table = checked.devices
+    assert table.shares() == [22, 21, 21] and table.batch == 64
+    assert int(table.models["Mlp"].bytes) == 813_056
+    line = next(i for i, text in enumerate(README.splitlines(), 1) if "value_and_grad" in text)
+    text = hover_text(checked, line, 5)
+    assert "203,264 × f32 = 813,056 bytes (794 KiB)" in text
+    assert "inside `loss` (forward and backward): 16 bytes per call" in text
+    assert "In all: 813,072 bytes (794 KiB)." in text
+    assert int(table.fns["train_step"].bytes) == 813_072
+    m_value = table.value_at(*_position(README, "fn train_step(mut m", "m"))
+    assert m_value.kind == "model" and int(m_value.bytes) == 813_056
+    batch = table.value_at(*_position(README, "fn loss(", "batch"))
+    assert batch.kind == "split" and batch.axis == "b" and int(batch.per_example) == 784 * 4 + 8
+    assert "22/21/21 for a batch of 64" in report(checked)
+
+
+def test_one_device_sends_nothing() -> None:
+    table = compile_program(README, "mlp.ss", "cpu").devices
+    assert table.lines == {} and all(not f.sent for f in table.fns.values())
+
+
+def test_sizes_stay_symbolic_where_the_types_dont_fix_them() -> None:
+    src = ("dim D = 768\ndata Seq:\n    x: [n D]\n"  # n: each batch pads to its longest item
+           "fn total(batch: [b] Seq) -> []:\n    s = sum(batch.x, over=b)\n    return mean(s)\n")
+    table = compile_program(src, "s.ss", "cpu[0 1]").devices
+    (item,) = [i for items in table.lines.values() for i in items]
+    from shapescript.check.comms_text import bytes_text
+    assert bytes_text(item.bytes) == "3,072·n bytes"
+
+
+def _position(source: str, line_start: str, word: str) -> tuple[int, int]:
+    for number, text in enumerate(source.splitlines(), 1):
+        if text.lstrip().startswith(line_start):
+            return number, text.index(word, text.index(line_start[:-1]) + 3) + 1
+    raise AssertionError(line_start)
