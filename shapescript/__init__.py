@@ -21,3 +21,8 @@ from shapescript.runtime.optim import Optimizer, adamw, sgd
 __all__ = ["Batch", "CompileError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer", "Program",
            "ShapeError", "ShapeScriptError", "TensorDataset", "Train", "WorkerError", "adamw", "build",
            "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]
+
+
+def load_ipython_extension(ip: object) -> None:  # `%load_ext shapescript`; IPython is imported only then
+    from shapescript.notebook.magic import load_ipython_extension as load_magics
+    load_magics(ip)

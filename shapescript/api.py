@@ -98,16 +98,42 @@ class Program:
     def several(self) -> bool:
         return self.checked.device_set.count > 1
 
-    def workers(self) -> Any:
-        """The worker pool of a program on several devices, started when first needed."""
+    def workers(self, background: bool = False) -> Any:
+        """The worker pool of a program on several devices, started when first needed. With
+        `background`, this returns at once and the pool's next call waits for the workers."""
         if self._pool is None or not self._pool.alive:
             from .parallel.pool import WorkerPool
             pool = WorkerPool(self.checked.device_set, modules=["shapescript.parallel.program_handlers"])
-            pool.start()
-            pool.call("load_program", (self.python_source, self._module_file, str(self.checked.device_set)),
-                      where="loading the program")
+            if background:
+                pool.first("load_program", self._load_args(), where="loading the program")
+                pool.start_background()
+            else:
+                pool.start()
+                pool.call("load_program", self._load_args(), where="loading the program")
             self._pool = pool
         return self._pool
+
+    @property
+    def pool(self) -> Any:
+        """The running (or starting) worker pool, or None."""
+        return self._pool if self._pool is not None and self._pool.alive else None
+
+    def adopt_workers(self, old: "Program", keep_datasets: bool = False) -> bool:
+        """Take over `old`'s running workers if both programs run on the same devices: they load
+        this program's code with their next call, and keep the models and optimizer state they
+        hold, so `old`'s handles stay valid. `keep_datasets`: the data types are unchanged, so the
+        datasets the workers keep may be used as they are. False if there was nothing to adopt."""
+        pool = old.pool
+        if pool is None or not self.several or not _same_devices(pool.devices, self.checked.device_set):
+            return False
+        pool.first("load_program", self._load_args(), where="loading the program")
+        self._pool = pool
+        if keep_datasets:
+            self.datasets = old.datasets
+        return True
+
+    def _load_args(self) -> tuple[str, str, str]:
+        return self.python_source, self._module_file, str(self.checked.device_set)
 
     def stop(self) -> None:
         """Stop the workers (on several devices); models on them are gone."""
@@ -175,11 +201,14 @@ class Function:
         self.info = fn
         self.name = fn.name
         self._py = program.namespace[py_name(fn.name)]
-        self._guards = [LG.guard_for(program.checked, fn, k, program.namespace) for k in range(len(fn.params))]
+        self._guards: list[Any] | None = None  # made at the first call: some params can't come from Python
         self._names = [p.name for p in fn.params]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = self._arrange(args, kwargs)
+        if self._guards is None:
+            self._guards = [LG.guard_for(self.program.checked, self.info, k, self.program.namespace)
+                            for k in range(len(self.info.params))]
         bindings: dict = {}
         checked = [g(v, bindings) for g, v in zip(self._guards, values)]
         grad_was = torch.is_grad_enabled()
@@ -215,6 +244,10 @@ class Function:
         sig = ", ".join(("mut " if p.mut else "") + f"{p.name}: {p.ty.show()}" for p in self.info.params)
         ret = "" if self.info.ret.show() == "nothing" else f" -> {self.info.ret.show()}"
         return f"<fn {self.name}({sig}){ret} at {self.info.span}, runs {self.info.placement}>"
+
+
+def _same_devices(a: DeviceSet, b: DeviceSet) -> bool:
+    return (a.kind, a.indices) == (b.kind, b.indices)  # options don't change which worker runs where
 
 
 def _source_line(checked: Checked, span: Span) -> str:

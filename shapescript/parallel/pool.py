@@ -188,6 +188,7 @@ class WorkerPool:
         self._t0 = 0.0
         self._finalizer: weakref.finalize | None = None
         self._senders: ThreadPoolExecutor | None = None  # for big messages, see _send
+        self._first: tuple[str, tuple[Any, ...], str] | None = None  # see first()
 
     # -- starting ----------------------------------------------------------------------------------
 
@@ -298,6 +299,16 @@ class WorkerPool:
         return self._state in ("starting", "running")
 
     @property
+    def state(self) -> str:
+        """new, starting, running, dead (a worker failed or was interrupted) or stopped."""
+        return self._state
+
+    def first(self, handler: str, args: tuple[Any, ...], where: str) -> None:
+        """Run `handler` on every worker just before the next call (as loading a program into
+        workers still starting), so that no one waits for it now. Replaces one not yet run."""
+        self._first = (handler, args, where)
+
+    @property
     def folder(self) -> str | None:
         """The private folder (mode 0700) of the rendezvous store and the status files, while running."""
         return self._folder if self._workers else None
@@ -349,6 +360,13 @@ class WorkerPool:
             self.start()
         self._join_start()
         self._check_running()
+        if self._first is not None:
+            first, self._first = self._first, None
+            try:
+                self.call(*first)
+            except BaseException:
+                self._first = first  # not done: the next call tries again, and says so again
+                raise
         where = where or f"`{handler}`"
         payloads = self._encode(handler, args, where)
         try:

@@ -13,7 +13,7 @@ from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives
 from shapescript.runtime.data import Batch
 from shapescript.runtime.model import Model
-from shapescript.runtime.optim import adamw, sgd
+from shapescript.runtime.optim import Optimizer, adamw, sgd
 
 
 @handler("load_program")
@@ -125,3 +125,20 @@ def record_collectives(state: Any, on: bool) -> list[tuple[str, int, str]]:
     done = collectives.recorded or []
     collectives.recorded = [] if on else None
     return [(where, n, str(dtype).removeprefix("torch.")) for where, n, dtype in done]
+
+
+def describe(obj: Any) -> str:
+    """"Mlp model", "AdamW[Mlp] optimizer", "dataset TensorDataset"."""
+    if isinstance(obj, Model):
+        return f"{obj.spec.name} model"
+    if isinstance(obj, Optimizer):
+        return f"{obj.kind}[{obj.model.spec.name}] optimizer"
+    return f"dataset {type(obj).__name__}"
+
+
+@handler("objects")
+def objects(state: Any) -> dict[str, Any]:
+    """What this worker holds by handle, and the bytes its device's tensors take (cuda only): for
+    `%shapescript status` and anyone asking what lives on the workers."""
+    memory = torch.cuda.memory_allocated(state.device) if state.device.type == "cuda" else None
+    return {"objects": {h: describe(o) for h, o in sorted(state.objects.items())}, "device_memory": memory}

@@ -35,6 +35,11 @@ class RemoteModel:
     def __init__(self, program: Any, spec: Any, handle: int) -> None:
         self.__dict__.update(_program=program, spec=spec, handle=handle, _pool=program._pool)
 
+    @property
+    def pool(self) -> Any:
+        """The workers this model was made on (stopped ones included)."""
+        return self._pool
+
     def workers(self) -> Any:
         """The pool that holds this model; an error if those workers have stopped since."""
         pool = self._program._pool

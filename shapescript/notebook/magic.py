@@ -1,0 +1,125 @@
+"""`%load_ext shapescript`: the `%%shapescript` cell magic and the `%shapescript ...` line magics.
+
+A compile error shows its diagnostics as the cell's output (HTML in Jupyter, text in a terminal)
+and fails the cell with one short line instead of a traceback (IPython prints an exception's
+`_render_traceback_` lines in place of its traceback), so that a notebook run by nbclient stops
+there, and nothing of the program or its names has changed.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable
+from typing import TypeVar
+
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
+
+from ..api import parse_devices
+from .cells import Cell
+from ..errors import ShapeScriptError
+from .report import CellCompileError, NotebookError
+from .session import PROGRAM_VARIABLE, Session
+
+T = TypeVar("T")
+USAGE = f"""\
+%%shapescript              compile the cell into the notebook's program; its models, data types and
+                           functions become names in the notebook, the Program is `{PROGRAM_VARIABLE}`
+%shapescript devices D     run the program on D: cpu, cuda, cpu[0 1], cuda[0 1 2] (without D: show them)
+%shapescript status        the workers: device, pid, memory, and the models and optimizers they hold
+%shapescript stop          stop the workers (they start again when needed)
+%shapescript source        the notebook's whole program, with the line numbers run-time errors give
+%shapescript reset         forget every definition and stop the workers
+%shapescript explain CODE  the error index's entry for a code, e.g. E0304"""
+
+
+@magics_class
+class ShapeScriptMagics(Magics):
+    """The magics, over one `Session` per IPython shell."""
+
+    def __init__(self, shell: InteractiveShell) -> None:
+        super().__init__(shell)
+        self.session = Session(shell.user_ns)
+
+    @line_cell_magic
+    def shapescript(self, line: str, cell: str | None = None) -> None:
+        """ShapeScript in the notebook; `%shapescript help` lists the commands."""
+        self.session.user_ns = self.shell.user_ns  # the shell's namespace, should %reset have replaced it
+        if cell is not None:
+            if line.strip():
+                raise UsageError("%%shapescript takes no arguments; set the devices with a `devices` line in the "
+                                 "cell, or with %shapescript devices cpu[0 1]")
+            source = Cell(self._cell_label(), f"%%shapescript\n{cell}", first_line=2)
+            _print(self._run(lambda: self.session.run_cell(source)))
+            return
+        command, _, rest = line.strip().partition(" ")
+        rest = rest.strip()
+        if command == "devices":
+            self._devices(rest)
+        elif command in ("status", "stop", "source", "reset") and not rest:
+            self._simple(command)
+        elif command == "explain" and rest:
+            try:
+                print(self.session.explain(rest), end="")
+            except KeyError:
+                raise UsageError(f"no error code {rest!r}; codes look like E0304") from None
+        elif command in ("", "help"):
+            print(USAGE)
+        else:
+            raise UsageError(f"unknown %shapescript command {line.strip()!r}; the commands are:\n{USAGE}")
+
+    def _devices(self, text: str) -> None:
+        if not text:
+            program = self.session.program
+            print(f"The program runs on {program.devices}." if program is not None else
+                  "No program yet: it will run on the devices of its `devices` line, or on cpu.")
+            return
+        try:
+            parse_devices(text)  # a bad spelling is a usage error, before anything changes
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        _print(self._run(lambda: self.session.set_devices(text)))
+
+    def _simple(self, command: str) -> None:
+        if command == "status":
+            display(self._run(self.session.status))
+        elif command == "source":
+            print(self.session.source())
+        else:
+            _print(self._run(self.session.stop if command == "stop" else self.session.reset))
+
+    @staticmethod
+    def _run(action: Callable[[], T]) -> T:
+        """`action()`, its ShapeScript errors shown without the extension's frames."""
+        try:
+            return action()
+        except CellCompileError as e:
+            display(e.display_object())  # the diagnostics as the cell's output; the error says one line
+            raise
+        except NotebookError:
+            raise
+        except ShapeScriptError as e:  # e.g. a WorkerError while the workers load the new program
+            raise NotebookError(f"{type(e).__name__}: {e}") from e
+
+    def _cell_label(self) -> str:
+        # The count the cell shows as In [n]. IPython 9 has already counted the next cell when this
+        # one runs, IPython 8 not yet; the result it fills in has the cell's own count in both.
+        result = getattr(self.shell.displayhook, "exec_result", None)
+        count = getattr(result, "execution_count", None)
+        return f"cell [{count}]" if count is not None else "the cell"
+
+
+def _print(notes: list[str]) -> None:
+    for note in notes:
+        print(note)
+
+
+def load_ipython_extension(ip: InteractiveShell) -> None:
+    """Register the magics (once per shell: %reload_ext keeps the same program and workers)."""
+    magics = ip.magics_manager.registry.get(ShapeScriptMagics.__name__)
+    if magics is None:
+        magics = ShapeScriptMagics(ip)
+        atexit.register(magics.session.shutdown)  # a kernel's exit or restart leaves no worker behind
+    ip.register_magics(magics)

@@ -1,0 +1,171 @@
+"""A notebook's ShapeScript: the program its cells build up, the workers it runs on, and the names
+it binds in the notebook. The magics (magic.py) are a thin layer over this class, which doesn't
+import IPython, so that it can be driven and tested without a kernel.
+
+Each change (a cell, a new devices line) compiles the whole program first and changes nothing when
+that fails; only then does it move the workers, replace the program and rebind the names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+from ..api import Program, load, parse_devices
+from ..codes import explain
+from ..errors import CompileError, ShapeScriptError
+from ..parallel.remote import RemoteModel
+from ..runtime.model import Model
+from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
+from .report import CellCompileError, Located, NotebookError, Rich, locate_all
+from .workers import adopt_workers, describe_loss, pool_of, start_workers, status_table
+
+PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program
+PROGRAM_VARIABLE = "ss_program"  # the notebook's name for the Program
+_MISSING = object()
+
+
+class Session:
+    """The notebook's program, built from its cells. `user_ns` is the namespace to bind names in."""
+
+    def __init__(self, user_ns: MutableMapping[str, Any]) -> None:
+        self.user_ns = user_ns
+        self.items: dict[str, Chunk] = {}  # the latest text of each item, by name, in first-defined order
+        self.program: Program | None = None
+        self.bound: dict[str, Any] = {}  # the names this session bound, and to what
+
+    # -- changing the program --------------------------------------------------------------------
+
+    def run_cell(self, cell: Cell) -> list[str]:
+        """Compile the program with `cell`'s items; notes to show. Raises CellCompileError and
+        changes nothing if the program doesn't compile."""
+        try:
+            chunks = split_cell(cell)
+        except CompileError as e:  # a syntax error: its spans are already the cell's own lines
+            raise CellCompileError([Located(d, cell) for d in e.diagnostics], cell.source, cell.label) from None
+        items, draft = merge(self.items, chunks)
+        try:
+            program = load(draft.source, name=PROGRAM_NAME)
+        except CompileError as e:
+            raise CellCompileError(locate_all(e, draft, PROGRAM_NAME), draft.source, cell.label) from None
+        except ValueError as e:  # checked, but the Python API can't build it (a fn taking Grad[M])
+            raise NotebookError(f"The program compiles, but the Python API can't build it: {e}") from None
+        return self._commit(program, items, {c.key for c in chunks})
+
+    def set_devices(self, text: str) -> list[str]:
+        """`%shapescript devices cpu[0 1]`: the program's devices line becomes this one. ValueError
+        if `text` isn't a devices spelling."""
+        devices = parse_devices(text)
+        return self.run_cell(Cell("%shapescript devices", f"devices {devices}"))
+
+    def _commit(self, program: Program, items: dict[str, Chunk], defined: set[str]) -> list[str]:
+        changed = changed_keys(self.items, items)
+        kinds = {k: c.kind for k, c in (*self.items.items(), *items.items())}
+        notes = self._move_workers(program, keep_datasets=not any(kinds[k] in ("data", "dim") for k in changed))
+        notes += self._stale_models(changed, kinds)
+        self.items, self.program = items, program
+        self._bind(program, defined)
+        return notes
+
+    def _move_workers(self, program: Program, keep_datasets: bool) -> list[str]:
+        """The old program's workers go to the new one if the devices are the same; otherwise they
+        stop (saying what dies with them) and, on several devices, new ones start."""
+        if adopt_workers(program, self.program, keep_datasets):
+            return []
+        notes = []
+        if pool_of(self.program) is not None:
+            notes.append(self._stop_workers(f"the program now runs on {program.devices}"))
+        if program.several:
+            try:
+                start_workers(program)
+                notes.append(f"Starting workers on {program.devices} in the background.")
+            except ShapeScriptError as e:  # can't even spawn them: the program retries when it needs them
+                notes.append(f"The workers on {program.devices} couldn't be started: {e}")
+        return notes
+
+    def _stale_models(self, changed: set[str], kinds: dict[str, str]) -> list[str]:
+        """A note for each changed model type that the notebook holds models of."""
+        notes = []
+        for name in sorted(k for k in changed if kinds[k] == "model" and k in self.items):
+            holders = [n for n, v in list(self.user_ns.items()) if not n.startswith("_")
+                       and isinstance(v, (Model, RemoteModel)) and v.spec.name == name]
+            if holders:
+                were = "was" if len(holders) == 1 else "were"
+                notes.append(f"model {name} changed: {', '.join(holders)} {were} made from its old definition; "
+                             f"make new models with {name}.init(seed=...).")
+        return notes
+
+    def _bind(self, program: Program, defined: set[str]) -> None:
+        """Bind the program's models, data types and functions by name. A name the user has since
+        given another value keeps it, unless this cell defines it again; names of ours that the
+        program no longer has go."""
+        names = [*program.checked.models, *program.checked.data, *program.checked.fns]
+        bound: dict[str, Any] = {}
+        for name in names:
+            current = self.user_ns.get(name, _MISSING)
+            if name in defined or current is _MISSING or current is self.bound.get(name, _MISSING):
+                self.user_ns[name] = bound[name] = getattr(program, name)
+        self._unbind(keep=bound)
+        self.bound = bound
+        self.user_ns[PROGRAM_VARIABLE] = program
+
+    def _unbind(self, keep: dict[str, Any]) -> None:
+        for name, value in self.bound.items():
+            if name not in keep and self.user_ns.get(name, _MISSING) is value:
+                del self.user_ns[name]
+
+    # -- the workers and the rest ----------------------------------------------------------------
+
+    def status(self) -> Rich:
+        return status_table(self.program, self.user_ns)
+
+    def stop(self) -> list[str]:
+        """Stop the workers, saying what they held."""
+        if pool_of(self.program) is None:
+            return ["No workers are running."]
+        return [self._stop_workers("%shapescript stop"), "They start again when the program next needs them."]
+
+    def reset(self) -> list[str]:
+        """Forget every definition and stop the workers."""
+        notes = [self._stop_workers("%shapescript reset")] if pool_of(self.program) is not None else []
+        self._unbind(keep={})
+        if self.user_ns.get(PROGRAM_VARIABLE, _MISSING) is self.program:
+            del self.user_ns[PROGRAM_VARIABLE]
+        self.items, self.program, self.bound = {}, None, {}
+        return notes + ["The notebook's ShapeScript program is empty."]
+
+    def _stop_workers(self, why: str) -> str:
+        pool, program = pool_of(self.program), self.program
+        assert pool is not None and program is not None
+        note = describe_loss(pool, self.user_ns, why)
+        program.stop()
+        return note
+
+    def shutdown(self) -> None:
+        """At the kernel's exit: stop the workers without a word."""
+        if self.program is not None:
+            self.program.stop()
+
+    def source(self) -> str:
+        """The notebook's program as compiled, with its line numbers (run-time messages give them, as
+        notebook.ss:12:5) and the cell each item came from."""
+        if not self.items:
+            return "The notebook's ShapeScript program is empty."
+        draft = Draft.join(self.items.values())
+        lines = draft.source.rstrip("\n").split("\n")
+        width = len(str(len(lines)))
+        starting = dict(zip(draft.starts, draft.chunks))
+        out = [f"{PROGRAM_NAME}, the notebook's program (each item as the cell that last defined it has it):"]
+        for number, text in enumerate(lines, 1):
+            chunk = starting.get(number)
+            if chunk is not None:
+                cell = chunk.cell
+                origin = cell.label if cell.label.startswith("%") else f"{cell.label}, line {chunk.first}"
+                out.append(f"{'':>{width}} | # from {origin}")
+            out.append(f"{number:>{width}} | {text}".rstrip())
+        return "\n".join(out)
+
+    @staticmethod
+    def explain(code: str) -> str:
+        """The error index's entry; KeyError for an unknown code."""
+        return explain(code)

@@ -1,0 +1,145 @@
+"""The notebook's workers: one pool that outlives the cells.
+
+Every `%%shapescript` cell makes a new `Program`. A RemoteModel stays usable only while its own
+program's pool is the pool it was made on (`RemoteModel.workers()`), and a Program starts a pool of
+its own when it has none. So a new program adopts the previous one's running pool when both run on
+the same devices (`Program.adopt_workers`): the workers load the new compiled code with their next
+call, and the models and optimizer state they keep by handle stay where they are. Old programs
+keep their reference to the pool, so every handle made with any of them stays valid until the
+pool stops. Workers start in the background (`Program.workers(background=True)`), so a cell
+doesn't wait for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api import Program
+from ..errors import ShapeScriptError
+from ..parallel.pool import WorkerPool
+from ..parallel.remote import RemoteModel, RemoteOptimizer
+from .report import Rich, render_rows
+
+
+def adopt_workers(new: Program, old: Program | None, keep_datasets: bool) -> bool:
+    """Give `new` the running workers of `old` if both run on the same devices."""
+    return old is not None and new.adopt_workers(old, keep_datasets)
+
+
+def start_workers(program: Program) -> WorkerPool:
+    """Start `program`'s workers in the background; its first call waits for them."""
+    return program.workers(background=True)
+
+
+def pool_of(program: Program | None) -> WorkerPool | None:
+    """The program's pool if it is started (or starting) and not stopped."""
+    return program.pool if program is not None else None
+
+
+@dataclass
+class Held:
+    """An object the workers keep: its handle, what it is, and the notebook's names for it."""
+
+    handle: int
+    what: str
+    names: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"{', '.join(self.names)} ({self.what})" if self.names else f"handle {self.handle} ({self.what})"
+
+
+def _named_handles(pool: WorkerPool, user_ns: Mapping[str, Any]) -> dict[int, Held]:
+    """The notebook's variables that are handles on `pool`, by handle."""
+    held: dict[int, Held] = {}
+    for name, value in list(user_ns.items()):
+        if name.startswith("_"):  # IPython's output history (_, _3...) repeats the user's names
+            continue
+        if isinstance(value, RemoteModel) and value.pool is pool:
+            what = f"{value.spec.name} model"
+        elif isinstance(value, RemoteOptimizer) and value.model.pool is pool:
+            what = f"{value.kind}[{value.model.spec.name}] optimizer"
+        else:
+            continue
+        held.setdefault(value.handle, Held(value.handle, what)).names.append(name)
+    return held
+
+
+def ask_workers(pool: WorkerPool) -> list[dict[str, Any]] | None:
+    """Each worker's objects and device memory, or None if it can't be asked now (still starting,
+    or stopped)."""
+    if pool.state != "running":
+        return None
+    try:
+        return pool.call("objects", (), where="%shapescript status")
+    except ShapeScriptError:  # a worker gone, or the pending program failing to load: said by the next call
+        return None
+
+
+def held_objects(pool: WorkerPool, user_ns: Mapping[str, Any],
+                 answers: list[dict[str, Any]] | None = None) -> list[Held]:
+    """What the workers keep (every worker keeps the same), with the notebook's names for each."""
+    held = _named_handles(pool, user_ns)
+    if answers:
+        for handle, what in answers[0]["objects"].items():
+            held.setdefault(handle, Held(handle, what))
+    return [held[h] for h in sorted(held)]
+
+
+def describe_loss(pool: WorkerPool, user_ns: Mapping[str, Any], why: str) -> str:
+    """What stopping `pool` loses, said before it stops."""
+    held = held_objects(pool, user_ns, ask_workers(pool))
+    gone = "; gone with them: " + ", ".join(map(str, held)) if held else "; they held nothing"
+    return f"Stopping the workers on {pool.devices} ({why}){gone}."
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
+    """`%shapescript status`: the workers, their processes and what they hold."""
+    if program is None:
+        return render_rows("ShapeScript: no program yet", [], [], ["Run a %%shapescript cell first."])
+    pool = pool_of(program)
+    if not program.several:
+        return render_rows(f"ShapeScript on {program.devices}: one device, in this kernel; no workers", [], [], [])
+    if pool is None:
+        return render_rows(f"ShapeScript on {program.devices}: no workers running", [], [],
+                           ["They start when the program next needs them."])
+    answers = ask_workers(pool)
+    state = pool.state  # after asking, which may have found a worker gone
+    rss = _memory(pool.pids)
+    header = ["rank", "device", "pid", "memory (RSS)", "objects"]
+    cuda = pool.devices.kind == "cuda"
+    if cuda:
+        header.append("device memory")
+    rows = []
+    for rank, (index, pid) in enumerate(zip(pool.indices, pool.pids)):
+        answer = answers[rank] if answers else None
+        row = [str(rank), f"{pool.devices.kind}:{index}", str(pid), _mib(rss.get(pid)),
+               str(len(answer["objects"])) if answer else "?"]
+        if cuda:
+            row.append(_mib(answer["device_memory"]) if answer else "?")
+        rows.append(row)
+    held = held_objects(pool, user_ns, answers) if state == "running" else []
+    notes = [f"Every worker holds: {', '.join(map(str, held))}." if held else "The workers hold nothing yet."]
+    if state == "starting":
+        notes = ["The workers are starting; the next call waits for them."]
+    return render_rows(f"ShapeScript workers on {pool.devices}: {state}", header, rows, notes)
+
+
+def _memory(pids: list[int]) -> dict[int, int]:
+    """Each live process's resident memory in bytes."""
+    try:
+        import psutil
+    except ImportError:  # the `notebook` extra brings it; without it the column says "?"
+        return {}
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            continue
+    return out

@@ -1,0 +1,296 @@
+"""`%load_ext shapescript` in a real IPython kernel, driven as Jupyter drives it (jupyter_client).
+
+One kernel serves the module; each test starts with `%shapescript reset`, so none depends on
+another's definitions. The kernel runs this interpreter (sys.executable) with this checkout first
+on its PYTHONPATH, so it imports the package under test installed or not.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbclient
+import nbformat
+import psutil
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient.exceptions import CellExecutionError
+from support import ROOT
+
+KERNEL = "shapescript-test"
+TIMEOUT = 120.0  # seconds for one cell: generous, for a loaded 2-core machine starting workers
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+MLP = textwrap.dedent("""\
+    dim D = 784
+    dim Hd = 256
+    dim C = 10
+
+    data Digit:
+        img: [D]
+        label: [] Index[C]
+
+    model Mlp:
+        param w1: [D Hd] = normal(std=0.02)
+        param w2: [Hd C] = normal(std=0.02)
+
+    fn forward(m: Mlp, x: [b D]) -> [b C]:
+        return relu(x @ m.w1) @ m.w2
+
+    fn loss(m: Mlp, batch: [b] Digit) -> []:
+        return cross_entropy(forward(m, batch.img), batch.label, over=C)
+
+    fn train_step(mut m: Mlp, mut opt: AdamW[Mlp], batch: [b] Digit) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        update(mut m, mut opt, g)
+        return l
+    """)
+
+
+@dataclass
+class Run:
+    """What one cell did: its reply's status and everything it showed."""
+
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    plain: list[str] = field(default_factory=list)  # text/plain of displays and results
+    html: list[str] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+    @property
+    def traceback(self) -> str:
+        return ANSI.sub("", "\n".join(self.error["traceback"])) if self.error else ""
+
+    def value(self) -> Any:
+        """The cell's result, as the JSON its last line printed."""
+        assert self.status == "ok", self.traceback
+        return json.loads(self.stdout.strip().splitlines()[-1])
+
+
+def kernel_manager(tmp: Path) -> KernelManager:
+    """A manager for a kernel of this interpreter that imports this checkout first."""
+    spec = tmp / "kernels" / KERNEL
+    spec.mkdir(parents=True)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "ShapeScript tests", "language": "python", "env": {"PYTHONPATH": path}}))
+    return KernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp / "kernels")]))
+
+
+class Kernel:
+    """A kernel, and a blocking client that runs cells and collects what they show."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.manager = kernel_manager(tmp)
+        self.manager.start_kernel()
+        self.client = self.manager.client()
+        self.client.start_channels()
+        try:
+            self.client.wait_for_ready(timeout=TIMEOUT)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def run(self, code: str, timeout: float = TIMEOUT) -> Run:
+        messages: list[dict[str, Any]] = []
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=messages.append,
+                                                stop_on_error=False)
+        run = Run(reply["content"]["status"])
+        for msg in messages:
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                setattr(run, content["name"], getattr(run, content["name"]) + content["text"])
+            elif kind in ("display_data", "execute_result"):
+                run.plain.append(content["data"].get("text/plain", ""))
+                if "text/html" in content["data"]:
+                    run.html.append(content["data"]["text/html"])
+            elif kind == "error":
+                run.error = content
+        return run
+
+    def ok(self, code: str, timeout: float = TIMEOUT) -> Run:
+        run = self.run(code, timeout)
+        assert run.status == "ok", f"{code}\n-> {run.traceback}\n{run.plain}"
+        return run
+
+    def pid(self) -> int:
+        return int(self.ok("import os; print(os.getpid())").stdout.strip())
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    k = Kernel(tmp_path_factory.mktemp("kernel"))
+    k.ok("%load_ext shapescript\nimport json, torch\nimport shapescript as ss")
+    yield k
+    k.shutdown()
+
+
+@pytest.fixture
+def fresh(kernel: Kernel) -> Kernel:
+    kernel.ok("%shapescript reset")
+    return kernel
+
+
+def cell(source: str) -> str:
+    return "%%shapescript\n" + source
+
+
+def test_a_compile_error_shows_in_the_cell_with_its_own_lines(fresh: Kernel) -> None:
+    fresh.ok(cell(MLP))
+    wrong = MLP.replace("relu(x @ m.w1) @ m.w2", "relu(x @ m.w1) @ m.w1")
+    run = fresh.run(cell(wrong))
+    assert run.status == "error"
+    # The line as the cell shows it, the %%shapescript line being line 1.
+    line = 1 + wrong.splitlines().index("    return relu(x @ m.w1) @ m.w1") + 1
+    assert len(run.plain) == 1 and len(run.html) == 1
+    text = run.plain[0]
+    assert "error[E0304]: `@` contracts [b Hd]'s last axis Hd with [D Hd]'s first axis D" in text
+    assert re.search(rf"--> cell \[\d+\]:{line}:12\n", text), text
+    assert f"{line} |     return relu(x @ m.w1) @ m.w1" in text
+    assert re.search(r"\|            \^{21} Hd vs D", text), text
+    page = html.unescape(re.sub(r"<[^>]+>", "", run.html[0]))
+    for piece in ("error[E0304]", f"{line} |     return relu(x @ m.w1) @ m.w1", "^" * 21 + " Hd vs D",
+                  "%shapescript explain E0304", "docs/errors.md#e0304"):
+        assert piece in page
+    # The failure is one line, not a traceback of the extension's frames.
+    assert run.error is not None and run.error["ename"] == "CellCompileError"
+    assert run.traceback.startswith("CompileError: 1 error in cell [") and "\n" not in run.traceback
+    # Nothing changed: the earlier forward is still bound, and still right.
+    probe = fresh.ok("m = Mlp.init(seed=0); x = torch.randn(2, 784)\n"
+                     "print(json.dumps(bool(torch.allclose(forward(m, x), torch.relu(x @ m.w1) @ m.w2))))")
+    assert probe.value() is True
+
+
+def test_an_error_in_an_earlier_cell_names_that_cell(fresh: Kernel) -> None:
+    first = fresh.ok(cell("fn k(x: [3]) -> [3] = x\nfn h(x: [3]) -> [3]:\n    return k(x)\n"))
+    count = int(fresh.ok("print(len(In) - 2)").stdout)  # In [n] of the cell before this one
+    assert first.stdout == ""
+    run = fresh.run(cell("fn k(x: [4]) -> [4] = x\n"))
+    assert run.status == "error"
+    assert f"--> cell [{count}]:4:" in run.plain[0], run.plain[0]  # h's call of k, in the first cell
+    assert "4 |     return k(x)" in run.plain[0]
+
+
+def test_rerunning_a_cell_replaces_its_function(fresh: Kernel) -> None:
+    fresh.ok(cell("fn f(x: [3]) -> [3] = x * 2.0\n"))
+    assert fresh.ok("print(json.dumps(f(torch.ones(3)).tolist()))").value() == [2.0, 2.0, 2.0]
+    fresh.ok(cell("fn f(x: [3]) -> [3] = x * 3.0\n"))
+    assert fresh.ok("print(json.dumps(f(torch.ones(3)).tolist()))").value() == [3.0, 3.0, 3.0]
+    assert fresh.ok("print(json.dumps(ss_program.f is f))").value() is True
+
+
+def test_nbclient_stops_at_a_failing_cell(tmp_path: Path) -> None:
+    cells = ["%load_ext shapescript", cell("fn f(x: [3]) -> [4] = x\n"), "print('not reached')"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = nbclient.NotebookClient(notebook, km=kernel_manager(tmp_path), timeout=TIMEOUT)
+    with pytest.raises(CellExecutionError) as info:
+        client.execute()
+    assert "CompileError: 1 error in cell [2]" in str(info.value)
+    shown, failed = notebook.cells[1].outputs
+    assert "error[E0305]" in shown["data"]["text/plain"] and "error[E0305]" in shown["data"]["text/html"]
+    assert failed["output_type"] == "error" and len(failed["traceback"]) == 1
+    assert notebook.cells[2].outputs == []
+
+
+def test_bad_magic_arguments_are_usage_errors(fresh: Kernel) -> None:
+    for line in ("%shapescript devices gpu[0]", "%shapescript frobnicate", "%shapescript explain E9999"):
+        run = fresh.run(line)  # IPython says a UsageError in one line, on stderr
+        assert run.status == "error" and run.stderr.startswith("UsageError: ") and run.error is None, line
+    assert "E0304: " in fresh.ok("%shapescript explain E0304").stdout
+
+
+@pytest.mark.slow
+def test_handles_survive_cells_on_two_devices(fresh: Kernel) -> None:
+    started = fresh.ok(cell("devices cpu[0 1]\n\n" + MLP))
+    assert "Starting workers on cpu[0 1]" in started.stdout
+    fresh.ok("m = Mlp.init(seed=0)\nopt = ss.adamw(m, lr=1e-3)")
+    added = fresh.ok(cell("fn predict(m: Mlp, x: [b D]) -> [b C] = relu(x @ m.w1) @ m.w2\n"))
+    assert added.stdout == ""  # the same workers: nothing stopped, nothing started
+    step = fresh.ok(
+        "g = torch.Generator().manual_seed(0)\n"
+        "batch = {'img': torch.randn(6, 784, generator=g), 'label': torch.randint(0, 10, (6,), generator=g)}\n"
+        "before = m.w1.clone()\n"
+        "l = train_step(m, opt, batch)\n"
+        "print(json.dumps([list(m.w1.shape), bool(torch.isfinite(l)), bool((m.w1 != before).any()),\n"
+        "                  list(predict(m, batch['img']).shape)]))")
+    assert step.value() == [[784, 256], True, True, [6, 10]]
+    status = fresh.ok("%shapescript status").plain[0]
+    assert "workers on cpu[0 1]: running" in status
+    assert "m (Mlp model)" in status and "opt (AdamW[Mlp] optimizer)" in status
+    assert "cpu:0" in status and "cpu:1" in status
+    # Other devices: the old workers stop, saying what goes with them, and the handles say so too.
+    moved = fresh.ok("%shapescript devices cpu")
+    assert "gone with them: m (Mlp model), opt (AdamW[Mlp] optimizer)" in moved.stdout
+    stale = fresh.run("m.w1")
+    assert stale.status == "error" and "workers that have stopped" in stale.traceback
+
+
+def children(pid: int) -> set[int]:
+    """The live processes under `pid` (a zombie has stopped: only its exit status is left)."""
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
+    return {p.pid for p in procs if _alive(p)}
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def gone(pids: set[int], within: float = 15.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and _alive(psutil.Process(p)) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+def test_stop_and_the_kernels_end_leave_no_worker(tmp_path: Path) -> None:
+    k = Kernel(tmp_path)
+    try:
+        k.ok("%load_ext shapescript")
+        pid = k.pid()
+        before = children(pid)
+        k.ok(cell("devices cpu[0 1]\nmodel Mlp:\n    param w: [3 2] = zeros()\n"))
+        workers_up = "_ = Mlp.init(seed=0)"  # the first call waits for the workers
+        k.ok(workers_up)
+        workers = children(pid) - before
+        assert len(workers) == 2
+        # Started from the kernel's main thread: they die with it even if it is killed outright.
+        assert all("--pdeathsig" in psutil.Process(w).cmdline() for w in workers)
+        assert all(str(w) in k.ok("%shapescript status").plain[0] for w in workers)
+        assert "Stopping the workers on cpu[0 1]" in k.ok("%shapescript stop").stdout
+        assert gone(workers) and children(pid) == before
+        k.ok(workers_up)  # they start again when needed
+        workers = children(pid) - before
+        assert len(workers) == 2
+        # A restart shuts the kernel down as a shutdown does (jupyter_client's shutdown_kernel): its
+        # exit stops the workers.
+        k.manager.restart_kernel(now=False)
+        assert gone(workers | {pid}), "the kernel's end left workers behind"
+        k.client.wait_for_ready(timeout=TIMEOUT)
+    finally:
+        k.shutdown()
