@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean chromium
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,14 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) examples/digits/train.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed chromium
 	$(PY) -m pytest -q
+
+# The browser test drives Debian's Chromium (Playwright's own browser download is never used).
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && { apt-get install -y -q chromium >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } \
+		|| { echo "the browser test needs Debian's chromium: sudo apt-get install chromium"; exit 1; }
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/step.py

@@ -1,5 +1,14 @@
-"""Where `write(log, logs(...))` sends records: `stdout()`, `jsonl(path)`, `memory()`."""
+"""Where `write(log, logs(...))` sends records: `stdout()`, `jsonl(path)`, `memory()`, `live()`."""
 
 from shapescript.runtime.sinks import Logs, Sink, jsonl, logs, memory, stdout
 
-__all__ = ["Logs", "Sink", "jsonl", "logs", "memory", "stdout"]
+
+def live(every: int = 10, fps: float = 10.0) -> Sink:
+    """In a Jupyter notebook, a line chart of each logged number, redrawn as records arrive (at most
+    `fps` times a second); elsewhere, every `every`-th record printed as stdout() prints it. Keeps
+    every record in `.records`, as memory() does."""
+    from shapescript.notebook.live import LiveSink  # imported when asked for: ipywidgets only in a kernel
+    return LiveSink(every, fps)
+
+
+__all__ = ["Logs", "Sink", "jsonl", "live", "logs", "memory", "stdout"]

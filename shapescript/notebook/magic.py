@@ -18,10 +18,13 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from ..api import parse_devices
+from ..check.comms import DeviceTable
 from .cells import Cell
 from ..errors import ShapeScriptError
+from . import progress
 from .report import CellCompileError, NotebookError
 from .session import PROGRAM_VARIABLE, Session
+from .widgets import in_kernel, show_device_table
 
 T = TypeVar("T")
 USAGE = f"""\
@@ -32,7 +35,8 @@ USAGE = f"""\
 %shapescript stop          stop the workers (they start again when needed)
 %shapescript source        the notebook's whole program, with the line numbers run-time errors give
 %shapescript reset         forget every definition and stop the workers
-%shapescript explain CODE  the error index's entry for a code, e.g. E0304"""
+%shapescript explain CODE  the error index's entry for a code, e.g. E0304
+%shapescript progress on   show a progress bar for each loop over batches (on in Jupyter; `off` to stop)"""
 
 
 @magics_class
@@ -53,6 +57,7 @@ class ShapeScriptMagics(Magics):
                                  "cell, or with %shapescript devices cpu[0 1]")
             source = Cell(self._cell_label(), f"%%shapescript\n{cell}", first_line=2)
             _print(self._run(lambda: self.session.run_cell(source)))
+            self._show_placement()
             return
         command, _, rest = line.strip().partition(" ")
         rest = rest.strip()
@@ -65,6 +70,8 @@ class ShapeScriptMagics(Magics):
                 print(self.session.explain(rest), end="")
             except KeyError:
                 raise UsageError(f"no error code {rest!r}; codes look like E0304") from None
+        elif command == "progress" and rest in ("on", "off"):
+            self._progress(rest == "on")
         elif command in ("", "help"):
             print(USAGE)
         else:
@@ -81,6 +88,23 @@ class ShapeScriptMagics(Magics):
         except ValueError as e:
             raise UsageError(str(e)) from None
         _print(self._run(lambda: self.session.set_devices(text)))
+        self._show_placement()
+
+    def _show_placement(self) -> None:
+        """On several devices, the placement and communication table, as a closed widget."""
+        view = self.session.device_table_view()
+        if view is not None and view.several and (view.table.fns or view.table.models):  # an empty table says nothing
+            display(show_device_table(view))
+
+    @staticmethod
+    def _progress(on: bool) -> None:
+        if not on:
+            progress.disable()
+            return
+        try:
+            progress.enable()
+        except ImportError as e:
+            raise UsageError(str(e)) from None
 
     def _simple(self, command: str) -> None:
         if command == "status":
@@ -122,4 +146,18 @@ def load_ipython_extension(ip: InteractiveShell) -> None:
     if magics is None:
         magics = ShapeScriptMagics(ip)
         atexit.register(magics.session.shutdown)  # a kernel's exit or restart leaves no worker behind
+        _show_device_tables(ip, magics.session)
+        if in_kernel():  # Jupyter: a bar for each loop over batches (a terminal opts in: %shapescript progress on)
+            try:
+                progress.enable()
+            except ImportError:  # no tqdm: no bars, as before
+                pass
     ip.register_magics(magics)
+
+
+def _show_device_tables(ip: InteractiveShell, session: Session) -> None:
+    """`ss_program.device_table` as a cell's result shows the table: its HTML in Jupyter, the
+    report's text in a terminal (IPython's formatters, since the DeviceTable is the checker's)."""
+    formatters = ip.display_formatter.formatters
+    formatters["text/html"].for_type(DeviceTable, lambda t: session.view_of(t).html(open_=True))
+    formatters["text/plain"].for_type(DeviceTable, lambda t, p, cycle: p.text(session.view_of(t).text()))

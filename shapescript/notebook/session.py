@@ -16,7 +16,9 @@ from ..codes import explain
 from ..errors import CompileError, ShapeScriptError
 from ..parallel.remote import RemoteModel
 from ..runtime.model import Model
+from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
+from .device_table import DeviceTableView
 from .report import CellCompileError, Located, NotebookError, Rich, locate_all
 from .workers import adopt_workers, describe_loss, pool_of, start_workers, status_table
 
@@ -164,6 +166,24 @@ class Session:
                 out.append(f"{'':>{width}} | # from {origin}")
             out.append(f"{number:>{width}} | {text}".rstrip())
         return "\n".join(out)
+
+    def device_table_view(self) -> DeviceTableView | None:
+        """The program's DeviceTable with its text and each line's cell; None before the first cell."""
+        program = self.program
+        if program is None:
+            return None
+        draft = Draft.join(self.items.values())  # the compiled program's text, as source() shows it
+
+        def place(line: int) -> str | None:
+            found = draft.locate(line)
+            return f"{found[0].cell.label}, line {found[1]}" if found is not None else None
+
+        return DeviceTableView(program.checked.devices, program.checked.source, place)
+
+    def view_of(self, table: DeviceTable) -> DeviceTableView:
+        """A DeviceTable as the notebook shows it: the program's with its text and cells, another as it is."""
+        view = self.device_table_view()
+        return view if view is not None and view.table is table else DeviceTableView.of(table)
 
     @staticmethod
     def explain(code: str) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import torch
 
 from shapescript.parallel.remote import shares
-from shapescript.runtime.data import Batch, DataSpec, batch_bounds, load_items, shuffle_order
+from shapescript.runtime.data import Batch, DataSpec, batch_bounds, load_items, shuffle_order, with_progress
 
 _handles = itertools.count(1_000_000)  # apart from the models' handles
 
@@ -105,10 +105,13 @@ class RemoteBatches:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[Any]:
+        return with_progress(self._remote(), len(self), self.batches.spec.name)
+
+    def _remote(self) -> Iterator[Any]:
         pool = self.program.workers()
         handle = self.program.datasets.handle(pool, self.batches.base, self.batches.spec)
         if handle is None:
-            yield from self.batches
+            yield from self.batches.load()  # not through the hook again: __iter__ did that
             return
         b = self.batches
         plan = (next(_handles), handle, b.seeds, b.n, b.spec.name)  # all a worker needs to make the loop

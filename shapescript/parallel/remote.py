@@ -78,7 +78,13 @@ class RemoteModel:
         return RemoteOptimizer(self, kind, hyper, handle)
 
     def __repr__(self) -> str:
-        return f"RemoteModel[{self.spec.name}] on {self._program.devices}"
+        from shapescript.notebook.models import members_text  # from the spec: asks the workers nothing
+        return f"RemoteModel[{self.spec.name}] on {self._program.devices}, a copy on every device: {members_text(self)}"
+
+    def _repr_html_(self) -> str:
+        """A notebook's display: a table of the params and buffers, from the spec (no fetch)."""
+        from shapescript.notebook.models import model_html
+        return model_html(self)
 
 
 class RemoteOptimizer:

@@ -9,7 +9,7 @@ was expected and what came, and the .ss line that declared the field.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -398,6 +398,18 @@ def batch_bounds(total: int, n: int, k: int) -> tuple[int, int]:
     return k * n, min(total, (k + 1) * n)
 
 
+# What loops over batches run through when set: `progress(batches, count, data_type_name)` gives
+# the same batches, e.g. behind a progress bar (the notebook sets it: shapescript/notebook/progress.py).
+# None by default, so that scripts, the command line and the tests loop as they are.
+progress: Callable[[Iterator[Any], int, str], Iterator[Any]] | None = None
+
+
+def with_progress(batches: Iterator[Any], count: int, what: str) -> Iterator[Any]:
+    """`batches` through the `progress` hook, if one is set."""
+    hook = progress
+    return batches if hook is None else hook(batches, count, what)
+
+
 class _Batches:
     """The batches of a dataset, re-iterable; the last one may be smaller. `seeds` are the
     shuffles' seeds, outermost first (none: the dataset's own order)."""
@@ -419,6 +431,10 @@ class _Batches:
             yield list(order[start:end])
 
     def __iter__(self) -> Iterator[Batch]:
+        return with_progress(self.load(), len(self), self.spec.name)
+
+    def load(self) -> Iterator[Batch]:
+        """The batches, loaded and checked one by one (what iterating yields, without `progress`)."""
         for indices in self.indices():
             fields, lengths = load_items(self.base, indices, self.spec)
             if self.device is not None:  # loaded and checked on the CPU, then sent to the device

@@ -203,6 +203,14 @@ class Model:
                 parts.append(f"{member.name}: {type_text(member.shape, member.dtype)}{extra}")
         return f"{self.spec.name}({', '.join(parts)})"
 
+    def _repr_html_(self) -> str | None:
+        """A notebook's display: a table of the params and buffers (shapescript/notebook/models.py)."""
+        try:
+            from shapescript.notebook.models import model_html  # plain HTML; imports no IPython
+        except ImportError:  # inlined in a standalone build, without shapescript: the text repr
+            return None
+        return model_html(self)
+
 
 # Names a member may not take, since an instance attribute would hide them.
 _RESERVED = frozenset(n for n in dir(Model) if not n.startswith("__")) | {"spec", "_params"}

@@ -68,6 +68,7 @@ class Run:
     plain: list[str] = field(default_factory=list)  # text/plain of displays and results
     html: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
+    bundles: list[dict[str, Any]] = field(default_factory=list)  # every display's and result's whole data
 
     @property
     def traceback(self) -> str:
@@ -114,6 +115,7 @@ class Kernel:
             if kind == "stream":
                 setattr(run, content["name"], getattr(run, content["name"]) + content["text"])
             elif kind in ("display_data", "execute_result"):
+                run.bundles.append(content["data"])
                 run.plain.append(content["data"].get("text/plain", ""))
                 if "text/html" in content["data"]:
                     run.html.append(content["data"]["text/html"])

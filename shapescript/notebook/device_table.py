@@ -1,0 +1,152 @@
+"""The DeviceTable (check/comms.py) as the notebook shows it: a title, an HTML table and text.
+
+Every figure and sentence comes from the table through check/comms_text.py's formatters, so the
+notebook says what `shapescript comms` and the editor's hovers say; nothing here looks at the
+checker. The HTML has one row per function (where it runs, what one call sends), per model (its
+bytes on each device) and per line that sends (its source and each collective). The text is
+`shapescript comms`'s report. Nothing here imports IPython or ipywidgets (widgets.py does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import sympy
+
+from ..check.comms import DeviceTable, FnPlan, Layout
+from ..check.comms_text import bytes_text, fn_text, item_lines, report, sum_bytes, value_text
+from ..check.program import Checked
+from . import markup as M
+from .report import _inline_code
+
+if TYPE_CHECKING:
+    from ..api import Program
+
+# How fn_text words a placement, for the table's short "where it runs" column.
+_PLACES = {"controller": "in the controller", "workers": "on the workers"}
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What comms_text.report reads of a Checked, for a table met without its program."""
+
+    devices: DeviceTable
+    file: str
+    source: str
+
+
+@dataclass(frozen=True)
+class DeviceTableView:
+    """A DeviceTable with the program text its line numbers refer to, and (in the notebook) a way to
+    name a line by the cell it came from. `_repr_html_` and `__repr__` show it anywhere."""
+
+    table: DeviceTable
+    source: str = ""  # the program's text, for the source of the lines that send ("" if unknown)
+    place: Callable[[int], str | None] | None = None  # "cell [2], line 7" for a program's line
+
+    @classmethod
+    def of(cls, thing: "DeviceTable | Checked | Program | DeviceTableView") -> "DeviceTableView":
+        """The view of a DeviceTable, or of a Checked or Program's table (with its source)."""
+        if isinstance(thing, DeviceTableView):
+            return thing
+        checked = getattr(thing, "checked", thing)  # a Program holds its Checked
+        if isinstance(checked, Checked):
+            return cls(checked.devices, checked.source)
+        if isinstance(thing, DeviceTable):
+            return cls(thing, _file_text(thing.file))
+        raise TypeError(f"expected a DeviceTable (prog.device_table) or a Program, got {type(thing).__name__}")
+
+    @property
+    def several(self) -> bool:
+        return self.table.count > 1
+
+    def title(self) -> str:
+        """As "Placement and communication on cpu[0 1] — a batch of 64 splits 32/32"."""
+        t = self.table
+        if not self.several:
+            return f"Placement on {t.devices}: one device, nothing is sent between devices"
+        parts = t.shares()
+        split = (f"a batch of {t.batch} splits {'/'.join(map(str, parts))}" if parts else
+                 "no batches(n) gives a batch size")
+        return f"Placement and communication on {t.devices} — {split}"
+
+    def text(self) -> str:
+        """`shapescript comms`'s report of the table."""
+        return report(_Source(self.table, self.table.file or "the program", self.source))  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        return self.html(open_=True)
+
+    def html(self, open_: bool = False) -> str:
+        """The title, and the table below it in a `<details>` (open or not)."""
+        return (f"{M.STYLE}<details{' open' if open_ else ''}><summary><b>{M.esc(self.title())}</b></summary>"
+                f"{self.table_html()}</details>")
+
+    def table_html(self) -> str:
+        """`<table class="ss-device-table">`: functions, models, then the lines that send."""
+        rows = [M.section("Functions", 4), M.header(["line", "function", "where it runs", "sent per call"])]
+        rows += [self._fn_row(f) for f in self.table.fns.values()]
+        if self.table.models:
+            rows += [M.section("Models", 4), M.header(["line", "model", "layout", "bytes per device"])]
+            rows += [self._model_row(m) for m in self.table.models.values()]
+        if self.several:
+            rows += [M.section("Lines that send", 4), M.header(["line", "source", "collectives", "in all"])]
+            rows += [self._line_row(n) for n in sorted(self.table.lines)]
+            if not self.table.lines:
+                rows.append(M.row(["", "none: nothing is sent between the devices", "", ""]))
+        return M.table("ss-device-table", rows)
+
+    # -- rows ------------------------------------------------------------------------------------
+
+    def _line_cell(self, line: int) -> str:
+        where = self.place(line) if self.place is not None else None
+        return str(line) + (f'<div class="ss-note">{M.esc(where)}</div>' if where else "")
+
+    def _fn_row(self, f: FnPlan) -> str:
+        where = _PLACES.get(f.placement, "anywhere") + (f": it {f.reason}" if f.reason else "")
+        return M.row([self._line_cell(f.span.line), M.code(f.name), M.esc(where), M.esc(self._per_call(f))],
+                     cls="ss-fn", numeric=[3], title=fn_text(self.table, f))
+
+    def _per_call(self, f: FnPlan) -> str:
+        # As fn_text says it: a controller's function, or one device, has no figure of its own.
+        if not self.several or f.placement == "controller":
+            return "—"
+        if not f.sent and not f.sent_differentiated:
+            return "nothing"
+        text = bytes_text(f.bytes)
+        if f.differentiated and f.sent_differentiated != f.sent:
+            text += f"; {bytes_text(sum_bytes(f.sent_differentiated))} under value_and_grad"
+        return text
+
+    def _model_row(self, m: Layout) -> str:
+        layout = "a copy on every device" if self.several else f"on {self.table.devices}"
+        size = bytes_text(m.bytes) if m.bytes is not None else "?"
+        return M.row([self._line_cell(m.span.line), M.code(m.name), M.esc(layout), M.esc(size)],
+                     cls="ss-model", numeric=[3], title=value_text(self.table, m))
+
+    def _line_row(self, line: int) -> str:
+        items = self.table.line(line)
+        sends = [text.removeprefix("- ") for item in items for text in item_lines(self.table, item)]
+        listed = "<ul>" + "".join(f"<li>{_inline_code(s)}</li>" for s in sends) + "</ul>"
+        total = bytes_text(sympy.Add(*(i.bytes for i in items)))
+        return M.row([self._line_cell(line), M.code(self._source_line(line)), listed, M.esc(total)],
+                     cls="ss-line", numeric=[3])
+
+    def _source_line(self, line: int) -> str:
+        lines = self.source.splitlines()
+        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+def _file_text(file: str) -> str:
+    """A table's program text when only the table is at hand: its file's, if it is one (a program
+    loaded from a path); "" for a program given as text."""
+    try:
+        return Path(file).read_text() if file.endswith(".ss") else ""
+    except OSError:
+        return ""

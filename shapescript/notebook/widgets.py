@@ -1,0 +1,114 @@
+"""The notebook's widgets: the placement and communication table, and a model with its values on
+demand. ipywidgets is imported only here, and only when a widget is made.
+
+A widget shows only in a live frontend (a Jupyter kernel with ipywidgets). What the magic
+displays (`Shown`) carries the text and HTML too, so a terminal IPython, nbconvert or a notebook
+viewer shows those instead.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+from types import ModuleType
+from typing import Any
+
+from . import markup as M
+from .device_table import DeviceTableView
+from .models import AnyModel, model_html, summary
+from ..runtime.model import leaves
+
+NO_WIDGETS = "the widgets need ipywidgets: pip install 'shapescript[notebook]' (or pip install ipywidgets)"
+
+
+def ipywidgets() -> ModuleType | None:
+    """The ipywidgets module, or None where it isn't installed."""
+    try:
+        import ipywidgets as widgets
+    except ImportError:
+        return None
+    return widgets
+
+
+def _require() -> ModuleType:
+    widgets = ipywidgets()
+    if widgets is None:
+        raise ImportError(NO_WIDGETS)
+    return widgets
+
+
+def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (whose frontend can draw widgets), not a terminal."""
+    ipython = sys.modules.get("IPython")  # a kernel has imported it; a script needn't import it to ask
+    if ipython is None:
+        return False
+    return getattr(ipython.get_ipython(), "kernel", None) is not None
+
+
+class Shown:
+    """A widget with text and HTML beside it: a live frontend draws the widget, a terminal prints
+    the text, and a saved notebook's viewer shows the HTML."""
+
+    def __init__(self, widget: Any | None, text: str, html_text: str | None = None) -> None:
+        self.widget, self.text, self.html = widget, text, html_text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        data: dict[str, Any] = {"text/plain": self.text}
+        if self.html is not None:
+            data["text/html"] = self.html
+        if self.widget is not None:
+            view = self.widget._repr_mimebundle_() or {}
+            data.update({k: v for k, v in view.items() if k != "text/plain"})  # our text, not the widget's repr
+        return data
+
+
+# -- the placement and communication table --------------------------------------------------------
+
+def device_table_widget(table: Any) -> Any:
+    """An Accordion, closed, titled "Placement and communication on cpu[0 1] — a batch of 64 splits
+    32/32", holding the table as an ipywidgets.HTML. `table` is a DeviceTable (`prog.device_table`),
+    a Program, or a DeviceTableView. ImportError without ipywidgets."""
+    widgets = _require()
+    view = DeviceTableView.of(table)
+    body = widgets.HTML(value=M.STYLE + view.table_html())
+    accordion = widgets.Accordion(children=[body], titles=(view.title(),))
+    accordion.selected_index = None  # closed: a cell's output stays short until asked
+    return accordion
+
+
+def show_device_table(view: DeviceTableView) -> Shown:
+    """What the magic displays after a cell on several devices: the widget where it can be drawn,
+    always with the report's text and the HTML table."""
+    widget = device_table_widget(view) if in_kernel() and ipywidgets() is not None else None
+    return Shown(widget, view.text(), view.html())
+
+
+# -- a model --------------------------------------------------------------------------------------
+
+def model_widget(m: AnyModel) -> Any:
+    """The model's table, and below it a dropdown of its params and buffers with a "show values"
+    button that fetches the chosen one (for a model on several devices, worker 0's copy) and shows
+    its mean, std, min, max and first values. ImportError without ipywidgets."""
+    widgets = _require()
+    names = [name for name, _ in leaves(m.spec)]
+    table = widgets.HTML(value=model_html(m))
+    choice = widgets.Dropdown(options=names, description="param", value=names[0] if names else None)
+    button = widgets.Button(description="show values", disabled=not names,
+                            tooltip="fetch the values (from worker 0 for a model on several devices)")
+    values = widgets.HTML(value="")
+
+    def show(_: Any = None) -> None:
+        if choice.value is None:
+            return
+        try:
+            text = summary(m, choice.value)
+        except Exception as e:  # noqa: BLE001 (a click's error can't raise anywhere the user sees)
+            values.value = f'<pre style="color:#c4161c">{html.escape(f"{type(e).__name__}: {e}")}</pre>'
+            return
+        values.value = f"<pre>{html.escape(text)}</pre>"
+
+    button.on_click(show)
+    return widgets.VBox([table, widgets.HBox([choice, button]), values])

@@ -1,0 +1,171 @@
+"""The several-devices notebook in a real JupyterLab, in a real browser, as a person runs it.
+
+JupyterLab serves a copy of notebooks/ on loopback; Debian's Chromium, driven by Playwright (its
+Python package, with our system Chromium: no browser download), opens the several-devices
+notebook, runs every cell from the Run menu, and looks for what the person should see: the
+placement and communication table and the progress bar of a loop over batches. It saves a
+screenshot. Afterwards the server is stopped and no kernel or worker process may be left.
+
+Needs the `test` extra (jupyterlab, playwright) and Debian's chromium (`apt-get install chromium`;
+`make test` installs it when it can).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from support import ROOT
+
+CHROMIUM = os.environ.get("SHAPESCRIPT_CHROMIUM", "/usr/bin/chromium")
+NOTEBOOK = "02_several_devices.ipynb"
+ARTIFACTS = Path(os.environ.get("SHAPESCRIPT_ARTIFACTS", ROOT / "tests" / "browser" / "artifacts"))
+RUN_TIMEOUT_MS = 300_000  # the whole notebook on a loaded 2-core machine, workers' start included
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    """A JupyterLab server on loopback over a copy of notebooks/, isolated from the user's settings."""
+
+    def __init__(self, tmp: Path, notebooks: Path = ROOT / "notebooks") -> None:
+        root = tmp / "work"
+        shutil.copytree(notebooks, root / "notebooks")
+        (root / "examples").symlink_to(ROOT / "examples")  # the notebooks read ../examples
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        env = {**os.environ,
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+               "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+               "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "ws")}
+        news = tmp / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        news.parent.mkdir(parents=True)
+        news.write_text('{"fetchNews": "false", "checkForUpdates": false}')  # no popup asking about news
+        self.log = (tmp / "lab.log").open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+             f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root / 'notebooks'}",
+             "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             "--LabApp.extension_manager=readonly",  # no listing from PyPI: the test needs no network
+             *(["--allow-root"] if os.geteuid() == 0 else [])],  # CI runs as root
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._wait_up()
+
+    def _wait_up(self, seconds: float = 90.0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"jupyter lab exited with {self.proc.returncode}: {self.log_text()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/api/status?token={self.token}", timeout=2).read()
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"jupyter lab didn't answer in {seconds} s: {self.log_text()}")
+
+    def log_text(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return Path(self.log.name).read_text()[-4000:]
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self) -> list[psutil.Process]:
+        """Stop the server as Ctrl-C would (it shuts its kernels down); the processes it left."""
+        children = self.descendants()
+        self.proc.send_signal(2)  # SIGINT, twice: Jupyter asks for confirmation after the first
+        time.sleep(0.5)
+        self.proc.send_signal(2)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        gone, alive = psutil.wait_procs(children, timeout=30)
+        for p in alive:
+            p.kill()
+        self.log.close()
+        return alive
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"the browser test needs Debian's Chromium at {CHROMIUM}: `apt-get install chromium` "
+                    f"(make test installs it when run as root), or set SHAPESCRIPT_CHROMIUM")
+    server = Lab(tmp_path)
+    try:
+        yield server
+    finally:
+        if server.proc.poll() is None:
+            server.stop()
+
+
+@pytest.mark.slow
+def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+            "--disable-background-networking", "--disable-component-update"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            expect(page.get_by_text(re.compile(r"\| Idle$")).first).to_be_visible(timeout=120_000)  # kernel up
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+            _wait_until_done(page)
+            title = page.get_by_text("Placement and communication on cpu[0 1]").first
+            expect(title).to_be_visible(timeout=30_000)
+            title.click()  # the table is collapsed until asked for
+            table = page.locator("table.ss-device-table").first
+            expect(table).to_be_visible(timeout=30_000)
+            assert "813,072" in table.inner_text()  # train_step's bytes per call, from the DeviceTable
+            bar = page.locator(".jp-OutputArea .widget-hprogress").first  # tqdm.auto's bar of the loop
+            expect(bar).to_be_visible(timeout=30_000)
+            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t]
+            assert not tracebacks, tracebacks
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shot = ARTIFACTS / "several_devices_notebook.png"
+            table.scroll_into_view_if_needed()
+            page.screenshot(path=str(shot), full_page=False)
+            assert shot.stat().st_size > 10_000
+        finally:
+            browser.close()
+    left = lab.stop()
+    assert not left, f"processes left after the server stopped: {[p.pid for p in left]}"
+
+
+def _wait_until_done(page, seconds: float = RUN_TIMEOUT_MS / 1000) -> None:
+    """Until every code cell has run: its prompt shows a number, not `[*]` or `[ ]`."""
+    deadline = time.monotonic() + seconds
+    prompts = page.locator(".jp-Notebook .jp-CodeCell .jp-InputArea-prompt")
+    while time.monotonic() < deadline:
+        texts = [t.strip() for t in prompts.all_inner_texts()]
+        if texts and all(t.startswith("[") and t[1:-2].strip().isdigit() for t in texts):
+            return
+        time.sleep(1)
+    raise AssertionError(f"the notebook didn't finish in {seconds} s: prompts {texts}")

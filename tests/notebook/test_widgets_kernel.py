@@ -1,0 +1,96 @@
+"""The widgets in a real kernel (test_kernel.py's helpers): the placement and communication table
+after a cell on several devices, a model's table, the progress bar and the live sink."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+
+from test_kernel import MLP, Kernel, Run, cell
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+FIT = textwrap.dedent("""\
+    dim D = 4
+    dim C = 3
+
+    data Ex:
+        x: [D]
+        y: [] Index[C]
+
+    model Lin:
+        param w: [D C] = normal(std=0.1)
+
+    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(batch.x @ m.w, batch.y, over=C)
+
+    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
+        for batch in data |> batches(8):
+            l, g = value_and_grad(loss, m, batch)
+            update(mut m, mut opt, g)
+            write(log, logs(loss=l))
+    """)
+TRAIN = ("m = Lin.init(seed=0)\nsink = ss.sinks.live()\n"
+         "data = ss.TensorDataset(x=torch.randn(21, 4), y=torch.randint(0, 3, (21,)))\n"
+         "fit(m, ss.adamw(m, lr=0.1), data, sink)\nprint(json.dumps(len(sink.records)))")
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    k = Kernel(tmp_path_factory.mktemp("kernel"))
+    k.ok("%load_ext shapescript\nimport json, torch\nimport shapescript as ss")
+    yield k
+    k.shutdown()
+
+
+@pytest.fixture
+def fresh(kernel: Kernel) -> Kernel:
+    kernel.ok("%shapescript reset")
+    return kernel
+
+
+def widgets(run: Run) -> list[dict]:
+    return [b for b in run.bundles if WIDGET_VIEW in b]
+
+
+@pytest.mark.slow
+def test_a_cell_on_two_devices_shows_the_placement_table(fresh: Kernel) -> None:
+    one = fresh.ok(cell(MLP))
+    assert widgets(one) == []  # one device: nothing to show
+    moved = fresh.ok("%shapescript devices cpu[0 1]")
+    [shown] = widgets(moved)
+    # Beside the widget: the report's text for a terminal, the table's HTML for a notebook viewer.
+    assert shown["text/plain"].startswith("notebook.ss on cpu[0 1]: no batches(n) gives a batch size")
+    assert "813,072 bytes (794 KiB) between the 2 devices" in shown["text/plain"]
+    assert '<table class="ss-device-table">' in shown["text/html"]
+    assert re.search(r"cell \[\d+\], line 21", shown["text/html"])  # train_step's line, in its cell
+    again = fresh.ok(cell("fn predict(m: Mlp, x: [b D]) -> [b C] = relu(x @ m.w1) @ m.w2\n"))
+    assert len(widgets(again)) == 1
+    result = fresh.ok("ss_program.device_table")
+    assert result.plain[-1].startswith("notebook.ss on cpu[0 1]")
+    assert '<details open>' in result.html[-1] and '<table class="ss-device-table">' in result.html[-1]
+    fresh.ok("%shapescript reset")
+
+
+def test_a_model_shows_its_table(fresh: Kernel) -> None:
+    fresh.ok(cell(MLP))
+    run = fresh.ok("Mlp.init(seed=0)")
+    assert '<table class="ss-model-table">' in run.html[-1] and "[784, 256]" in run.html[-1]
+    assert run.plain[-1] == "Mlp(w1: [784, 256] f32, w2: [256, 10] f32)"
+    box = fresh.ok("from shapescript.notebook.widgets import model_widget\nmodel_widget(Mlp.init(seed=0))")
+    assert len(widgets(box)) == 1
+
+
+def test_a_loop_shows_a_progress_bar_and_the_live_chart(fresh: Kernel) -> None:
+    fresh.ok(cell(FIT))
+    run = fresh.ok(TRAIN)
+    assert run.value() == 3
+    assert len(widgets(run)) == 2  # tqdm's bar, then the sink's charts
+    assert "<polyline" in fresh.ok("print(sink.html())").stdout
+    fresh.ok("%shapescript progress off")
+    try:
+        assert len(widgets(fresh.ok(TRAIN))) == 1  # the charts only
+    finally:
+        fresh.ok("%shapescript progress on")
