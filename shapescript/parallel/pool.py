@@ -374,8 +374,12 @@ class WorkerPool:
             replies, pending = self._gather(f"running {where}")
         except WorkerError:
             raise
-        except BaseException:  # Ctrl-C, or a failure of our own: the workers' state is unknown
+        except BaseException as exc:  # Ctrl-C, or a failure of our own: the workers' state is unknown
             self._die(f"interrupted while running {where}")
+            if isinstance(exc, KeyboardInterrupt):
+                exc.add_note(f"The workers on {self.devices} were stopped in the middle of {where}: the models "
+                             f"and optimizer state on them are gone (their handles now say so). Make new ones, "
+                             f"or restore a checkpoint; the next call starts new workers.")
             raise
         failed = [r for r in replies if r is not None and r[0] == "err"]
         if pending or any(r[1]["collective"] for r in failed):

@@ -6,7 +6,10 @@ gradients aligned by the order of `Model.params()`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -109,7 +112,25 @@ def update(m: Model, opt: Optimizer, g: Grads) -> None:
     for p, gi in zip(params, g.tensors):
         p.grad = gi
     try:
-        opt.torch_opt.step()
+        with _uninterrupted():
+            opt.torch_opt.step()
     finally:  # never leave grads behind: the next value_and_grad must not see them
         for p in params:
             p.grad = None
+
+
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Ctrl-C during an optimizer step takes effect when the step ends, so that a model and its
+    optimizer state are never left half-updated (a step is many tensor operations)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread gets signals, and only it may set their handlers
+        return
+    pending: list[Any] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending and callable(previous):
+            previous(signal.SIGINT, pending[0])  # Python's own handler raises KeyboardInterrupt here

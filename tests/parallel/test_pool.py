@@ -336,10 +336,14 @@ def test_ctrl_c_stops_the_workers(spares: Spares) -> None:
     pids = pool.pids
     timer = later(0.5, os.kill, os.getpid(), signal.SIGINT)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            pool.call("sleep", (60,))
+        with pytest.raises(KeyboardInterrupt) as info:
+            pool.call("sleep", (60,), where=WHERE)
     finally:
         timer.cancel()
+    assert info.value.__notes__ == [  # what state things are in, for the person who pressed it
+        f"The workers on cpu[0 1] were stopped in the middle of {WHERE}: the models and optimizer state on them "
+        f"are gone (their handles now say so). Make new ones, or restore a checkpoint; the next call starts "
+        f"new workers."]
     assert not pool.alive
     assert_no_workers_left(pids)
     spares.recover()

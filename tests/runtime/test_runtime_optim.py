@@ -145,3 +145,31 @@ def test_optimizer_records_kind_and_hyper(mlp: ModelSpec) -> None:
 def test_bad_hyperparameters_are_domain_errors(mlp: ModelSpec, make: Callable) -> None:
     with pytest.raises(DomainError, match="Invalid"):
         make(Model.init(mlp, seed=0))
+
+
+def test_ctrl_c_during_a_step_waits_for_its_end(mlp: ModelSpec) -> None:
+    import os
+    import signal
+    import time
+
+    m = Model.init(mlp, seed=0)
+    opt = adamw(m, lr=0.1)
+    x, y = data(1)[0]
+    _, g = value_and_grad(mlp_loss, m, x, y)
+    before = [p.detach().clone() for p in m.params()]
+    step = opt.torch_opt.step
+
+    def interrupted_step() -> None:  # Ctrl-C arrives after the first param's update, before the second's
+        with torch.no_grad():
+            m.params()[0].sub_(1.0)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the signal is handled here, between bytecodes
+        with torch.no_grad():
+            m.params()[1].sub_(1.0)
+
+    opt.torch_opt.step = interrupted_step  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        update(m, opt, g)
+    opt.torch_opt.step = step  # type: ignore[method-assign]
+    assert all(torch.equal(p.detach(), b - 1.0) for p, b in zip(m.params(), before))  # both, not one
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
