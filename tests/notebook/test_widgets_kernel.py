@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Iterator
 
 import pytest
 
-from test_kernel import MLP, Kernel, Run, cell
+from test_kernel import MLP, Kernel, Run, cell, fresh, kernel  # noqa: F401  (the fixtures)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -35,20 +34,6 @@ FIT = textwrap.dedent("""\
 TRAIN = ("m = Lin.init(seed=0)\nsink = ss.sinks.live()\n"
          "data = ss.TensorDataset(x=torch.randn(21, 4), y=torch.randint(0, 3, (21,)))\n"
          "fit(m, ss.adamw(m, lr=0.1), data, sink)\nprint(json.dumps(len(sink.records)))")
-
-
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
-    k = Kernel(tmp_path_factory.mktemp("kernel"))
-    k.ok("%load_ext shapescript\nimport json, torch\nimport shapescript as ss")
-    yield k
-    k.shutdown()
-
-
-@pytest.fixture
-def fresh(kernel: Kernel) -> Kernel:
-    kernel.ok("%shapescript reset")
-    return kernel
 
 
 def widgets(run: Run) -> list[dict]:
