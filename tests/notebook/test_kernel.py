@@ -296,3 +296,26 @@ def test_stop_and_the_kernels_end_leave_no_worker(tmp_path: Path) -> None:
         k.client.wait_for_ready(timeout=TIMEOUT)
     finally:
         k.shutdown()
+
+
+@pytest.mark.slow
+def test_interrupting_the_kernel_mid_call_stops_the_workers_and_says_so(fresh: Kernel) -> None:
+    import threading
+
+    fresh.ok(cell("devices cpu[0 1]\nmodel Lin:\n    param w: [3 2] = zeros()\n"))
+    fresh.ok("m = Lin.init(seed=0)\npids = ss_program.pool.pids")
+    workers = set(fresh.ok("print(json.dumps(pids))").value())
+    # The interrupt lands while the controller waits for the workers, as during a long step.
+    timer = threading.Timer(3.0, fresh.manager.interrupt_kernel)
+    timer.start()
+    try:
+        run = fresh.run("ss_program.workers().call('sleep', (60,), where='a long step')", timeout=60)
+    finally:
+        timer.cancel()
+    assert run.status == "error" and run.error["ename"] == "KeyboardInterrupt"
+    assert "were stopped in the middle of a long step: the models and optimizer state on them are gone" \
+        in run.traceback
+    assert gone(workers)
+    stale = fresh.run("m.w")
+    assert stale.status == "error" and "workers that have stopped" in stale.traceback
+    assert fresh.ok("print(json.dumps(list(Lin.init(seed=0).w.shape)))").value() == [3, 2]  # new workers
