@@ -1,0 +1,213 @@
+"""The notebooks of notebooks/, run headlessly from top to bottom as Jupyter runs them (nbclient),
+and judged by what they show: the numbers they print, not only the absence of errors.
+
+Each notebook runs in a fresh kernel of this interpreter (sys.executable) with this checkout first on
+its PYTHONPATH, as in test_kernel.py, and with notebooks/ as its working directory, as when it is
+opened there. The kernelspec is written to a temporary folder under the name the notebooks ask for,
+`python3`, so whatever `python3` kernel the machine has installed plays no part. A cell tagged
+`raises-exception` may fail (nbclient lets it); any other failing cell fails the test.
+
+The placement widget's test reads the widgets' state, which nbclient saves in the notebook's
+metadata (store_widget_state). The committed notebooks carry no outputs: a test checks that too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import nbclient
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbformat import NotebookNode
+from support import ROOT
+
+NOTEBOOKS = ROOT / "notebooks"
+NAMES = ("01_tour.ipynb", "02_several_devices.ipynb", "03_attention.ipynb")
+TIMEOUT = 240  # seconds for one cell: generous, for a loaded 2-core machine starting workers
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def python3_kernel(folder: Path, python: str = sys.executable, pythonpath: str | None = str(ROOT)) -> KernelManager:
+    """A manager for a kernel named `python3` that runs `python`, its spec in `folder` alone. With
+    `pythonpath`, that path comes first on the kernel's PYTHONPATH (the checkout, when the package
+    isn't installed)."""
+    spec = folder / "kernels" / "python3"
+    spec.mkdir(parents=True, exist_ok=True)
+    kernel = {"argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+              "display_name": "Python 3 (ipykernel)", "language": "python"}
+    if pythonpath is not None:
+        kernel["env"] = {"PYTHONPATH": os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)}
+    (spec / "kernel.json").write_text(json.dumps(kernel))
+    return KernelManager(kernel_name="python3",
+                         kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(folder / "kernels")]))
+
+
+def execute(path: Path, km: KernelManager, **start: object) -> NotebookNode:
+    """The notebook at `path`, run top to bottom in `km`'s kernel (started with `start`, such as an
+    `env`), with the folder of `path` as the working directory; the widgets' state lands in
+    nb.metadata.widgets."""
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, km=km, timeout=TIMEOUT, kernel_name="python3", store_widget_state=True,
+                                     resources={"metadata": {"path": str(path.parent)}})
+    client.execute(**start)
+    return nb
+
+
+def shown(cell: NotebookNode) -> str:
+    """Everything a code cell showed as text: its streams, the text/plain of its displays and result,
+    and its error."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("display_data", "execute_result"):
+            parts.append(out.data.get("text/plain", ""))
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}")
+    return "\n".join(parts)
+
+
+def code_cells(nb: NotebookNode) -> list[NotebookNode]:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def cell_with(nb: NotebookNode, source: str) -> NotebookNode:
+    """The one code cell whose source contains `source`."""
+    found = [c for c in code_cells(nb) if source in c.source]
+    assert len(found) == 1, f"{len(found)} cells contain {source!r}"
+    return found[0]
+
+
+def all_shown(nb: NotebookNode) -> str:
+    return "\n".join(shown(c) for c in code_cells(nb))
+
+
+def numbers(pattern: str, text: str) -> list[float]:
+    """Every number `pattern`'s groups match in `text`, in order."""
+    found = re.findall(pattern, text)
+    return [float(x) for m in found for x in (m if isinstance(m, tuple) else (m,))]
+
+
+def check_ran_cleanly(nb: NotebookNode) -> None:
+    """Every code cell ran, and only a cell tagged raises-exception failed; nothing wrote a
+    traceback to stderr."""
+    for cell in code_cells(nb):
+        assert cell.execution_count is not None, cell.source
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        if "raises-exception" not in cell.metadata.get("tags", []):
+            assert not errors, f"{cell.source}\n-> {errors}"
+        stderr = "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr")
+        assert "Traceback" not in stderr, f"{cell.source}\n-> {stderr}"
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], NotebookNode]]:
+    """`ran(name)`: the notebook run once for the whole module, with its outputs."""
+    done: dict[str, NotebookNode] = {}
+
+    def run(name: str) -> NotebookNode:
+        if name not in done:
+            km = python3_kernel(tmp_path_factory.mktemp("kernel"))
+            done[name] = execute(NOTEBOOKS / name, km)
+            check_ran_cleanly(done[name])
+        return done[name]
+
+    yield run
+
+
+def test_committed_notebooks_have_no_outputs() -> None:
+    paths = sorted(NOTEBOOKS.glob("*.ipynb"))
+    assert {p.name for p in paths} >= set(NAMES)
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        assert nb.metadata.kernelspec.name == "python3", path.name
+        assert "widgets" not in nb.metadata, f"{path.name} keeps widget state from a run"
+        for cell in code_cells(nb):
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: a run's outputs are saved"
+        assert any(c.cell_type == "markdown" for c in nb.cells), path.name
+
+
+@pytest.mark.slow
+def test_the_tour_trains_to_a_good_held_out_accuracy(ran: Callable[[str], NotebookNode]) -> None:
+    nb = ran("01_tour.ipynb")
+    losses = numbers(r"epoch +\d+ +mean loss ([\d.]+)", shown(cell_with(nb, "epoch(m, opt, log)")))
+    assert len(losses) >= 3 and losses[-1] < losses[0] / 4, losses
+    accuracy = numbers(r"held-out accuracy: ([\d.]+)%", all_shown(nb))
+    assert len(accuracy) == 1 and accuracy[0] > 90, accuracy
+
+
+@pytest.mark.slow
+def test_the_tour_shows_a_compile_error_that_changes_nothing(ran: Callable[[str], NotebookNode]) -> None:
+    nb = ran("01_tour.ipynb")
+    tagged = [c for c in code_cells(nb) if "raises-exception" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and tagged[0].source.startswith("%%shapescript")
+    outputs = tagged[0].outputs
+    diagnostic = next(o for o in outputs if o.output_type == "display_data")
+    assert "error[E0304]" in diagnostic.data["text/plain"] and "error[E0304]" in diagnostic.data["text/html"]
+    assert re.search(r"--> cell \[\d+\]:3:12", diagnostic.data["text/plain"])
+    assert [o.ename for o in outputs if o.output_type == "error"] == ["CellCompileError"]
+    # The cell after it runs on the program as it was: forward predicts what it did before.
+    after = code_cells(nb)[code_cells(nb).index(tagged[0]) + 1:]
+    assert len(after) == 1 and re.search(r"^forward as before: True$", shown(after[0]), re.M)
+
+
+@pytest.mark.slow
+def test_the_several_devices_notebook_trains_and_moves_a_checkpoint(ran: Callable[[str], NotebookNode]) -> None:
+    nb = ran("02_several_devices.ipynb")
+    assert "Starting workers on cpu[0 1]" in all_shown(nb)
+    assert "813,072 bytes" in all_shown(nb)  # train_step's bytes per call, from the device table
+    assert shown(cell_with(nb, "m.w1.shape")).strip() == "torch.Size([784, 256])"
+    steps = numbers(r"step +\d+ +loss ([\d.]+)", shown(cell_with(nb, "train_step(m, opt")))
+    assert len(steps) >= 4 and steps[-1] < steps[0] - 0.2, steps
+    first, last = numbers(r"([\d.]+) over the (?:first|last) \d+", shown(cell_with(nb, "run(m, opt")))
+    assert last < first - 0.2, (first, last)
+    status = shown(cell_with(nb, "%shapescript status"))
+    assert "workers on cpu[0 1]: running" in status and "cpu:0" in status and "cpu:1" in status
+    assert "m (Mlp model)" in status and "opt (AdamW[Mlp] optimizer)" in status
+    assert re.search(r"^same params: True$", shown(cell_with(nb, "ss.restore(")), re.M)
+    assert re.search(r"^same outputs: True$", shown(cell_with(nb, "one.forward(")), re.M)
+    assert "Stopping the workers on cpu[0 1]" in shown(cell_with(nb, "%shapescript stop"))
+
+
+def widget_texts(nb: NotebookNode, model_id: str) -> list[str]:
+    """The string `value`s of a widget and of the widgets inside it, from the widget state that
+    nbclient saved in nb.metadata.widgets."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    model = state.get(model_id, {}).get("state", {})
+    texts = [model["value"]] if isinstance(model.get("value"), str) else []
+    for child in model.get("children", []):
+        texts += widget_texts(nb, child.removeprefix("IPY_MODEL_"))
+    return texts
+
+
+@pytest.mark.slow
+def test_the_several_devices_notebook_shows_the_placement_widget(ran: Callable[[str], NotebookNode]) -> None:
+    """The cell that defines train_step ends with the placement and communication table as a
+    widget, which holds the table with train_step's bytes per call."""
+    nb = ran("02_several_devices.ipynb")
+    views = [o.data[WIDGET_VIEW]["model_id"] for o in cell_with(nb, "fn train_step(").outputs
+             if WIDGET_VIEW in o.get("data", {})]
+    assert len(views) == 1, "the cell shows no widget"
+    tables = [t for t in widget_texts(nb, views[0]) if "ss-device-table" in t]
+    assert tables and "813,072" in tables[0], widget_texts(nb, views[0])
+
+
+@pytest.mark.slow
+def test_the_attention_notebook_loss_falls_below_the_unigram_entropy(ran: Callable[[str], NotebookNode]) -> None:
+    nb = ran("03_attention.ipynb")
+    steps = numbers(r"step +\d+ +loss ([\d.]+)", shown(cell_with(nb, "gpt.train(")))
+    assert len(steps) >= 4 and steps[-1] < steps[0] - 1.0, steps
+    before = numbers(r"before training: ([\d.]+) nats \(uniform guess [\d.]+, unigram entropy ([\d.]+)\)",
+                     all_shown(nb))
+    after = numbers(r"after \d+ steps: ([\d.]+) nats \(unigram entropy ([\d.]+)\)", all_shown(nb))
+    assert len(before) == 2 and len(after) == 2
+    assert before[0] > before[1] > after[0], (before, after)  # trained past what character counts give
