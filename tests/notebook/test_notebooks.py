@@ -53,11 +53,15 @@ def python3_kernel(folder: Path, python: str = sys.executable, pythonpath: str |
 def execute(path: Path, km: KernelManager, **start: object) -> NotebookNode:
     """The notebook at `path`, run top to bottom in `km`'s kernel (started with `start`, such as an
     `env`), with the folder of `path` as the working directory; the widgets' state lands in
-    nb.metadata.widgets."""
+    nb.metadata.widgets. The kernel is shut down afterwards (nbclient leaves a kernel it was given)."""
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, km=km, timeout=TIMEOUT, kernel_name="python3", store_widget_state=True,
                                      resources={"metadata": {"path": str(path.parent)}})
-    client.execute(**start)
+    try:
+        client.execute(**start)
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel(now=False)
     return nb
 
 
