@@ -201,9 +201,13 @@ def test_rerunning_a_cell_replaces_its_function(fresh: Kernel) -> None:
 def test_nbclient_stops_at_a_failing_cell(tmp_path: Path) -> None:
     cells = ["%load_ext shapescript", cell("fn f(x: [3]) -> [4] = x\n"), "print('not reached')"]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    client = nbclient.NotebookClient(notebook, km=kernel_manager(tmp_path), timeout=TIMEOUT)
-    with pytest.raises(CellExecutionError) as info:
-        client.execute()
+    km = kernel_manager(tmp_path)
+    client = nbclient.NotebookClient(notebook, km=km, timeout=TIMEOUT)
+    try:
+        with pytest.raises(CellExecutionError) as info:
+            client.execute()
+    finally:  # nbclient leaves a kernel it was given
+        km.shutdown_kernel(now=True)
     assert "CompileError: 1 error in cell [2]" in str(info.value)
     shown, failed = notebook.cells[1].outputs
     assert "error[E0305]" in shown["data"]["text/plain"] and "error[E0305]" in shown["data"]["text/html"]
