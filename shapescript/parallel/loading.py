@@ -143,8 +143,9 @@ def _to_device(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor
 
 
 class WorkerLoop:
-    """One loop over batches, on a worker: the order made from the seeds, and this worker's part of
-    the next `AHEAD` batches loading in a thread while the current step runs."""
+    """One loop over batches, on a worker: the order made from the seeds, and (for a dataset loaded
+    item by item) this worker's part of the next `AHEAD` batches loading in a thread while the
+    current step runs."""
 
     AHEAD = 2
     _threads = ThreadPoolExecutor(1, thread_name_prefix="shapescript-prefetch")  # one per worker process
@@ -175,7 +176,10 @@ class WorkerLoop:
         ahead = self.ahead.pop(number, None)
         for k in [k for k in self.ahead if k < number]:  # batches the loop skipped
             self.ahead.pop(k).cancel()
-        for k in range(number + 1, min(self.count, number + 1 + self.AHEAD)):
+        # A dataset kept on the device is gathered there, a single tensor operation: fetching ahead
+        # would only compete with the step for the same cores (or, on a GPU, gain nothing).
+        ahead_count = 0 if getattr(self.base, "checked", False) else self.AHEAD
+        for k in range(number + 1, min(self.count, number + 1 + ahead_count)):
             if k not in self.ahead:
                 self.ahead[k] = self._threads.submit(self._load, k, *self.my_share(k))
         if ahead is not None and (start, size) == self.my_share(number):
