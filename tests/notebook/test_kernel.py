@@ -12,7 +12,6 @@ import json
 import os
 import re
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,30 +31,10 @@ KERNEL = "shapescript-test"
 TIMEOUT = 120.0  # seconds for one cell: generous, for a loaded 2-core machine starting workers
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-MLP = textwrap.dedent("""\
-    dim D = 784
-    dim Hd = 256
-    dim C = 10
-
-    data Digit:
-        img: [D]
-        label: [] Index[C]
-
-    model Mlp:
-        param w1: [D Hd] = normal(std=0.02)
-        param w2: [Hd C] = normal(std=0.02)
-
-    fn forward(m: Mlp, x: [b D]) -> [b C]:
-        return relu(x @ m.w1) @ m.w2
-
-    fn loss(m: Mlp, batch: [b] Digit) -> []:
-        return cross_entropy(forward(m, batch.img), batch.label, over=C)
-
-    fn train_step(mut m: Mlp, mut opt: AdamW[Mlp], batch: [b] Digit) -> []:
-        l, g = value_and_grad(loss, m, batch)
-        update(mut m, mut opt, g)
-        return l
-    """)
+# The README's program (examples/readme/mlp.ss) without its devices line and its loop: the
+# cells give the devices themselves, and train from Python.
+_README = (ROOT / "examples" / "readme" / "mlp.ss").read_text()
+MLP = _README[_README.index("dim D"):_README.index("fn run(")].rstrip() + "\n"
 
 
 @dataclass
