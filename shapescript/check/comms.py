@@ -307,8 +307,10 @@ class _Builder:
             model = ty if isinstance(ty, T.ModelT) else ty.model
             bytes_ = model_bytes(model) * (1 if isinstance(ty, T.ModelT) else ty.count)
             return Layout(name, fn.name, span, shown, "model", bytes=self.size(bytes_))
-        if isinstance(ty, T.OptT):
-            return Layout(name, fn.name, span, shown, "optimizer", bytes=self.size(model_bytes(ty.model)))
+        if isinstance(ty, T.OptT):  # AdamW keeps two moments per param value; SGD's momentum is optional
+            state = 2 * sympy.Add(*(c * numel(t) * DTYPE_BYTES[t.dtype] for _, t, c in params(ty.model)))
+            return Layout(name, fn.name, span, shown, "optimizer",
+                          bytes=self.size(state) if ty.kind == "AdamW" else None)
         if fn.placement == "controller" and not isinstance(ty, T.BatchT):
             return Layout(name, fn.name, span, shown, "controller")
         axes, per_example = value_axes(ty)

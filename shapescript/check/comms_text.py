@@ -66,7 +66,8 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
     if v.kind == "model":
         return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"  # type: ignore
     if v.kind == "optimizer":
-        return f"{head}, on every device, beside each copy of the model"
+        state = f": {bytes_text(v.bytes)} of state each (two moments per param value)" if v.bytes is not None else ""
+        return f"{head}, on every device, beside each copy of the model{state}"
     if v.kind == "controller":
         fn = table.fns.get(v.fn or "")
         why = f" (`{fn.name}` runs there: it {fn.reason})" if fn is not None and fn.reason else ""
@@ -174,11 +175,7 @@ def report(checked: Checked, batch: int | None = None) -> str:
         out += ["", "Models"]
         out += [f"  {m.span.line:>4}  {value_text(table, m)}" for m in table.models.values()]
     out += ["", "Values"]
-    seen: set[tuple[str | None, str]] = set()
-    for v in table.values:
-        if (v.fn, v.name) not in seen:
-            seen.add((v.fn, v.name))
-            out.append(f"  {v.span.line:>4}  in `{v.fn}`: {value_text(table, v, batch)}")
+    out += [f"  {v.span.line:>4}  in `{v.fn}`: {value_text(table, v, batch)}" for v in first_values(table)]
     if table.count > 1:
         out += ["", "Lines that send"]
         if not table.lines:
@@ -189,6 +186,29 @@ def report(checked: Checked, batch: int | None = None) -> str:
             out.append(f"  {line:>4}  {source}")
             out += [f"        {t}" if t else "" for t in text.splitlines()[2:]]
     return "\n".join(out).replace("\n\n\n", "\n\n")
+
+
+def first_values(table: DeviceTable) -> list[Layout]:
+    """Each function's values once, where they are first named (a parameter, or a first assignment)."""
+    seen: set[tuple[str | None, str]] = set()
+    out = []
+    for v in table.values:
+        if (v.fn, v.name) not in seen:
+            seen.add((v.fn, v.name))
+            out.append(v)
+    return out
+
+
+def layout_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
+    """A value's layout in a few words: "split along b: 32/32 of 64", "whole", "in the controller"."""
+    if table.count == 1:
+        return f"on {table.devices}"
+    if v.kind == "split":
+        parts = table.shares(batch)
+        n = batch if batch is not None else table.batch
+        return f"split along {v.axis}" + (f": {'/'.join(map(str, parts))} of {n}" if parts else "")
+    return {"model": "a copy on every device", "optimizer": "beside each copy of its model",
+            "controller": "in the controller"}.get(v.kind, "whole on every device")
 
 
 def size_json(expr: sympy.Expr | None) -> dict[str, Any] | None:

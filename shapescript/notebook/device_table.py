@@ -3,7 +3,8 @@
 Every figure and sentence comes from the table through check/comms_text.py's formatters, so the
 notebook says what `shapescript comms` and the editor's hovers say; nothing here looks at the
 checker. The HTML has one row per function (where it runs, what one call sends), per model (its
-bytes on each device) and per line that sends (its source and each collective). The text is
+bytes on each device), per value (how it lies on the devices) and per line that sends (its source
+and each collective). The text is
 `shapescript comms`'s report. Nothing here imports IPython or ipywidgets (widgets.py does).
 """
 
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..check.comms import DeviceTable, FnPlan, Layout
-from ..check.comms_text import bytes_text, fn_text, item_lines, report, sum_bytes, value_text
+from ..check.comms_text import (bytes_text, first_values, fn_text, item_lines, layout_text, report,
+                                sum_bytes, value_text)
 from ..check.program import Checked
 from . import markup as M
 from .report import _inline_code
@@ -95,6 +97,10 @@ class DeviceTableView:
         if self.table.models:
             rows += [M.section("Models", 4), M.header(["line", "model", "layout", "bytes per device"])]
             rows += [self._model_row(m) for m in self.table.models.values()]
+        values = first_values(self.table)
+        if values:
+            rows += [M.section("Values", 4), M.header(["line", "value", "layout", "bytes"])]
+            rows += [self._value_row(v) for v in values]
         if self.several:
             rows += [M.section("Lines that send", 4), M.header(["line", "source", "collectives", "in all"])]
             rows += [self._line_row(n) for n in sorted(self.table.lines)]
@@ -129,6 +135,15 @@ class DeviceTableView:
         size = bytes_text(m.bytes) if m.bytes is not None else "?"
         return M.row([self._line_cell(m.span.line), M.code(m.name), M.esc(layout), M.esc(size)],
                      cls="ss-model", numeric=[3], title=value_text(self.table, m))
+
+    def _value_row(self, v: Layout) -> str:
+        name = f"{M.code(v.name)}: {M.esc(v.type)}<div class=\"ss-note\">in {M.code(v.fn or '')}</div>"
+        if v.per_example is not None:
+            size = f"{bytes_text(v.per_example)} per example"
+        else:
+            size = bytes_text(v.bytes) if v.bytes is not None else ""
+        return M.row([self._line_cell(v.span.line), name, M.esc(layout_text(self.table, v)), M.esc(size)],
+                     cls="ss-value", numeric=[3], title=value_text(self.table, v))
 
     def _line_row(self, line: int) -> str:
         items = self.table.line(line)

@@ -108,3 +108,15 @@ def _position(source: str, line_start: str, word: str) -> tuple[int, int]:
         if text.lstrip().startswith(line_start):
             return number, text.index(word, text.index(line_start[:-1]) + 3) + 1
     raise AssertionError(line_start)
+
+
+def test_the_optimizer_state_is_what_adamw_keeps() -> None:
+    prog = ss.load(README, devices="cpu", name="mlp.ss")
+    m = prog.Mlp.init(seed=0)
+    opt = ss.adamw(m, lr=1e-3)
+    prog.train_step(m, opt, digits(1, 8, 784, 10)[0])
+    kept = sum(t.numel() * t.element_size() for state in opt.torch_opt.state.values()
+               for key, t in state.items() if key in ("exp_avg", "exp_avg_sq"))
+    table = compile_program(README, "mlp.ss", "cpu[0 1]").devices
+    opt_value = table.value_at(*_position(README, "fn train_step(mut m", "opt"))
+    assert opt_value.kind == "optimizer" and int(opt_value.bytes) == kept == 2 * 203_264 * 4
