@@ -4,33 +4,15 @@ after a cell on several devices, a model's table, the progress bar and the live 
 from __future__ import annotations
 
 import re
-import textwrap
 
 import pytest
 
+from support import LINEAR
 from test_kernel import MLP, Kernel, Run, cell, fresh, kernel  # noqa: F401  (the fixtures)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
-FIT = textwrap.dedent("""\
-    dim D = 4
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    model Lin:
-        param w: [D C] = normal(std=0.1)
-
-    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(batch.x @ m.w, batch.y, over=C)
-
-    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
-        for batch in data |> batches(8):
-            l, g = value_and_grad(loss, m, batch)
-            update(mut m, mut opt, g)
-            write(log, logs(loss=l))
-    """)
+FIT = LINEAR  # its `fit` loops over batches of 8 and writes the loss to a sink
 TRAIN = ("m = Lin.init(seed=0)\nsink = ss.sinks.live()\n"
          "data = ss.TensorDataset(x=torch.randn(21, 4), y=torch.randint(0, 3, (21,)))\n"
          "fit(m, ss.adamw(m, lr=0.1), data, sink)\nprint(json.dumps(len(sink.records)))")

@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 import torch
 
 import shapescript as ss
+from support import LINEAR
 
-PROGRAM = textwrap.dedent("""\
-    dim D = 4
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    model Lin:
-        param w: [D C] = normal(std=0.1)
-
-    fn scores(m: Lin, x: [b D]) -> [b C] = x @ m.w
-
-    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
-
-    fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
-        l, g = value_and_grad(loss, m, batch)
-        update(mut m, mut opt, g)
-        return l
-
-    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
-        for batch in data |> shuffle(seed=1) |> batches(8):
-            write(log, logs(loss=step(mut m, mut opt, batch)))
-    """)
+PROGRAM = LINEAR
 
 
 def dataset(n: int = 21) -> ss.TensorDataset:
