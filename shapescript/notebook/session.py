@@ -20,7 +20,7 @@ from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
 from .report import CellCompileError, Located, NotebookError, Rich, locate_all
-from .workers import adopt_workers, describe_loss, pool_of, start_workers, status_table
+from .workers import describe_loss, pool_of, status_table
 
 PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program
 PROGRAM_VARIABLE = "ss_program"  # the notebook's name for the Program
@@ -50,7 +50,7 @@ class Session:
             program = load(draft.source, name=PROGRAM_NAME)
         except CompileError as e:
             raise CellCompileError(locate_all(e, draft, PROGRAM_NAME), draft.source, cell.label) from None
-        except ValueError as e:  # checked, but the Python API can't build it (a fn taking Grad[M])
+        except ValueError as e:  # checked, but the Python API refuses it
             raise NotebookError(f"The program compiles, but the Python API can't build it: {e}") from None
         return self._commit(program, items, {c.key for c in chunks})
 
@@ -72,14 +72,14 @@ class Session:
     def _move_workers(self, program: Program, keep_datasets: bool) -> list[str]:
         """The old program's workers go to the new one if the devices are the same; otherwise they
         stop (saying what dies with them) and, on several devices, new ones start."""
-        if adopt_workers(program, self.program, keep_datasets):
+        if self.program is not None and program.adopt_workers(self.program, keep_datasets):
             return []
         notes = []
         if pool_of(self.program) is not None:
             notes.append(self._stop_workers(f"the program now runs on {program.devices}"))
         if program.several:
             try:
-                start_workers(program)
+                program.workers(background=True)  # the first call waits for them
                 notes.append(f"Starting workers on {program.devices} in the background.")
             except ShapeScriptError as e:  # can't even spawn them: the program retries when it needs them
                 notes.append(f"The workers on {program.devices} couldn't be started: {e}")

@@ -23,16 +23,6 @@ from ..parallel.remote import RemoteModel, RemoteOptimizer
 from .report import Rich, render_rows
 
 
-def adopt_workers(new: Program, old: Program | None, keep_datasets: bool) -> bool:
-    """Give `new` the running workers of `old` if both run on the same devices."""
-    return old is not None and new.adopt_workers(old, keep_datasets)
-
-
-def start_workers(program: Program) -> WorkerPool:
-    """Start `program`'s workers in the background; its first call waits for them."""
-    return program.workers(background=True)
-
-
 def pool_of(program: Program | None) -> WorkerPool | None:
     """The program's pool if it is started (or starting) and not stopped."""
     return program.pool if program is not None else None
