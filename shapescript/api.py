@@ -17,6 +17,7 @@ from .check.program import Checked, DeviceSet, FnInfo
 from .errors import CompileError, Diagnostic, ShapeScriptError, Span
 from .lower import guards as LG
 from .lower.codegen import generate, py_name
+from .runtime import calls
 from .runtime.model import Model
 
 _DEVICES = re.compile(r"^\s*(cpu|cuda)\s*(?:\[\s*((?:\d+\s*)*)\])?\s*$")
@@ -132,8 +133,8 @@ class Program:
             self.datasets = old.datasets
         return True
 
-    def _load_args(self) -> tuple[str, str, str]:
-        return self.python_source, self._module_file, str(self.checked.device_set)
+    def _load_args(self) -> tuple[str, str, str, str | None]:
+        return self.python_source, self._module_file, str(self.checked.device_set), calls.main_script()
 
     def stop(self) -> None:
         """Stop the workers (on several devices); models on them are gone."""

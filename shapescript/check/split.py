@@ -19,7 +19,7 @@ from ..syntax import ast as A
 from . import dims as D
 from . import types as T
 from .checker import Context
-from .program import FnInfo
+from .program import CallInfo, FnInfo
 
 ACROSS_REDUCTIONS = {"sum", "mean"}
 ALONG_AXIS = {"softmax", "log_softmax", "cumsum", "sort", "topk", "gather", "scatter"}
@@ -207,6 +207,9 @@ class Classifier:
 
     def call(self, node: A.Call) -> None:
         info = self.checked.calls[id(node)]
+        if info.kind == "extern":
+            self.extern_axes(node, info)
+            return
         if info.kind != "builtin":
             return
         name, opts = info.name, info.options
@@ -242,6 +245,18 @@ class Classifier:
             self.across(node, "`causal`")
         elif name == "batch_norm" and [k for k in where if k != axis]:
             self.mark(node, "batch_norm")
+
+    def extern_axes(self, node: A.Call, info: CallInfo) -> None:
+        """An extern fn works on each example by itself, except along the axes it is given: given the
+        batch axis, it would see only each device's part of it."""
+        for arg in info.args:
+            t = self.checked.types.get(id(arg))
+            if isinstance(t, T.AxisArgT) and (t.dim in self.fn.split
+                                               or any(s in self.fn.split for s in t.dim.free_symbols)):
+                self.error("E1801", f"`{info.name}` along the batch axis has no lowering for several devices: "
+                           f"each device would see only its part of the batch", arg.span,
+                           "the batch axis, split across the devices",
+                           "give the extern fn another axis, compute it per example, or declare one device")
 
     def is_split_param(self, source: tuple) -> bool:
         param, axis = source

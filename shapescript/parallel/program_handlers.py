@@ -17,11 +17,11 @@ from shapescript.runtime.optim import Optimizer, adamw, sgd
 
 
 @handler("load_program")
-def load_program(state: Any, source: str, module_file: str, device_name: str) -> None:
+def load_program(state: Any, source: str, module_file: str, device_name: str, script: str | None) -> None:
     namespace: dict[str, Any] = {"__name__": "shapescript_worker_program"}
     exec(compile(source, module_file, "exec"), namespace)  # our own compiled code, from the controller
     namespace["DEVICE"] = str(state.device)
-    calls.preload_externs(namespace["EXTERN_TARGETS"])
+    calls.preload_externs(namespace["EXTERN_TARGETS"], script)
     state.program = namespace
     collectives.status_hook = state.waiting_at
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -20,26 +23,85 @@ class ExternImportError(ShapeScriptError, ImportError):
     """An extern fn's module can't be imported by the workers, as the controller's own script."""
 
 
+# Set on a worker by `preload_externs`: the file of the script the controller runs (None if it runs
+# none), which no worker imports.
+on_worker = False
+controller_script: str | None = None
+
+
+def main_script() -> str | None:
+    """The file of the script the controller runs (None in a notebook, a REPL or `python -c`); on
+    a worker, the controller's."""
+    if on_worker:
+        return controller_script
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return os.path.realpath(path) if path else None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _in_main_script(module: str) -> bool:
+    """Whether `module` is the controller's own script, by `__main__` or by its module name (as
+    `train` from `python train.py`). Files are compared, not names: each dotted prefix is looked up,
+    without running it, before the next is imported."""
+    if module.split(".")[0] == "__main__":
+        return True
+    script = main_script()
+    if script is None:
+        return False
+    parts = module.split(".")
+    for k in range(1, len(parts) + 1):
+        name = ".".join(parts[:k])
+        loaded = sys.modules.get(name)
+        try:
+            origin = getattr(loaded, "__file__", None) if loaded is not None else \
+                getattr(importlib.util.find_spec(name), "origin", None)
+        except (ImportError, ValueError):
+            return False  # import_module raises the proper error
+        if origin and _same_file(origin, script):
+            return True
+    return False
+
+
+def _import(module: str, attr: str, where: str) -> Any:
+    """The module an extern or python fn names. The controller's own script is never imported a
+    second time: in the controller it is `__main__`, already running; on a worker it is an error."""
+    if not _in_main_script(module):
+        return importlib.import_module(module)
+    if on_worker:
+        raise ExternImportError(
+            f"{where}: the extern fn `{module}.{attr}` is in the script the controller runs "
+            f"({controller_script or '__main__'}), which the workers never import, since its top level must "
+            f"run once; move the function to a module of its own and name that module")
+    return sys.modules["__main__"]
+
+
 def resolve(module: str, attr: str, where: str) -> Callable[..., Any]:
     """The function `module.attr`, imported once and kept."""
     key = (module, attr)
     func = _FUNCTIONS.get(key)
     if func is None:
         try:
-            func = getattr(importlib.import_module(module), attr)
+            func = getattr(_import(module, attr, where), attr)
+        except ExternImportError:
+            raise
         except (ImportError, AttributeError) as e:
             raise PythonCallError(f"{where}: can't find the Python function `{module}.{attr}`: {e}") from None
         _FUNCTIONS[key] = func
     return func
 
 
-def preload_externs(targets: list[tuple[str, str, str]]) -> None:
-    """On a worker, import every extern fn's module as the program loads, not on the hot path. A
-    worker never runs the controller's script, so a function of it can't be found there."""
+def preload_externs(targets: list[tuple[str, str, str]], script: str | None) -> None:
+    """On a worker, import every extern fn's module as the program loads, not on the hot path.
+    `script` is the controller's main script, which a worker never imports."""
+    global on_worker, controller_script
+    on_worker, controller_script = True, script
     for module, attr, where in targets:
-        if module == "__main__":
-            raise ExternImportError(f"{where}: the extern fn `{module}.{attr}` is in the script the controller runs, "
-                              f"which the workers never import; move it to a module of its own")
         resolve(module, attr, where)
 
 
