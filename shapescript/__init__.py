@@ -10,7 +10,8 @@
 from shapescript import parallel, sinks
 from shapescript.api import Program, build, load
 from shapescript.parallel import collective_timeout
-from shapescript.errors import CompileError, Diagnostic, DomainError, ShapeError, ShapeScriptError, WorkerError
+from shapescript.errors import (CompileError, DeviceError, Diagnostic, DomainError, ShapeError, ShapeScriptError,
+                                WorkerError)
 from shapescript.runtime.checkpoint import load as restore
 from shapescript.runtime.checkpoint import save
 from shapescript.runtime.data import Batch, TensorDataset
@@ -18,8 +19,8 @@ from shapescript.runtime.model import Model
 from shapescript.runtime.modes import Eval, Mode, Train
 from shapescript.runtime.optim import Optimizer, adamw, sgd
 
-__all__ = ["Batch", "CompileError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer", "Program",
-           "ShapeError", "ShapeScriptError", "TensorDataset", "Train", "WorkerError", "adamw", "build",
+__all__ = ["Batch", "CompileError", "DeviceError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer",
+           "Program", "ShapeError", "ShapeScriptError", "TensorDataset", "Train", "WorkerError", "adamw", "build",
            "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]
 
 

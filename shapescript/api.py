@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import codecs
+import errno
 import linecache
+import numbers
 import os
 import types
 import re
+import threading
 import traceback
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +23,10 @@ from .check.program import Checked, DeviceSet, FnInfo
 from .errors import CompileError, Diagnostic, ShapeScriptError, Span
 from .lower import guards as LG
 from .lower.codegen import generate, py_name
+from .lower.text import comment_text
 from .runtime import calls
-from .runtime.model import Model
+from .runtime.model import Model, require_visible
+from .syntax import ast as A
 
 _DEVICES = re.compile(r"^\s*(cpu|cuda)\s*(?:\[\s*((?:\d+\s*)*)\])?\s*$")
 
@@ -27,6 +35,8 @@ def parse_devices(text: str | DeviceSet) -> DeviceSet:
     """`"cpu"`, `"cuda[0 1 2]"` (the program's own spelling) as a DeviceSet."""
     if isinstance(text, DeviceSet):
         return text
+    if not isinstance(text, str):
+        raise TypeError(f"devices is a str, as 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', not {type(text).__name__}")
     m = _DEVICES.match(text)
     if not m:
         raise ValueError(f"devices must be written as in a program, e.g. 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', "
@@ -38,18 +48,95 @@ def parse_devices(text: str | DeviceSet) -> DeviceSet:
 
 
 def read_program(path_or_source: str | os.PathLike[str], name: str | None = None) -> tuple[str, str]:
-    """(source, file name): a path to a .ss file, or the program's text itself."""
+    """(source, file name): a path to a .ss file (a str ending in .ss, or a pathlib.Path), or the
+    program's text itself."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name is the program's name in messages, a str, not {type(name).__name__}")
     if isinstance(path_or_source, os.PathLike) or (
             isinstance(path_or_source, str) and "\n" not in path_or_source
             and path_or_source.endswith(".ss")):
         path = Path(path_or_source)
-        return path.read_text(), name or str(path)
-    return str(path_or_source), name or "<string>"
+        file = name or str(path)
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "a folder, not a .ss file", str(path))
+        return _text_of(path.read_bytes(), file), file  # a missing file: FileNotFoundError, naming it
+    if not isinstance(path_or_source, str):
+        hint = "; decode it first, as data.decode()" if isinstance(path_or_source, (bytes, bytearray)) else ""
+        raise TypeError(f"load takes a path (a str ending in .ss, or a pathlib.Path) or a program's text "
+                        f"(a str), not {type(path_or_source).__name__}{hint}")
+    file = name or "<string>"
+    return _text_of(path_or_source, file), file
+
+
+def _text_of(data: bytes | str, file: str) -> str:
+    """A program's text: UTF-8, with a byte-order mark at the start skipped (as Python reads source);
+    bytes that aren't UTF-8, and NUL, as in a binary file, are an E0101 naming the file and place."""
+    if isinstance(data, bytes):
+        body = data.removeprefix(codecs.BOM_UTF8)
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            before = body[:e.start].decode("utf-8", "replace")
+            raise _not_text(f"byte 0x{body[e.start]:02x} is not UTF-8 text", before, file) from None
+    else:
+        text = data
+    text = text.removeprefix("\ufeff")
+    nul = text.find("\0")
+    if nul >= 0:
+        raise _not_text("a NUL byte (0x00), which is no part of a program's text", text[:nul], file)
+    return text
+
+
+def _not_text(message: str, before: str, file: str) -> CompileError:
+    line = before.count("\n") + 1
+    col = len(before) - (before.rfind("\n") + 1) + 1
+    return CompileError([Diagnostic("E0101", message, Span(file, line, col, line, col + 1), "",
+                                    ("a program is UTF-8 text; is this a binary file?",))])
+
+
+def _dim_sizes(dims: Mapping[str, int] | None) -> dict[str, int] | None:
+    """`dims=` checked: names, and positive whole sizes (a float, bool, str or tensor is refused, never
+    rounded or read)."""
+    if dims is None:
+        return None
+    if not isinstance(dims, Mapping):
+        raise TypeError(f"dims is a dict of dim names and sizes, as {{\"V\": 65}}, not {type(dims).__name__}")
+    sizes = {}
+    for key, size in dims.items():
+        if not isinstance(key, str):
+            raise TypeError(f"dims: a dim's name is a str, not {type(key).__name__} {_short(key)}")
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"dims: the size of `{key}` must be a whole number (an int), not "
+                            f"{type(size).__name__} {_short(size)}")
+        if size <= 0:
+            raise ValueError(f"dims: the size of `{key}` must be positive, not {size}")
+        sizes[key] = int(size)
+    return sizes
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _warn_replaced_dims(checked: Checked, dims: dict[str, int]) -> None:
+    """Sizes given when loading replace those the program declares (examples/attention shrinks its
+    model so); say so, since the program's text no longer tells its sizes."""
+    replaced = [f"{item.name} = {dims[item.name]} (declared {item.value} at line {item.span.line})"
+                for item in checked.program.items
+                if isinstance(item, A.Dim) and item.value is not None and dims.get(item.name, item.value) != item.value]
+    if replaced:
+        warnings.warn(f"{checked.file}: sizes given when loading replace the program's: {', '.join(replaced)}",
+                      stacklevel=4)
 
 
 def compile_program(source: str, file: str, devices: DeviceSet | str | None = None,
-                    dims: dict[str, int] | None = None) -> Checked:
-    return check_source(source, file, parse_devices(devices) if devices is not None else None, dims)
+                    dims: Mapping[str, int] | None = None) -> Checked:
+    sizes = _dim_sizes(dims)
+    checked = check_source(source, file, parse_devices(devices) if devices is not None else None, sizes)
+    if sizes:
+        _warn_replaced_dims(checked, sizes)
+    return checked
 
 
 def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dims: dict[str, int] | None = None,
@@ -65,16 +152,14 @@ class Program:
     def __init__(self, checked: Checked) -> None:
         self.checked = checked
         self._pool: Any = None
+        self._workers_lock, self._lock_pid = threading.RLock(), os.getpid()  # see _pool_lock
         self.python_source = generate(checked)
-        self._module_file = f"<shapescript {checked.file}>"
+        self._module_file = f"<shapescript {comment_text(checked.file)}>"  # no NUL or line break from a name
         linecache.cache[self._module_file] = (len(self.python_source), None,
                                               self.python_source.splitlines(True), self._module_file)
         namespace: dict[str, Any] = {"__name__": f"shapescript_program_{abs(hash(checked.file))}"}
         exec(compile(self.python_source, self._module_file, "exec"), namespace)  # our generated code
-        self.namespace = namespace
-        for fn in checked.fns.values():
-            if fn.kind in ("python", "extern"):
-                namespace["PYTHON_RESULTS"][fn.name] = LG.result_check(checked, fn)
+        self.namespace = namespace  # python and extern fns' results are checked by the module itself
         self._members: dict[str, Any] = {}
         self.device = torch.device(namespace["DEVICE"])
         for name, model in checked.models.items():
@@ -101,18 +186,31 @@ class Program:
 
     def workers(self, background: bool = False) -> Any:
         """The worker pool of a program on several devices, started when first needed. With
-        `background`, this returns at once and the pool's next call waits for the workers."""
-        if self._pool is None or not self._pool.alive:
-            from .parallel.pool import WorkerPool
-            pool = WorkerPool(self.checked.device_set, modules=["shapescript.parallel.program_handlers"])
-            if background:
-                pool.first("load_program", self._load_args(), where="loading the program")
-                pool.start_background()
-            else:
-                pool.start()
-                pool.call("load_program", self._load_args(), where="loading the program")
-            self._pool = pool
-        return self._pool
+        `background`, this returns at once and the pool's next call waits for the workers. Threads
+        that ask at once share one pool."""
+        with self._pool_lock():
+            if self._pool is None or not self._pool.alive:
+                from .parallel.pool import WorkerPool
+                pool = WorkerPool(self.checked.device_set, modules=["shapescript.parallel.program_handlers"])
+                try:
+                    if background:
+                        pool.first("load_program", self._load_args(), where="loading the program")
+                        pool.start_background()
+                    else:
+                        pool.start()
+                        pool.call("load_program", self._load_args(), where="loading the program")
+                except BaseException:
+                    pool.stop()  # no one else holds it
+                    raise
+                self._pool = pool
+            return self._pool
+
+    def _pool_lock(self) -> threading.RLock:
+        """Held while the pool is started, adopted or stopped. A forked child makes its own: a thread
+        of the parent may have held this one at the fork, and would never release it there."""
+        if self._lock_pid != os.getpid():
+            self._workers_lock, self._lock_pid = threading.RLock(), os.getpid()
+        return self._workers_lock
 
     @property
     def pool(self) -> Any:
@@ -127,20 +225,23 @@ class Program:
         pool = old.pool
         if pool is None or not self.several or not _same_devices(pool.devices, self.checked.device_set):
             return False
-        pool.first("load_program", self._load_args(), where="loading the program")
-        self._pool = pool
-        if keep_datasets:
-            self.datasets = old.datasets
+        with self._pool_lock():
+            pool.first("load_program", self._load_args(), where="loading the program")
+            self._pool = pool
+            if keep_datasets:
+                self.datasets = old.datasets
         return True
 
     def _load_args(self) -> tuple[str, str, str, str | None]:
         return self.python_source, self._module_file, str(self.checked.device_set), calls.main_script()
 
     def stop(self) -> None:
-        """Stop the workers (on several devices); models on them are gone."""
-        if self._pool is not None:
-            self._pool.stop()
-            self._pool = None
+        """Stop the workers (on several devices); models on them are gone. A call in progress in
+        another thread finishes first."""
+        with self._pool_lock():
+            if self._pool is not None:
+                self._pool.stop()
+                self._pool = None
 
     def __getattr__(self, name: str) -> Any:
         members = self.__dict__.get("_members", {})
@@ -208,6 +309,9 @@ class Function:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = self._arrange(args, kwargs)
         if self._guards is None:
+            devices = self.program.checked.device_set
+            if devices.kind == "cuda":  # at the first call, not at load: a program can be read anywhere
+                require_visible(devices.indices or (0,), str(devices), f"`{self.name}`")
             self._guards = [LG.guard_for(self.program.checked, self.info, k, self.program.namespace)
                             for k in range(len(self.info.params))]
         bindings: dict = {}

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from .errors import CompileError, ShapeScriptError
@@ -52,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with warnings.catch_warnings():  # a warning is one line, as an error is, not Python's two
+            warnings.showwarning = _show_warning
+            return COMMANDS[args.command](args)
     except CompileError as e:
         print(e, file=sys.stderr)
         return 1
@@ -65,14 +69,24 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `shapescript comms f.ss | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush can't fail
         return 141
+    except OSError as e:  # a folder given as a file, a file it may not read or write
+        print(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def dim_sizes(pairs: list[str]) -> dict[str, int]:
     out = {}
     for pair in pairs:
         name, _, size = pair.partition("=")
-        if not name.isidentifier() or not size.isdigit():
-            raise ValueError(f"--dim takes NAME=SIZE, as V=65, not {pair!r}")
+        if not name.isidentifier() or not size.isascii() or not size.isdigit() or int(size) == 0:
+            raise ValueError(f"--dim takes NAME=SIZE with a positive whole SIZE, as V=65, not {pair!r}")
+        if name in out:
+            raise ValueError(f"--dim {name} is given twice")
         out[name] = int(size)
     return out
 
@@ -92,9 +106,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     text = build(Path(args.file), standalone=args.standalone, devices=args.devices, dims=dim_sizes(args.dim))
     if args.output:
         out = Path(args.output)
+        if out.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "a folder, not a .py file to write", str(out))
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")  # Python reads a module as UTF-8, whatever the locale
         tmp.replace(out)  # never a half-written module
         print(f"wrote {out}")
     else:

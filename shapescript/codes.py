@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .names import DATA_RESERVED, MODEL_RESERVED, reserved_text
+
 
 @dataclass(frozen=True)
 class Code:
@@ -27,7 +29,9 @@ CHAPTERS = {"01": "Syntax", "02": "Names", "03": "Shapes and dtypes", "04": "Val
 _ENTRIES = [
     Code("E0101", "Unexpected character",
          "The lexer met a character that is no part of the language, such as `$` or `;`, or a "
-         "letter glued to a number.",
+         "letter glued to a number. A program is UTF-8 text: a file with bytes that aren't UTF-8, "
+         "or with a NUL byte, as a binary file has, is refused with the byte and its place (a "
+         "byte-order mark at the start is skipped, as Python skips it).",
          "fn f(x: [n]) -> [n] = x $ 2\n",
          "Remove the character. Comments start with `#`."),
     Code("E0102", "Bad indentation",
@@ -80,6 +84,13 @@ _ENTRIES = [
          "the same argument twice.",
          "fn double(x: [n]) -> [n] = x * 2\n\nfn f(x: [n]) -> [n] = double(x, x)\n",
          "Pass exactly the parameters the function declares."),
+    Code("E0207", "Reserved name",
+         "From Python, a model's members and a batch's fields are attributes, beside a few the "
+         "model or batch has itself, on one device as on several; a member or field can't take one "
+         f"of their names. Reserved for a member: {reserved_text(MODEL_RESERVED)}; for a field: "
+         f"{reserved_text(DATA_RESERVED)}.",
+         "model M:\n    param state_dict: [4] = zeros()\n",
+         "Rename the member or field."),
     Code("E0301", "Shapes don't match",
          "Two shapes that must be equal differ. Dims match by name, never by size: with `dim D = 4` "
          "and `dim E = 4`, `[D]` and `[E]` are different shapes. In an elementwise operation the "
@@ -170,6 +181,13 @@ _ENTRIES = [
          "Tensors are not indexed with `[...]`: positions are not part of the types.",
          "fn f(x: [n]) -> [] = x[0]\n",
          "Use a reduction, gather, or a pattern such as rearrange."),
+    Code("E0405", "A function that calls itself",
+         "A function can't call itself, directly or through other functions: the language has no "
+         "`if` on a value and no early `return`, so nothing could end the recursion. The error "
+         "points at the call that closes the cycle.",
+         "fn halve(x: [n]) -> [n] = shrink(x * 0.5)\n\nfn shrink(x: [n]) -> [n] = halve(x)\n",
+         "Repeat a step with a loop: over a stack of models (`for block in m.blocks:`) or over a "
+         "dataset's batches; or write the steps out."),
     Code("E0501", "Changing what isn't `mut`",
          "A function may change only the parameters it declares `mut`; passing anything else to "
          "a `mut` parameter is an error.",

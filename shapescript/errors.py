@@ -27,6 +27,11 @@ class WorkerError(ShapeScriptError, RuntimeError):
     """A device worker stopped or did not answer."""
 
 
+class DeviceError(ShapeScriptError, RuntimeError):
+    """The machine can't give what a program asks of its devices: a CUDA device that isn't visible,
+    or more memory than there is."""
+
+
 @dataclass(frozen=True, slots=True)
 class Span:
     """A region of a source file: 1-based line and column, end exclusive."""

@@ -9,6 +9,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 UPDATE_GOLDEN = os.environ.get("SHAPESCRIPT_UPDATE_GOLDEN") == "1"
 
+
+def assert_golden(text: str, path: Path, update: bool = UPDATE_GOLDEN) -> None:
+    """`text` is what the golden file at `path` holds. A missing golden file fails: one is written
+    only when asked (`update`, from SHAPESCRIPT_UPDATE_GOLDEN=1), to be reviewed and committed."""
+    if update:
+        path.write_text(text)
+    if not path.exists():
+        raise AssertionError(f"no golden file {path}: run the test with SHAPESCRIPT_UPDATE_GOLDEN=1 to write "
+                             f"it, then review it")
+    assert text == path.read_text(), f"the output differs from {path}"
+
 # A small program on several devices: a linear classifier, its step and a loop over a dataset.
 LINEAR = textwrap.dedent("""\
     dim D = 4

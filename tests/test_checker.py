@@ -129,7 +129,7 @@ def test_placement_anywhere_and_callers_of_controller_functions() -> None:
 def test_reserved_member_names_are_refused() -> None:
     with pytest.raises(CompileError) as info:
         check("model M:\n    param params: [3] = zeros()\n\ndata X:\n    size: [3]\n")
-    assert info.value.codes == ["E0202", "E0202"]
+    assert info.value.codes == ["E0207", "E0207"]
 
 
 def test_python_scalars_and_literals() -> None:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT, UPDATE_GOLDEN
+from support import ROOT, assert_golden
 
 from shapescript.check.checker import check_source
 from shapescript.codes import BUILD_ONLY, CODES, explain, markdown
@@ -35,11 +35,18 @@ def test_example_raises_exactly_its_code(code: str) -> None:
 
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_golden_message(code: str) -> None:
-    text = str(compile_example(code)) + "\n"
-    path = GOLDEN / f"{code}.txt"
-    if UPDATE_GOLDEN or not path.exists():
-        path.write_text(text)
-    assert text == path.read_text()
+    assert_golden(str(compile_example(code)) + "\n", GOLDEN / f"{code}.txt")
+
+
+def test_a_missing_golden_file_fails_and_is_written_only_when_asked(tmp_path) -> None:
+    missing = tmp_path / "E9999.txt"
+    with pytest.raises(AssertionError, match="no golden file .*SHAPESCRIPT_UPDATE_GOLDEN=1"):
+        assert_golden("error[E9999]: new\n", missing, update=False)
+    assert not missing.exists()
+    assert_golden("error[E9999]: new\n", missing, update=True)
+    assert missing.read_text() == "error[E9999]: new\n"
+    with pytest.raises(AssertionError, match="differs"):
+        assert_golden("error[E9999]: changed\n", missing, update=False)
 
 
 def test_every_code_has_a_golden_file_and_no_stale_ones() -> None:

@@ -11,6 +11,7 @@ import re
 import sympy
 
 from ..errors import CompileError, Diagnostic, Span
+from ..names import DATA_RESERVED, MODEL_RESERVED, is_reserved, reserved_text
 from ..syntax import ast as A
 from ..syntax.parser import parse
 from . import dims as D
@@ -20,9 +21,6 @@ from .program import Checked, DeviceSet, FnInfo, ParamInfo
 INIT_ARGS = {"normal": ("mean", "std"), "uniform": ("low", "high"), "zeros": (), "ones": ()}
 INIT_DEFAULTS = {"mean": 0.0, "std": 1.0, "low": 0.0, "high": 1.0}
 OPTIMIZERS = {"AdamW", "Sgd"}
-# Names the runtime's Model and Batch already use for themselves.
-RESERVED_MEMBERS = {"init", "params", "named_params", "state_dict", "load_state_dict", "spec"}
-RESERVED_FIELDS = {"spec", "size", "lengths"}
 SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
 
 
@@ -81,6 +79,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
     ctx.checked = checked
     if not ctx.diagnostics:
         check_bodies(ctx)
+        call_cycles(ctx)
     if not ctx.diagnostics:
         place(ctx)
     if not ctx.diagnostics and checked.device_set.count > 1:
@@ -127,9 +126,8 @@ def collect(ctx: Context) -> DeviceSet:
             if f.name in data.fields:
                 ctx.error("E0202", f"field `{f.name}` is defined twice in `{data.name}`", f.span)
                 continue
-            if f.name in RESERVED_FIELDS:
-                ctx.error("E0202", f"`{f.name}` is reserved: a batch has it already", f.span,
-                          "a reserved name", "rename the field")
+            if is_reserved(f.name, DATA_RESERVED):
+                refuse_reserved(ctx, f, "a batch", DATA_RESERVED)
                 continue
             t = resolve_type(ctx, f.type, data.generics, allow_generic=True)
             if isinstance(t, T.TensorT):
@@ -172,14 +170,24 @@ def define(ctx: Context, name: str, span: Span, what: str) -> bool:
     return True
 
 
+def refuse_reserved(ctx: Context, node: A.Field | A.Member, owner: str, reserved: frozenset[str]) -> None:
+    """E0207 at the name of a field or member that would meet an attribute its handle has itself."""
+    line = ctx.program.source.splitlines()[node.span.line - 1]
+    after_kind = node.span.col - 1 + (len(node.kind) if isinstance(node, A.Member) and node.kind != "sub" else 0)
+    col = line.find(node.name, after_kind) + 1  # the name is the next word
+    span = Span(node.span.file, node.span.line, col, node.span.line, col + len(node.name)) if col else node.span
+    what = "member" if isinstance(node, A.Member) else "field"
+    ctx.error("E0207", f"`{node.name}` is reserved: {owner} has it already", span, "a reserved name",
+              f"rename the {what}; reserved for a {what}: {reserved_text(reserved)}")
+
+
 def members(ctx: Context, model: T.ModelT) -> None:
     for m in model.node.members:
         if m.name in model.members:
             ctx.error("E0202", f"member `{m.name}` is defined twice in `{model.name}`", m.span)
             continue
-        if m.name in RESERVED_MEMBERS or m.name.startswith("_"):
-            ctx.error("E0202", f"`{m.name}` is reserved: a model has it already", m.span,
-                      "a reserved name", "rename the member")
+        if is_reserved(m.name, MODEL_RESERVED):
+            refuse_reserved(ctx, m, "a model", MODEL_RESERVED)
             continue
         if m.kind == "sub":
             t = resolve_type(ctx, m.type, {}, allow_generic=False, what=f"stack `{m.name}`")
@@ -254,6 +262,41 @@ def model_cycles(ctx: Context) -> None:
 
 class _Cycle(Exception):
     pass
+
+
+def call_cycles(ctx: Context) -> None:
+    """A function may not call itself, directly or through others: nothing in the language (no `if`
+    on a value, no early `return`) could end the recursion. Each cycle is an E0405 at the call that
+    closes it. The walk keeps its own stack, so a long chain of calls can't overflow Python's."""
+    state: dict[str, str] = {}  # "open" while on the current path, then "done"
+    for root in ctx.fns:
+        if root in state:
+            continue
+        path, pending = [root], [iter(ctx.fns[root].calls)]
+        state[root] = "open"
+        while pending:
+            callee = next(pending[-1], None)
+            if callee is None:
+                state[path.pop()] = "done"
+                pending.pop()
+            elif state.get(callee) == "open":
+                recursion_error(ctx, path[path.index(callee):] + [callee])
+            elif callee not in state and callee in ctx.fns:
+                state[callee] = "open"
+                path.append(callee)
+                pending.append(iter(ctx.fns[callee].calls))
+
+
+def recursion_error(ctx: Context, cycle: list[str]) -> None:
+    caller, callee = cycle[-2], cycle[-1]
+    span = ctx.fns[caller].calls[callee]
+    end = ("nothing in the language could end the recursion: repeat a step with a loop, over a stack "
+           "of models (`for block in m.blocks:`) or over a dataset's batches")
+    if len(cycle) == 2:
+        ctx.error("E0405", f"`{caller}` calls itself", span, "a recursive call", end)
+    else:
+        ctx.error("E0405", f"`{caller}` calls `{callee}`, which leads back to `{caller}`", span,
+                  "closes the cycle", "the cycle: " + " -> ".join(cycle), end)
 
 
 def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:

@@ -269,7 +269,8 @@ def dropout(ck: "BodyChecker", node: A.Call) -> T.Ty:
                         args[2].span, f"this is {mode.show()}", "take a `mode: Mode` parameter")  # type: ignore
     if t is None:
         return T.UNKNOWN
-    ck.record_call(node, "builtin", "dropout", [a.value for a in args])  # type: ignore[union-attr]
+    # batch_axis: the operand's axis split across the devices, set by check/split.py (None: unsplit)
+    ck.record_call(node, "builtin", "dropout", [a.value for a in args], batch_axis=None)  # type: ignore[union-attr]
     return T.TensorT(t.axes, t.dtype)
 
 

@@ -245,6 +245,8 @@ class Classifier:
             self.across(node, "`causal`")
         elif name == "batch_norm" and [k for k in where if k != axis]:
             self.mark(node, "batch_norm")
+        elif name == "dropout" and where:  # draws the whole batch's mask, keeps its part's rows
+            opts["batch_axis"] = where[0]
 
     def extern_axes(self, node: A.Call, info: CallInfo) -> None:
         """An extern fn works on each example by itself, except along the axes it is given: given the

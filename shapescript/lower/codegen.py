@@ -12,8 +12,10 @@ import keyword
 from ..check import types as T
 from ..check.program import Checked, FnInfo
 from ..errors import CompileError, Diagnostic
+from ..names import MEMBER_PREFIX
 from ..syntax import ast as A
-from . import specs
+from . import guards, specs
+from .text import comment_text, literal
 
 UNARY_TORCH = {"relu": "torch.relu", "exp": "torch.exp", "log": "torch.log", "sqrt": "torch.sqrt",
                "tanh": "torch.tanh", "sigmoid": "torch.sigmoid", "abs": "torch.abs",
@@ -39,7 +41,7 @@ TEMPLATES = {
     "one_hot": "_F.one_hot({0}, {classes}).to(torch.float32)", "embedding": "_F.embedding({1}, {0})",
     "valid": "_rt.valid({0}, {label!r})", "batch_norm": "_rt.batch_norm({0}, {1}, {2}, {axis})",
     "grad_norm": "_rt.grad_norm({0})", "clip_norm": "_rt.clip_norm({0}, {1})",
-    "dropout": "_rt.dropout({0}, {1}, {2})", "Train": "_rt.Train({0})", "Eval": "_rt.Eval",
+    "dropout": "_rt.dropout({0}, {1}, {2}, {batch_axis})", "Train": "_rt.Train({0})", "Eval": "_rt.Eval",
 }
 
 
@@ -81,12 +83,14 @@ class _Writer:
         line = "    " * indent + text
         if node is not None:
             self.where[len(self.lines) + 1] = (node.span.line, node.span.col)
-            line += f"  # {node.span}"
+            line += f"  # {comment_text(str(node.span))}"
         self.lines.append(line)
 
     def module(self) -> str:
         c = self.c
-        self.emit(f'"""Built by ShapeScript from {c.file}; each line names the .ss source it comes from."""')
+        # The docstring, as a literal: the file's name is the user's text (and line 1 is never a comment,
+        # so no name can make it an encoding declaration).
+        self.emit(literal(f"Built by ShapeScript from {c.file}; each line names the .ss source it comes from."))
         self.emit("from __future__ import annotations")
         self.emit("import torch")
         self.emit("import torch.nn.functional as _F")
@@ -94,16 +98,16 @@ class _Writer:
             self.emit("import sys")
             self.emit("import types")
             self.emit("")
-            self.emit(f"RUNTIME_SOURCE = {specs.standalone_prelude()!r}")
+            self.emit(f"RUNTIME_SOURCE = {literal(specs.standalone_prelude())}")
             self.emit('_rt = types.ModuleType(__name__ + "._rt")')
             self.emit("sys.modules[_rt.__name__] = _rt  # dataclasses look their module up there")
             self.emit('exec(compile(RUNTIME_SOURCE, "<shapescript runtime>", "exec"), _rt.__dict__)')
         else:
             self.emit("from shapescript.runtime import core as _rt")
         self.emit("")
-        self.emit(f"DIMS = {dict(c.dim_values)!r}")
-        self.emit(f"DEVICE = {device_of(c)!r}  # where tensors live; the loader may set it")
-        self.emit("PYTHON_RESULTS: dict = {}  # the loader fills in checks of python fns' results")
+        self.emit(f"DIMS = {literal(dict(c.dim_values))}")
+        self.emit(f"DEVICE = {literal(device_of(c))}  # where tensors live; the loader may set it")
+        self.result_checks()
         for data in c.data.values():
             self.emit(f"{spec_var(data.name)} = {specs.data_spec(c, data)}")
         for model in specs.model_order(c):
@@ -116,10 +120,21 @@ class _Writer:
         self.emit("")
         externs = [(n.target.rpartition(".")[0], n.target.rpartition(".")[2], str(n.span))
                    for n in (f.node for f in c.fns.values() if f.kind == "extern")]
-        self.emit(f"EXTERN_TARGETS = {externs!r}  # imported by each worker as the program loads")
-        self.emit(f"SS_FILE = {c.file!r}")
-        self.emit(f"SS_LINES = {self.where!r}")
+        self.emit(f"EXTERN_TARGETS = {literal(externs)}  # imported by each worker as the program loads")
+        self.emit(f"SS_FILE = {literal(c.file)}")
+        self.emit(f"SS_LINES = {literal(self.where)}")
         return "\n".join(self.lines) + "\n"
+
+    def result_checks(self) -> None:
+        """Each python and extern fn's result checked against its declared type, printed here so
+        that the check runs wherever this module runs: in the controller, on the workers, standalone."""
+        checks = {fn.name: guards.result_check(self.c, fn) for fn in self.c.fns.values()
+                  if fn.kind in ("python", "extern")}
+        self.emit("PYTHON_RESULTS = {  # python and extern fns' results, checked against their declared types")
+        for name, check in checks.items():
+            if check is not None:
+                self.emit(f"{literal(name)}: {guards.source(check)},", indent=1)
+        self.emit("}")
 
     # ---- functions and statements -------------------------------------------------------------
 
@@ -129,10 +144,10 @@ class _Writer:
         if isinstance(node, A.Extern):
             module, _, attr = node.target.rpartition(".")
             self.emit(f"def {py_name(fn.name)}({params}):", node)
-            self.emit(f"# {fn.kind} fn: calls {node.target!r}", indent=1)
+            self.emit(f"# {fn.kind} fn: calls {comment_text(literal(node.target))}", indent=1)
             args = f"({params}{',' if len(fn.params) == 1 else ''})"
-            self.emit(f"return _rt.python_call({module!r}, {attr!r}, {args}, PYTHON_RESULTS.get({fn.name!r}), "
-                      f"{str(node.span)!r})", node, 1)
+            self.emit(f"return _rt.python_call({literal(module)}, {literal(attr)}, {args}, PYTHON_RESULTS.get("
+                      f"{literal(fn.name)}), {literal(str(node.span))})", node, 1)
             return
         self.emit(f"def {py_name(fn.name)}({params}):", node)
         for source in self.sizes_used(node):  # read before the body can rebind the parameter
@@ -177,11 +192,13 @@ class _Writer:
         if isinstance(node, A.FloatLit) and node.value in (float("inf"), float("-inf")):
             return 'float("inf")'
         if isinstance(node, (A.IntLit, A.FloatLit, A.StrLit)):
-            return repr(node.value)
+            return literal(node.value)
         if isinstance(node, A.BoolLit):
             return "True" if node.value else "False"
         if isinstance(node, A.Attr):
             obj = self.expr(node.obj, nested=True)
+            if isinstance(self.c.type_of(node.obj), T.ModelT):  # the live tensor; `m.w` from Python is a copy
+                return f"{obj}.{MEMBER_PREFIX}{node.name}"
             if keyword.iskeyword(node.name):
                 return f"getattr({obj}, {node.name!r})"
             return f"{obj}.{node.name}"
@@ -212,7 +229,7 @@ class _Writer:
         else:
             text = f"{left} {node.op} {right}"
         if recipe.get("across"):  # contracts the batch axis: each device's part is a partial sum
-            return f"_rt.all_sum({text}, {str(node.span)!r})"
+            return f"_rt.all_sum({text}, {literal(str(node.span))})"
         return text
 
     def call(self, node: A.Call) -> str:
@@ -227,7 +244,7 @@ class _Writer:
                 args[k] = str(axis)  # an Axis[...] argument is passed as the axis's index
             return f"{py_name(info.name)}({', '.join(args)})"
         if info.kind == "grad":
-            where = f"where={str(node.span)!r}" if self.c.device_set.count > 1 else ""  # for the workers' reports
+            where = f"where={literal(str(node.span))}" if self.c.device_set.count > 1 else ""  # for the workers' reports
             return f"_rt.value_and_grad({', '.join([py_name(info.name)] + args + ([where] if where else []))})"
         name, opts = info.name, info.options
         across = self.c.recipes.get(id(node), {}).get("across")
@@ -240,7 +257,7 @@ class _Writer:
         if name in REDUCE_TORCH:
             axis = opts.get("axis")
             if axis is None and name in NEEDS_ALL_DIMS:
-                return f"{REDUCE_TORCH[name]}({args[0]}, dim={tuple(range(int(opts['rank'])))!r})"
+                return f"{REDUCE_TORCH[name]}({args[0]}, dim={literal(tuple(range(int(opts['rank']))))})"
             return f"{REDUCE_TORCH[name]}({args[0]}{'' if axis is None else f', dim={axis}'})"
         if name == "matmul":
             if self.c.recipes.get(id(node), {}).get("kind") == "tensordot":
@@ -256,14 +273,14 @@ class _Writer:
             runtime = "split_parts" if name == "split" else name
             keys = {"reduce": ("split", "dims", "op", "perm", "merge"),
                     "repeat": ("split", "perm", "view", "sizes", "merge")}.get(name, ("split", "perm", "merge"))
-            return f"_rt.{runtime}({args[0]}, {', '.join(repr(opts[k]) for k in keys)})"
+            return f"_rt.{runtime}({args[0]}, {', '.join(literal(opts[k]) for k in keys)})"
         if name == "einsum":
-            return f"torch.einsum({opts['spec']!r}, {', '.join(args)})"
+            return f"torch.einsum({literal(opts['spec'])}, {', '.join(args)})"
         if name == "batches":
             return f"_rt.batches({args[0]}, {args[1]}, {spec_var(str(opts['data']))}, DEVICE)"
         if name == "logs":
             if any(keyword.iskeyword(k) for k in opts["names"]):  # e.g. logs(class=x)
-                pairs = ", ".join(f"{k!r}: {v}" for k, v in zip(opts["names"], args))  # type: ignore
+                pairs = ", ".join(f"{literal(k)}: {v}" for k, v in zip(opts["names"], args))  # type: ignore
                 return f"_rt.logs(**{{{pairs}}})"
             pairs = ", ".join(f"{k}={v}" for k, v in zip(opts["names"], args))  # type: ignore[arg-type]
             return f"_rt.logs({pairs})"
@@ -274,7 +291,7 @@ class _Writer:
     def across_call(self, node: A.Call, across: str, name: str, args: list[str], opts: dict) -> str:
         """An operation over the batch axis on several devices: every device's part combined by an
         all-reduce (plain on one device; see runtime/collectives.py)."""
-        where = repr(str(node.span))
+        where = literal(str(node.span))
         masked = opts.get("mask_index") is not None
         if across == "mean":
             if masked:

@@ -1,7 +1,9 @@
-"""Lowering of parameter types to the runtime's guards, for values that come in from Python."""
+"""Lowering of types to the runtime's guards: for values that come in from Python (a function's
+arguments, and the results of python and extern fns, whose checks the built module prints)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import sympy
@@ -12,6 +14,7 @@ from ..check import types as T
 from ..check.program import Checked, FnInfo
 from ..runtime import guards as G
 from .specs import TORCH_DTYPES
+from .text import literal
 
 Guard = Callable[[Any, G.Bindings], Any]
 
@@ -29,19 +32,28 @@ def axis_checks(c: Checked, axes: tuple[T.AxisT, ...]) -> tuple[G.AxisCheck, ...
     return tuple(out)
 
 
-def _compute(c: Checked, size: D.Dim) -> Callable[[dict[str, int]], int | None]:
+def _compute(c: Checked, size: D.Dim) -> G.DimFormula | None:
     fixed = {s: c.dim_values[s.name] for s in size.free_symbols
              if not D.is_generic(s) and c.dim_values.get(s.name) is not None}
-    expr = size.xreplace(fixed)
-    generics = {s.name: s for s in expr.free_symbols}
+    try:
+        return G.DimFormula(_formula(sympy.sympify(size.xreplace(fixed))))
+    except ValueError:
+        return None  # not arithmetic the runtime evaluates: that axis is left unchecked
 
-    def compute(values: dict[str, int]) -> int | None:
-        if not all(n in values for n in generics):
-            return None
-        v = sympy.sympify(expr.xreplace({s: values[n] for n, s in generics.items()}))
-        return int(v) if v.is_Integer else None
 
-    return compute
+def _formula(expr: sympy.Expr) -> Any:
+    """A dim expression as DimFormula's tree (+ - * / of dims give sums, products and powers)."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Rational:
+        return ("/", int(expr.p), int(expr.q))
+    if expr.is_Symbol:
+        return expr.name
+    if expr.is_Add or expr.is_Mul:
+        return ("+" if expr.is_Add else "*",) + tuple(_formula(a) for a in expr.args)
+    if expr.is_Pow and expr.exp.is_Integer:
+        return ("**", _formula(expr.base), int(expr.exp))
+    raise ValueError(f"no formula for {expr}")
 
 
 def dims_note(c: Checked, t: T.TensorT) -> str:
@@ -91,8 +103,9 @@ def guard_for(c: Checked, fn: FnInfo, index: int, namespace: dict[str, Any]) -> 
     raise ValueError(f"`{fn.name}`'s parameter `{p.name}` of type {t.show()} can't be passed from Python")
 
 
-def result_check(c: Checked, fn: FnInfo) -> Callable[[Any], Any] | None:
-    """A check of a `python fn`'s result against its declared type."""
+def result_check(c: Checked, fn: FnInfo) -> Guard | None:
+    """A check of a `python` or `extern` fn's result against its declared type (None: nothing to
+    check). The built module prints it (`source`), so it runs wherever the module runs."""
     if fn.ret == T.NONE or fn.ret is T.UNKNOWN:
         return None
     t = fn.ret
@@ -108,4 +121,19 @@ def result_check(c: Checked, fn: FnInfo) -> Callable[[Any], Any] | None:
         guard = G.KindGuard(param, t.kind, t.kind)
     else:
         return None
-    return lambda value: guard(value, {})
+    return guard
+
+
+def source(value: Any) -> str:
+    """Python source that rebuilds a guard in the built module: runtime.guards' dataclasses as
+    `_rt.` calls (fields left at their defaults are left out), dtypes, and literals for the rest."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f for f in dataclasses.fields(value) if getattr(value, f.name) != f.default]
+        args = ", ".join(f"{f.name}={source(getattr(value, f.name))}" for f in fields)
+        return f"_rt.{type(value).__name__}({args})"
+    if isinstance(value, torch.dtype):
+        return f"torch.{str(value).split('.')[1]}"
+    if isinstance(value, tuple):
+        items = [source(v) for v in value]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return literal(value)

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..check import dims as D
 from ..check import types as T
 from ..check.program import Checked
+from .text import literal
 
 TORCH_DTYPES = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32",
                 "f64": "torch.float64", "i32": "torch.int32", "i64": "torch.int64", "bool": "torch.bool"}
@@ -36,10 +37,11 @@ def data_spec(c: Checked, data: T.DataT) -> str:
         node = data.field_nodes[name]
         bound = D.value(t.index, c.dim_values) if t.index is not None else None
         label = D.show(t.index) if t.index is not None else None
-        fields.append(f"_rt.FieldSpec({name!r}, {tuple(axis_sizes(c, t, False))!r}, {TORCH_DTYPES[t.dtype]}, "
-                      f"{bound!r}, {label!r}, {where(node.span)!r}, {t.show()!r})")
-    return f"_rt.DataSpec({data.name!r}, ({', '.join(fields)}{',' if len(fields) == 1 else ''}), " \
-           f"{where(data.node.span)!r})"
+        fields.append(f"_rt.FieldSpec({literal(name)}, {literal(tuple(axis_sizes(c, t, False)))}, "
+                      f"{TORCH_DTYPES[t.dtype]}, {literal(bound)}, {literal(label)}, {literal(where(node.span))}, "
+                      f"{literal(t.show())})")
+    return f"_rt.DataSpec({literal(data.name)}, ({', '.join(fields)}{',' if len(fields) == 1 else ''}), " \
+           f"{literal(where(data.node.span))})"
 
 
 def model_spec(c: Checked, model: T.ModelT) -> str:
@@ -47,15 +49,17 @@ def model_spec(c: Checked, model: T.ModelT) -> str:
     for m in model.members.values():
         if m.model is not None:
             count = D.value(m.count, c.dim_values) if m.count is not None else None
-            members.append(f"_rt.SubSpec({m.name!r}, {m.model.name}_spec, {where(m.node.span)!r}, {count!r})")
+            members.append(f"_rt.SubSpec({literal(m.name)}, {m.model.name}_spec, {literal(where(m.node.span))}, "
+                           f"{literal(count)})")
             continue
         assert m.tensor is not None
         shape = tuple(v for _, v in axis_sizes(c, m.tensor, True))
         args = tuple(sorted(m.init_args.items()))
-        members.append(f"_rt.ParamSpec({m.name!r}, {m.kind!r}, {shape!r}, {TORCH_DTYPES[m.tensor.dtype]}, "
-                       f"{m.init!r}, {args!r}, {where(m.node.span)!r})")
-    return f"_rt.ModelSpec({model.name!r}, ({', '.join(members)}{',' if len(members) == 1 else ''}), " \
-           f"{where(model.node.span)!r})"
+        members.append(f"_rt.ParamSpec({literal(m.name)}, {literal(m.kind)}, {literal(shape)}, "
+                       f"{TORCH_DTYPES[m.tensor.dtype]}, {literal(m.init)}, {literal(args)}, "
+                       f"{literal(where(m.node.span))})")
+    return f"_rt.ModelSpec({literal(model.name)}, ({', '.join(members)}{',' if len(members) == 1 else ''}), " \
+           f"{literal(where(model.node.span))})"
 
 
 def model_order(c: Checked) -> list[T.ModelT]:
@@ -77,9 +81,9 @@ def model_order(c: Checked) -> list[T.ModelT]:
 
 # The runtime modules a standalone build inlines, in dependency order. Each imports only torch,
 # safetensors, the standard library and the modules before it.
-STANDALONE_MODULES = ("errors.py", "runtime/model.py", "runtime/collectives.py", "runtime/optim.py", "runtime/data.py",
-                      "runtime/sinks.py", "runtime/checkpoint.py", "runtime/calls.py", "runtime/patterns.py",
-                      "runtime/modes.py", "runtime/ops.py")
+STANDALONE_MODULES = ("errors.py", "names.py", "runtime/model.py", "runtime/collectives.py", "runtime/optim.py",
+                      "runtime/data.py", "runtime/sinks.py", "runtime/checkpoint.py", "runtime/calls.py", "runtime/patterns.py",
+                      "runtime/modes.py", "runtime/ops.py", "runtime/guards.py")
 
 
 def standalone_prelude() -> str:

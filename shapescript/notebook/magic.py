@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import atexit
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -146,6 +146,7 @@ def load_ipython_extension(ip: InteractiveShell) -> None:
     if magics is None:
         magics = ShapeScriptMagics(ip)
         atexit.register(magics.session.shutdown)  # a kernel's exit or restart leaves no worker behind
+        _stop_on_shutdown_request(ip, magics.session)
         _show_device_tables(ip, magics.session)
         if in_kernel():  # Jupyter: a bar for each loop over batches (a terminal opts in: %shapescript progress on)
             try:
@@ -153,6 +154,22 @@ def load_ipython_extension(ip: InteractiveShell) -> None:
             except ImportError:  # no tqdm: no bars, as before
                 pass
     ip.register_magics(magics)
+
+
+def _stop_on_shutdown_request(ip: InteractiveShell, session: Session) -> None:
+    """In Jupyter, stop the workers as the kernel is asked to shut down or restart: ipykernel then
+    sends SIGTERM to the kernel's children, our workers, and waits for them to be gone, which they
+    never are, unreaped, until the kernel is killed before its exit stops them."""
+    kernel = getattr(ip, "kernel", None)
+    if kernel is None:
+        return
+    do_shutdown = kernel.do_shutdown
+
+    def stop_first(restart: bool) -> Any:
+        session.shutdown()
+        return do_shutdown(restart)
+
+    kernel.do_shutdown = stop_first
 
 
 def _show_device_tables(ip: InteractiveShell, session: Session) -> None:

@@ -45,7 +45,7 @@ def workers_gone(m: AnyModel) -> bool:
     if not is_remote(m):
         return False
     pool = m._program._pool
-    return pool is not m.pool or pool is None or not pool.alive
+    return pool is not m._pool or pool is None or not pool.alive
 
 
 def layout(m: AnyModel, name: str) -> str:

@@ -1,7 +1,7 @@
 """The notebook's workers: one pool that outlives the cells.
 
 Every `%%shapescript` cell makes a new `Program`. A RemoteModel stays usable only while its own
-program's pool is the pool it was made on (`RemoteModel.workers()`), and a Program starts a pool of
+program's pool is the pool it was made on (`RemoteModel._workers()`), and a Program starts a pool of
 its own when it has none. So a new program adopts the previous one's running pool when both run on
 the same devices (`Program.adopt_workers`): the workers load the new compiled code with their next
 call, and the models and optimizer state they keep by handle stay where they are. Old programs
@@ -46,13 +46,13 @@ def _named_handles(pool: WorkerPool, user_ns: Mapping[str, Any]) -> dict[int, He
     for name, value in list(user_ns.items()):
         if name.startswith("_"):  # IPython's output history (_, _3...) repeats the user's names
             continue
-        if isinstance(value, RemoteModel) and value.pool is pool:
+        if isinstance(value, RemoteModel) and value._pool is pool:
             what = f"{value.spec.name} model"
-        elif isinstance(value, RemoteOptimizer) and value.model.pool is pool:
+        elif isinstance(value, RemoteOptimizer) and value.model._pool is pool:
             what = f"{value.kind}[{value.model.spec.name}] optimizer"
         else:
             continue
-        held.setdefault(value.handle, Held(value.handle, what)).names.append(name)
+        held.setdefault(value._handle, Held(value._handle, what)).names.append(name)
     return held
 
 

@@ -22,34 +22,37 @@ from typing import Any, Iterator
 import torch
 
 from shapescript.parallel.remote import shares
-from shapescript.runtime.data import Batch, DataSpec, batch_bounds, load_items, shuffle_order, with_progress
+from shapescript.runtime.data import (Batch, DataSpec, batch_bounds, generic_dims, load_items, pad_batch,
+                                      padded_sizes, shuffle_order, with_progress)
 
 _handles = itertools.count(1_000_000)  # apart from the models' handles
 
 
 class RemoteBatch:
     """A batch that the workers load, each its own part. Reading a field in the controller loads
-    the batch there (once)."""
+    the batch there (once). Every attribute of its own is in names.DATA_RESERVED or starts with `_`,
+    out of the fields' way."""
 
     is_remote = True
 
     def __init__(self, plan: tuple, number: int, base: Any, indices: list[int], spec: DataSpec) -> None:
-        self.plan, self.number, self.base, self.indices, self.spec = plan, number, base, indices, spec
+        self._plan, self._number, self._base, self._indices, self.spec = plan, number, base, indices, spec
         self.size = len(indices)
         self._loaded: Batch | None = None
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name not in {f.name for f in self.spec.fields} | {"lengths"}:
-            raise AttributeError(f"a batch of {self.spec.name} has no field `{name}`")
+        spec = self.__dict__.get("spec")
+        if spec is None or name.startswith("_") or name not in {f.name for f in spec.fields} | {"lengths"}:
+            raise AttributeError(f"a batch of {spec.name if spec else 'a data type'} has no field `{name}`")
         if self._loaded is None:
-            self._loaded = Batch(self.spec, *load_items(self.base, self.indices, self.spec))
+            self._loaded = Batch(spec, *load_items(self._base, self._indices, spec))
         return getattr(self._loaded, name)
 
-    def parts(self, sizes: list[int]) -> list[tuple]:
+    def _parts(self, sizes: list[int]) -> list[tuple]:
         """What each worker is sent: the loop, the batch's number, and where its part lies in it."""
         out, start = [], 0
         for n in sizes:
-            out.append(("batchref", self.plan, self.number, start, n))
+            out.append(("batchref", self._plan, self._number, start, n))
             start += n
         return out
 
@@ -224,10 +227,26 @@ def needs_agreement(state: Any, plan: tuple) -> bool:
     return not getattr(state.objects[plan[1]], "checked", False)
 
 
-def agree(state: Any, failed: bool) -> bool:
-    """Every worker says whether it loaded its part; True when all did."""
+def agree(state: Any, plans: list[tuple], parts: list[Batch] | None) -> list[Batch] | None:
+    """Every worker says whether it loaded its parts of the batches of `plans` (`parts` None: it
+    couldn't) and how long the longest item of each part is along each generic dim, in one
+    all-reduce (MAX). None when a worker failed; else each part padded to the whole batch's longest
+    items, as the controller would pad the whole batch, so that every worker's values have the same
+    sizes and results are one device's."""
     import torch.distributed as dist
-    flag = torch.tensor([1.0 if failed else 0.0], device=state.device)
+    dims = [generic_dims(state.program[f"{plan[4]}_spec"]) for plan in plans]
+    values = [1 if parts is None else 0]
+    for k, names in enumerate(dims):
+        sizes = padded_sizes(parts[k]) if parts is not None else {}
+        values += [sizes.get(name, 0) for name in names]
+    agreed = torch.tensor(values, dtype=torch.int64, device=state.device)
     with state.waiting_at("loading the batch"):
-        dist.all_reduce(flag)
-    return flag.item() == 0
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    longest = agreed.tolist()
+    if longest[0] or parts is None:
+        return None
+    padded, at = [], 1
+    for part, names in zip(parts, dims):
+        padded.append(pad_batch(part, dict(zip(names, longest[at:at + len(names)]))))
+        at += len(names)
+    return padded

@@ -19,8 +19,11 @@ where each worker was. A handler's own ShapeScriptError raises in the controller
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import pickle
+import re
 import select
 import shutil
 import signal
@@ -40,25 +43,38 @@ from typing import Any, Self
 from shapescript.check.program import DeviceSet
 from shapescript.errors import ShapeScriptError, WorkerError
 from shapescript.parallel.worker import WAITING, describe_status, dumps, read_status
+from shapescript.runtime.leftovers import owner_tag, sweep
+from shapescript.runtime.model import require_visible
 
 DEFAULT_TIMEOUT = 600.0
+MAX_TIMEOUT = 7 * 24 * 3600.0
 TIMEOUT_ENV = "SHAPESCRIPT_COLLECTIVE_TIMEOUT"
 STOP_GRACE = 3.0  # seconds a worker has to exit after a stop message, and after SIGTERM
 PARALLEL_SEND_BYTES = 1 << 20  # messages bigger than this go to the workers at once, from threads
 COLLECTIVE_GRACE = 2.0  # after one worker's collective failed, how long the others have to report theirs
+ERROR_GRACE = 1.0  # after one worker raised an error of its own, how long the others have to raise theirs
+LOOK_EVERY = 0.25  # seconds between looks at the workers' processes and statuses while a call waits
 _timeout_override: float | None = None
 # A fresh interpreter that imports the worker module by name, never the controller's __main__ (as
 # `-m shapescript.parallel.worker` would, but without runpy's warning when the package imports it).
 _WORKER_MAIN = "import sys; from shapescript.parallel.worker import main; main(sys.argv[1:])"
 
 
+def _timeout_seconds(value: object, what: str) -> float:
+    """A collective timeout, checked: a positive number of seconds up to MAX_TIMEOUT (beyond, or
+    infinite, the process group's timedelta overflows as the workers start)."""
+    seconds = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise ValueError(f"{what} must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (7 days), "
+                         f"not {value!r}")
+    return seconds
+
+
 def collective_timeout(seconds: float | None) -> None:
     """Set how long a worker waits for the others at a collective, for pools started afterwards
     (None: back to $SHAPESCRIPT_COLLECTIVE_TIMEOUT, or 600 s)."""
     global _timeout_override
-    if seconds is not None and not seconds > 0:
-        raise ValueError(f"the collective timeout must be a positive number of seconds, not {seconds!r}")
-    _timeout_override = None if seconds is None else float(seconds)
+    _timeout_override = None if seconds is None else _timeout_seconds(seconds, "the collective timeout")
 
 
 def current_collective_timeout() -> float:
@@ -69,12 +85,10 @@ def current_collective_timeout() -> float:
     if not text:
         return DEFAULT_TIMEOUT
     try:
-        value = float(text)
+        value: object = float(text)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"${TIMEOUT_ENV} must be a positive number of seconds, not {text!r}")
-    return value
+        value = text
+    return _timeout_seconds(value, f"${TIMEOUT_ENV}")
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -87,6 +101,16 @@ def _ranks(ranks: Sequence[int]) -> str:
 def _loopback() -> str:
     names = [name for _, name in socket.if_nameindex()]
     return "lo0" if "lo0" in names and "lo" not in names else "lo"
+
+
+def _stopped(pid: int) -> bool:
+    """Whether a process is stopped (SIGSTOP, Ctrl-Z, a debugger): Linux's /proc/PID/stat says T or t.
+    False where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def _how_it_stopped(returncode: int | None) -> str:
@@ -121,9 +145,15 @@ class _Worker:
             return _how_it_stopped(None)
 
 
-def _shutdown(workers: list[_Worker], folder: str | None, grace: float) -> None:
+def _shutdown(workers: list[_Worker], folder: str | None, grace: float, owner: int) -> None:
     """Stop every worker: a stop message and `grace` seconds to exit (none if 0), then SIGTERM, then
-    SIGKILL; close everything and remove the private folder. Safe to call twice."""
+    SIGKILL; close everything and remove the private folder. Safe to call twice. Does nothing in a
+    process other than `owner`, the one that started them: a forked child inherits this (as a
+    finalizer that runs at its exit) with the sockets, but the workers are its parent's."""
+    if os.getpid() != owner:
+        return
+    for w in workers:  # a stopped worker (SIGSTOP, Ctrl-Z) reads no message and heeds no signal but SIGKILL
+        w.proc.send_signal(signal.SIGCONT)
     if grace > 0:
         for w in workers:
             try:
@@ -152,6 +182,17 @@ def _shutdown(workers: list[_Worker], folder: str | None, grace: float) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# A pool's private folder, named after its controller: shapescript-workers-<pid>-<start>-<random>.
+_FOLDER_NAME = re.compile(r"shapescript-workers-(?P<pid>\d+)-(?P<start>\d+)-[a-z0-9_]+")
+
+
+def sweep_stale_folders() -> list[str]:
+    """Remove the private folders of controllers that ended without removing theirs (killed before
+    their workers could): this user's folders in the temp folder whose controller is gone. Returns
+    the paths removed. Every pool runs it as it starts."""
+    return sweep(tempfile.gettempdir(), _FOLDER_NAME, folders=True)
+
+
 def _torch_settings() -> dict[str, Any]:
     """The controller's numerical settings, which the workers take so their floats agree with it.
     torch has no getter for flushing denormals: a denormal that a multiplication keeps tells."""
@@ -165,14 +206,17 @@ def _torch_settings() -> dict[str, Any]:
 class WorkerPool:
     """One worker process per device of `devices`, in one process group. `timeout` is the collective
     timeout in seconds (default: `current_collective_timeout()` when the pool starts); `modules` are
-    imported by every worker as it starts, e.g. to register more handlers. Not thread-safe: one call
-    at a time."""
+    imported by every worker as it starts, e.g. to register more handlers. Calls from several threads
+    run one at a time, each getting its own answers. A process forked from the one that started the
+    workers can't call them, and its exit or `stop()` leaves them running for their owner."""
 
     def __init__(self, devices: DeviceSet, timeout: float | None = None, modules: Sequence[str] = ()) -> None:
         if devices.kind not in ("cpu", "cuda"):
             raise ValueError(f"devices must be cpu[...] or cuda[...], not {devices}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"the collective timeout must be a positive number of seconds, not {timeout!r}")
+        if timeout is not None:
+            timeout = _timeout_seconds(timeout, "the collective timeout")
+        if devices.kind == "cuda":  # before any worker starts, rather than as each one fails
+            require_visible(devices.indices or (0,), str(devices), "the workers")
         self.devices = devices
         self.indices: tuple[int, ...] = devices.indices if devices.indices is not None else (0,)
         self.world = len(self.indices)
@@ -189,36 +233,41 @@ class WorkerPool:
         self._finalizer: weakref.finalize | None = None
         self._senders: ThreadPoolExecutor | None = None  # for big messages, see _send
         self._first: tuple[str, tuple[Any, ...], str] | None = None  # see first()
+        self._lock = threading.RLock()  # one call at a time; re-entrant for the `first` call inside a call
+        self._owner = os.getpid()  # the process that started the workers (set again when it does)
 
     # -- starting ----------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the workers and return when every one is ready."""
-        if self._state == "new":
-            self._spawn()
-            self._await_ready()
-        self._join_start()
-        self._check_running()
+        with self._exclusive():
+            if self._state == "new":
+                self._spawn()
+                self._await_ready()
+            self._join_start()
+            self._check_running()
 
     def start_background(self) -> None:
         """Start the workers without waiting for them; any later call waits."""
-        if self._state != "new":
-            return
-        self._spawn()  # in this thread: PR_SET_PDEATHSIG ties the workers to the thread that started them
-        self._thread = threading.Thread(target=self._await_ready_in_thread, name="shapescript-workers-start",
-                                        daemon=True)
-        self._thread.start()
+        with self._exclusive():
+            if self._state != "new":
+                return
+            self._spawn()
+            self._thread = threading.Thread(target=self._await_ready_in_thread, name="shapescript-workers-start",
+                                            daemon=True)
+            self._thread.start()
 
     def _spawn(self) -> None:
         self._state = "starting"
         self._t0 = time.perf_counter()
         self.timeout = self.timeout if self.timeout is not None else current_collective_timeout()
-        self._folder = tempfile.mkdtemp(prefix="shapescript-workers-")  # mode 0700: ours alone
-        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._folder, 1.0)  # also at exit
+        sweep_stale_folders()  # the backstop: a killed controller's workers remove its folder as they exit
+        self._folder = tempfile.mkdtemp(prefix=f"shapescript-workers-{owner_tag()}-")  # mode 0700: ours alone
+        self._owner = os.getpid()  # a forked child neither uses nor stops these workers
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._folder, 1.0, self._owner)  # also at exit
         sys_path = [p or os.getcwd() for p in sys.path]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys_path))
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = _loopback()
-        pdeathsig = ["--pdeathsig"] if threading.current_thread() is threading.main_thread() else []
         store_path = os.path.join(self._folder, "store")
         try:
             for rank, index in enumerate(self.indices):
@@ -226,7 +275,7 @@ class WorkerPool:
                 try:
                     proc = subprocess.Popen(
                         [sys.executable, "-c", _WORKER_MAIN, "--fd", str(theirs.fileno()),
-                         "--parent", str(os.getpid()), *pdeathsig],
+                         "--parent", str(os.getpid())],
                         pass_fds=(theirs.fileno(),), env=env)
                 finally:
                     theirs.close()
@@ -240,7 +289,8 @@ class WorkerPool:
                 self._workers.append(worker)
                 conn.send_bytes(dumps({
                     "rank": rank, "world": self.world, "kind": self.devices.kind, "index": index,
-                    "store_path": store_path, "status_path": worker.status_path, "timeout": self.timeout,
+                    "folder": self._folder, "store_path": store_path, "status_path": worker.status_path,
+                    "timeout": self.timeout,
                     "sys_path": sys_path, "modules": self.modules, "torch": _torch_settings()}))
         except BaseException as exc:
             self._die(f"the workers couldn't be started: {exc}")
@@ -250,7 +300,7 @@ class WorkerPool:
 
     def _await_ready(self) -> None:
         try:
-            replies, pending = self._gather("starting")
+            replies, pending, _ = self._gather("starting")
         except BaseException:
             self._die("interrupted while starting")
             raise
@@ -288,15 +338,30 @@ class WorkerPool:
 
     # -- state -------------------------------------------------------------------------------------
 
+    def _foreign(self) -> bool:
+        """Whether this process was forked from the one that started the workers (and so holds copies
+        of their sockets, which it must neither use nor close)."""
+        return os.getpid() != self._owner
+
+    def _exclusive(self) -> threading.RLock:
+        """The lock that a call or a start holds throughout. In a forked child this raises at once
+        instead: the workers aren't its own, and a thread of the parent may have held the lock."""
+        if self._state != "new" and self._foreign():
+            self._check_running()
+        return self._lock
+
     def _check_running(self) -> None:
+        if self._state != "new" and self._foreign():
+            raise WorkerError(f"the workers on {self.devices} belong to process {self._owner}, from which this "
+                              f"process ({os.getpid()}) was forked; it can't use them: start new ones here")
         if self._state != "running":
             how = f"stopped after an error ({self._dead_reason})" if self._state == "dead" else "stopped"
             raise WorkerError(f"the workers on {self.devices} were {how}; start new ones")
 
     @property
     def alive(self) -> bool:
-        """Started (or starting) and not stopped or failed."""
-        return self._state in ("starting", "running")
+        """Started (or starting) by this process, and not stopped or failed."""
+        return self._state in ("starting", "running") and not self._foreign()
 
     @property
     def state(self) -> str:
@@ -328,12 +393,17 @@ class WorkerPool:
         self.stop()
 
     def stop(self) -> None:
-        """Stop the workers gracefully (a stop message, then SIGTERM and SIGKILL after a grace)."""
-        try:
-            self._join_start()
-        except BaseException:
-            pass  # a failed start already stopped them
-        self._release(STOP_GRACE)
+        """Stop the workers gracefully (a stop message, then SIGTERM and SIGKILL after a grace), once a
+        call in progress in another thread has finished. In a forked child this only forgets them."""
+        if self._foreign():
+            self._release(0.0)  # never the lock: a thread of the parent may have held it at the fork
+        else:
+            with self._lock:
+                try:
+                    self._join_start()
+                except BaseException:
+                    pass  # a failed start already stopped them
+                self._release(STOP_GRACE)
         if self._state != "dead":
             self._state = "stopped"
 
@@ -346,7 +416,9 @@ class WorkerPool:
     def _release(self, grace: float) -> None:
         if self._finalizer is not None:
             self._finalizer.detach()
-        _shutdown(self._workers, self._folder, grace)
+        if self._foreign():
+            return  # the workers, their sockets and folder are the parent's, which goes on using them
+        _shutdown(self._workers, self._folder, grace, self._owner)
         if self._senders is not None:  # its threads end once the pipes close
             self._senders.shutdown(wait=False)
 
@@ -356,6 +428,10 @@ class WorkerPool:
         """Run `handlers.HANDLERS[handler](state, *args)` on every worker and return their results in
         rank order. `args` is one tuple for all, or a list of one tuple per worker. `where` says what
         runs, for error messages (default: the handler's name)."""
+        with self._exclusive():  # the whole call, its `first` included: another thread's call waits for it
+            return self._call(handler, args, where)
+
+    def _call(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str) -> list[Any]:
         if self._state == "new":
             self.start()
         self._join_start()
@@ -371,7 +447,7 @@ class WorkerPool:
         payloads = self._encode(handler, args, where)
         try:
             self._send(payloads, where)
-            replies, pending = self._gather(f"running {where}")
+            replies, pending, released = self._gather(f"running {where}")
         except WorkerError:
             raise
         except BaseException as exc:  # Ctrl-C, or a failure of our own: the workers' state is unknown
@@ -381,12 +457,14 @@ class WorkerPool:
                              f"and optimizer state on them are gone (their handles now say so). Make new ones, "
                              f"or restore a checkpoint; the next call starts new workers.")
             raise
-        failed = [r for r in replies if r is not None and r[0] == "err"]
-        if pending or any(r[1]["collective"] for r in failed):
+        failed = [(rank, r[1]) for rank, r in enumerate(replies) if r is not None and r[0] == "err"]
+        if released:
+            self._fail_alone(failed, pending, where)
+        if pending or any(payload["collective"] for _, payload in failed):
             self._fail_stuck(replies, pending, where)
         if failed:  # the first worker's error, as one device would raise it
-            rank = next(i for i, r in enumerate(replies) if r is not None and r[0] == "err")
-            self._raise_error(self._workers[rank], failed[0][1], where)
+            rank, payload = failed[0]
+            self._raise_error(self._workers[rank], payload, where)
         return [r[1] for r in replies]  # type: ignore[index]
 
     def _send(self, payloads: list[bytes], where: str) -> None:
@@ -423,18 +501,23 @@ class WorkerPool:
             raise WorkerError(f"the arguments of {where} can't be sent to the workers: "
                               f"{type(exc).__name__}: {exc}") from None
 
-    def _gather(self, doing: str) -> tuple[list[tuple[Any, ...] | None], list[int]]:
-        """Every worker's reply, in rank order, and the ranks that didn't answer in time. Raises at
-        once if a worker dies. Without a failure this waits as long as the workers work; once one
-        worker has answered, the others have the collective timeout and a grace to follow, and once
-        one has failed in a collective, `COLLECTIVE_GRACE` to report their own failure (cut short
-        when none of them is waiting at a collective)."""
+    def _gather(self, doing: str) -> tuple[list[tuple[Any, ...] | None], list[int], bool]:
+        """Every worker's reply, in rank order, the ranks that didn't answer in time, and whether those
+        were given up on because a worker raised an error of its own while they wait for it at a
+        collective. Raises at once if a worker dies. Without a failure this waits as long as the
+        workers work; once one worker has answered, the others have the collective timeout and a grace
+        to follow; once one has failed in a collective, `COLLECTIVE_GRACE` to report their own failure
+        (cut short when none of them is waiting at a collective); once one has raised an error of its
+        own, `ERROR_GRACE` to raise theirs, after which any found waiting at a collective on two looks
+        are given up on. Workers that are all stopped (SIGSTOP) get the collective timeout."""
         assert self.timeout is not None
         replies: list[tuple[Any, ...] | None] = [None] * self.world
         pending = {w.rank: w for w in self._workers}
         never = float("inf")
-        answer_deadline = collective_deadline = never
-        polling = any(w.pidfd is None for w in self._workers)
+        answer_deadline = collective_deadline = error_deadline = never
+        stopped_since = never  # since when every pending worker has been stopped
+        waiting_before: set[int] = set()  # the pending workers waiting at a collective at the last look
+        released = False
         poller = select.poll()  # cheaper than multiprocessing's wait(), which builds a selector each time
         for w in self._workers:
             for fd in (w.conn.fileno(), w.pidfd):
@@ -442,10 +525,8 @@ class WorkerPool:
                     poller.register(fd, select.POLLIN)
         while pending:
             deadline = min(answer_deadline, collective_deadline)
-            timeout = None if deadline == never else max(0.0, deadline - time.monotonic())
-            if polling or collective_deadline < never:  # also wake to look at processes and statuses
-                timeout = 0.25 if timeout is None else min(timeout, 0.25)
-            ready = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
+            timeout = min(LOOK_EVERY, max(0.0, deadline - time.monotonic()))  # also wake to look at the workers
+            ready = {fd for fd, _ in poller.poll(timeout * 1000)}
             for rank, w in list(pending.items()):
                 if w.conn.fileno() not in ready:
                     continue
@@ -462,14 +543,24 @@ class WorkerPool:
                     answer_deadline = time.monotonic() + self.timeout + min(30.0, max(2.0, self.timeout))
                 if reply[0] == "err":
                     if self._state == "starting":
-                        return replies, sorted(pending)
+                        return replies, sorted(pending), False
                     if reply[1]["collective"]:
                         collective_deadline = min(collective_deadline, time.monotonic() + COLLECTIVE_GRACE)
+                    else:
+                        error_deadline = min(error_deadline, time.monotonic() + ERROR_GRACE)
             for w in pending.values():
                 if (w.pidfd in ready) if w.pidfd is not None else w.dead():
                     self._fail_dead(w, doing)
-            out_of_time = time.monotonic() >= min(answer_deadline, collective_deadline)
-            gave_up = out_of_time or (collective_deadline < never and not self._any_waiting(pending))
+            now = time.monotonic()
+            if pending and not ready:  # nothing happened: a look at the processes and their statuses
+                every_one_stopped = all(_stopped(w.proc.pid) for w in pending.values())
+                stopped_since = min(stopped_since, now) if every_one_stopped else never
+                if now >= error_deadline:  # a collective that the failed worker won't join never ends
+                    waiting = {r for r, w in pending.items() if read_status(w.status_path)[0] == WAITING}
+                    released = released or bool(waiting & waiting_before)
+                    waiting_before = waiting
+            out_of_time = now >= min(answer_deadline, collective_deadline, stopped_since + self.timeout)
+            gave_up = out_of_time or released or (collective_deadline < never and not self._any_waiting(pending))
             if pending and gave_up and not wait([w.conn for w in pending.values()], 0):  # a last look for replies
                 break
         for w in pending.values():  # a worker that died just now: its peers' collectives failed first
@@ -478,7 +569,7 @@ class WorkerPool:
             except subprocess.TimeoutExpired:
                 continue
             self._fail_dead(w, doing)
-        return replies, sorted(pending)
+        return replies, sorted(pending), released and bool(pending)
 
     def _any_waiting(self, pending: dict[int, _Worker]) -> bool:
         return any(read_status(w.status_path)[0] == WAITING for w in pending.values())
@@ -503,6 +594,18 @@ class WorkerPool:
             f"worker {w.rank} ({w.label}) stopped while {doing}{at}: {how}. {others}, and what was on "
             f"the devices is gone: new models, or a checkpoint, are needed to go on.")
 
+    def _fail_alone(self, failed: list[tuple[int, dict[str, Any]]], pending: list[int], where: str) -> None:
+        """A worker raised an error of its own, and the others went on to a collective, where they would
+        wait for it until the collective timeout: stop them all now, and raise its error."""
+        rank, payload = next((r, p) for r, p in failed if not p["collective"])
+        w = self._workers[rank]  # before _die forgets the workers
+        places = sorted({read_status(self._workers[r].status_path)[1] for r in pending} - {""})
+        self._die(f"worker {rank} raised an error in {where} while the others waited for it")
+        self._raise_error(w, payload, where, note=(
+            f"Only some workers raised it: {_ranks(pending)} went on and waited for the others at "
+            f"{' and '.join(places) or 'a collective'}, so every worker was stopped at once, and what was on the "
+            f"devices is gone: new models, or a checkpoint, are needed to go on."))
+
     def _fail_stuck(self, replies: list[tuple[Any, ...] | None], pending: list[int], where: str) -> None:
         """The chapter's report of a call that didn't finish: where each worker was."""
         lines: list[str] = []
@@ -510,7 +613,9 @@ class WorkerPool:
         for w in self._workers:
             reply = replies[w.rank]
             if reply is None:
-                lines.append(f"worker {w.rank}: didn't answer; it was {describe_status(*read_status(w.status_path))}")
+                stopped = ", and is stopped (SIGSTOP, Ctrl-Z or a debugger)" if _stopped(w.proc.pid) else ""
+                lines.append(f"worker {w.rank}: didn't answer; it was "
+                             f"{describe_status(*read_status(w.status_path))}{stopped}")
             elif reply[0] == "ok":
                 lines.append(f"worker {w.rank}: finished")
             else:
@@ -522,6 +627,9 @@ class WorkerPool:
         failed = any(r is not None and r[0] == "err" for r in replies)
         if pending and failed:
             head = f"a worker failed while running {where}, and {_ranks(pending)} didn't finish:"
+        elif len(pending) == self.world:  # none answered: each was stopped for the whole timeout
+            head = (f"{_ranks(pending)} didn't finish {where}: stopped for {self.timeout:g} s (the collective timeout) "
+                    f"without answering:")
         elif pending:
             head = f"{_ranks(pending)} didn't finish {where} within {self.timeout:g} s of the others:"
         else:
@@ -534,7 +642,7 @@ class WorkerPool:
             exc.add_note(note)
         raise exc
 
-    def _raise_error(self, w: _Worker, payload: dict[str, Any], where: str) -> None:
+    def _raise_error(self, w: _Worker, payload: dict[str, Any], where: str, note: str = "") -> None:
         """A handler's exception, raised here: the same class if it's one of ours, else a WorkerError."""
         exc: BaseException | None = None
         if payload["pickled"] is not None:
@@ -545,6 +653,8 @@ class WorkerPool:
         if not isinstance(exc, ShapeScriptError):
             exc = WorkerError(f"worker {w.rank} ({w.label}) raised {payload['type']} while running {where}: "
                               f"{payload['message']}")
+        if note:
+            exc.add_note(note)
         if payload["traceback"]:
             exc.add_note(f"worker {w.rank}'s traceback ({w.label}):\n{payload['traceback']}")
         raise exc

@@ -13,6 +13,7 @@ from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives
 from shapescript.runtime.data import Batch
 from shapescript.runtime.model import Model
+from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer, adamw, sgd
 
 
@@ -72,19 +73,29 @@ def to_cpu(value: Any) -> Any:
 
 
 @handler("call")
-def call(state: Any, name: str, args: tuple) -> Any:
+def call(state: Any, name: str, args: tuple, part: tuple[int, int] | None = None) -> Any:
+    """Run `name` on this worker's arguments; `part` is where its part lies in the whole batch
+    (offset, the whole batch's size). Answers the result and, for each Mode argument in order, the
+    count of draws it has made, so that the controller's mode advances as one device's would."""
     fn = state.program[name]
-    loads = [a for a in args if a[0] == "batchref" and loading.needs_agreement(state, a[1])]
+    loads = [k for k, a in enumerate(args) if a[0] == "batchref" and loading.needs_agreement(state, a[1])]
+    agreeing = bool(loads) and state.world > 1
+    plans = [args[k][1] for k in loads]
     try:
         values = [decode(state, a) for a in args]
     except Exception:
-        if loads and state.world > 1:
-            loading.agree(state, failed=True)  # so that no worker starts the step
+        if agreeing:
+            loading.agree(state, plans, None)  # so that no worker starts the step
         raise
-    if loads and state.world > 1 and not loading.agree(state, failed=False):
-        return SKIPPED  # the worker that failed raises the loader's error in the controller
-    with torch.no_grad():  # value_and_grad turns gradients on where it needs them
-        return to_cpu(fn(*values))
+    if agreeing:  # every worker has its part, padded as the whole batch is: or none starts the step
+        parts = loading.agree(state, plans, [values[k] for k in loads])
+        if parts is None:
+            return SKIPPED  # the worker that failed raises the loader's error in the controller
+        for k, batch in zip(loads, parts):
+            values[k] = batch
+    with collectives.in_batch_part(part), torch.no_grad():  # value_and_grad turns gradients on where needed
+        result = to_cpu(fn(*values))
+    return result, [v.draws for v in values if isinstance(v, Mode)]
 
 
 @handler("read")

@@ -17,7 +17,10 @@ import torch
 
 from shapescript.check.program import FnInfo
 from shapescript.errors import ShapeError, WorkerError
+from shapescript.names import MEMBER_PREFIX
 from shapescript.runtime.data import Batch, batch_fields
+from shapescript.runtime.modes import Mode
+from shapescript.runtime.model import refuse_change
 
 _handles = itertools.count(1)
 
@@ -28,22 +31,20 @@ def shares(n: int, workers: int) -> list[int]:
 
 
 class RemoteModel:
-    """A model on every worker, the same on each. Reading a field copies worker 0's to the CPU."""
+    """A model on every worker, the same on each. Reading a field copies worker 0's to the CPU.
+    Every attribute of its own is in names.MODEL_RESERVED or starts with `_`, out of the members' way:
+    `_pool` is the pool it was made on (stopped ones included), `_handle` its number there."""
 
     is_remote = True
 
     def __init__(self, program: Any, spec: Any, handle: int) -> None:
-        self.__dict__.update(_program=program, spec=spec, handle=handle, _pool=program._pool)
+        self.__dict__.update(_program=program, spec=spec, _handle=handle, _pool=program._pool)
 
-    @property
-    def pool(self) -> Any:
-        """The workers this model was made on (stopped ones included)."""
-        return self._pool
-
-    def workers(self) -> Any:
-        """The pool that holds this model; an error if those workers have stopped since."""
+    def _workers(self) -> Any:
+        """The pool that holds this model; an error if those workers have stopped since. It never
+        starts workers: what was on the old ones is gone."""
         pool = self._program._pool
-        if pool is not self._pool or not pool.alive:
+        if pool is not self._pool or pool is None or not pool.alive:
             raise WorkerError(f"this {self.spec.name} was on workers that have stopped, and what was on them is "
                               f"gone: make new models, or load a checkpoint, to go on")
         return pool
@@ -57,24 +58,30 @@ class RemoteModel:
         return cls(program, spec, handle)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name not in {m.name for m in self.spec.members}:
-            raise AttributeError(f"model {self.spec.name} has no member `{name}`")
-        return self.workers().call("read", (self.handle, name), where=f"reading {name}")[0]
+        # A member by its name from Python, or by its live name from the controller's generated code
+        # (as `print(m.w)` in a loop): worker 0's copy either way.
+        spec, member = self.__dict__.get("spec"), name.removeprefix(MEMBER_PREFIX)
+        if spec is None or member.startswith("_") or member not in {m.name for m in spec.members}:
+            raise AttributeError(f"model {spec.name} has no member `{name}`" if spec is not None else name)
+        return self._workers().call("read", (self._handle, member), where=f"reading {member}")[0]
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"a model on several devices can't be changed from Python; a ShapeScript function "
-                             f"that takes it as `mut` changes it")
+        refuse_change(self, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | {m.name for m in self.spec.members})
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every param and buffer, copied from worker 0."""
-        return self.workers().call("state_dict", (self.handle,), where="state_dict")[0]
+        return self._workers().call("state_dict", (self._handle,), where="state_dict")[0]
 
     def params(self) -> list[torch.Tensor]:
         return list(self.state_dict().values())
 
-    def make_optimizer(self, kind: str, hyper: dict[str, Any]) -> "RemoteOptimizer":
+    def _make_optimizer(self, kind: str, hyper: dict[str, Any]) -> "RemoteOptimizer":
+        """adamw(m, ...) and sgd(m, ...) of a handle: the state is made on every worker."""
         handle = next(_handles)
-        self.workers().call("make_optimizer", (handle, self.handle, kind, hyper), where=kind.lower())
+        self._workers().call("make_optimizer", (handle, self._handle, kind, hyper), where=kind.lower())
         return RemoteOptimizer(self, kind, hyper, handle)
 
     def __repr__(self) -> str:
@@ -93,7 +100,7 @@ class RemoteOptimizer:
     is_remote = True
 
     def __init__(self, model: RemoteModel, kind: str, hyper: dict[str, Any], handle: int) -> None:
-        self.model, self.kind, self.hyper, self.handle = model, kind, hyper, handle
+        self.model, self.kind, self.hyper, self._handle = model, kind, hyper, handle
 
     def __repr__(self) -> str:
         return f"RemoteOptimizer {self.kind}[{self.model.spec.name}] on {self.model._program.devices}"
@@ -103,12 +110,9 @@ def encode(value: Any) -> Any:
     """A value as it travels to a worker: handles by number, batches as their fields."""
     if isinstance(value, tuple) and value and value[0] == "batchref":
         return value  # already a worker's part of a RemoteBatch
-    if isinstance(value, RemoteModel):
-        value.workers()  # still alive
-        return ("handle", value.handle)
-    if isinstance(value, RemoteOptimizer):
-        value.model.workers()
-        return ("handle", value.handle)
+    if isinstance(value, (RemoteModel, RemoteOptimizer)):
+        check_handle(value)
+        return ("handle", value._handle)
     if isinstance(value, Batch):
         return ("batch", value.spec.name, batch_fields(value), value.lengths)
     if isinstance(value, torch.Tensor):
@@ -116,12 +120,20 @@ def encode(value: Any) -> Any:
     return ("value", value)
 
 
+def check_handle(value: Any) -> None:
+    """A WorkerError if `value` is a handle whose workers have stopped; nothing otherwise."""
+    if isinstance(value, RemoteModel):
+        value._workers()
+    elif isinstance(value, RemoteOptimizer):
+        value.model._workers()
+
+
 def split_value(value: Any, axis: int | None, parts: list[int]) -> list[Any]:
     """Each worker's part of an argument: split along `axis`, or the whole for everyone."""
     if axis is None:
         return [value] * len(parts)
-    if getattr(value, "is_remote", False) and hasattr(value, "parts"):  # a RemoteBatch: indices only
-        return value.parts(parts)
+    if getattr(value, "is_remote", False) and hasattr(value, "_parts"):  # a RemoteBatch: indices only
+        return value._parts(parts)
     if isinstance(value, Batch):
         fields = batch_fields(value)
         pieces = {k: torch.split(v, parts) for k, v in fields.items()}
@@ -134,7 +146,7 @@ def split_value(value: Any, axis: int | None, parts: list[int]) -> list[Any]:
 
 
 def batch_size(value: Any, axis: int) -> int:
-    return value.size if isinstance(value, Batch) or hasattr(value, "parts") else int(value.shape[axis])
+    return value.size if isinstance(value, Batch) or hasattr(value, "_parts") else int(value.shape[axis])
 
 
 class RemoteFunction:
@@ -145,16 +157,25 @@ class RemoteFunction:
         self.where = f"`{fn.name}` ({fn.span})"
 
     def __call__(self, *args: Any) -> Any:
+        for a in args:  # before workers(), which would start a new pool for a stale handle's call
+            check_handle(a)
         workers = self.program.workers()
         split = [(a, k) for a, k in zip(args, self.fn.split_params) if k is not None]
         if not split:
-            results = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
+            replies = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
         else:
             n = batch_size(*split[0])
             parts = shares(n, workers.world)
             columns = [split_value(a, k, parts) for a, k in zip(args, self.fn.split_params)]
-            per_worker = [(self.name, tuple(encode(c[w]) for c in columns)) for w in range(workers.world)]
-            results = workers.call("call", per_worker, where=self.where)
+            # Each worker is told where its part lies in the whole batch: a random draw is the whole
+            # batch's, of which each worker keeps its part's rows (runtime/modes.py).
+            per_worker = [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n))
+                          for w in range(workers.world)]
+            replies = workers.call("call", per_worker, where=self.where)
+        results = [result for result, _ in replies]
+        # Every worker made the same draws: the modes given advance by them, as one device's would.
+        for mode, draws in zip([a for a in args if isinstance(a, Mode)], replies[0][1]):
+            mode.draws = draws
         if self.fn.split_result is not None:
             return torch.cat(results, dim=self.fn.split_result)
         return results[0]

@@ -1,13 +1,13 @@
 """A worker process: one per device, started by `pool.WorkerPool` as
 
     python -c "import sys; from shapescript.parallel.worker import main; main(sys.argv[1:])" \
-        --fd N --parent PID [--pdeathsig]
+        --fd N --parent PID
 
 a fresh interpreter, so the user's main script is never imported. It reads its settings from the
 socket it inherited as fd N, joins the process group, says it is ready, then answers one message at a
 time: ("call", handler, where, args) runs `handlers.HANDLERS[handler](state, *args)`, ("stop",) ends.
-It ends by itself when the controller's end of the socket closes, and (with --pdeathsig, on Linux)
-when the controller dies while it is busy.
+If the controller (PID) dies instead, however it dies and whatever this worker is doing, the worker
+removes the pool's private folder, which no one else would, and exits (see `_Controller`).
 
 Each worker keeps a status (idle, running `fn`, waiting for the other workers at train.ss:30:12) in a
 small memory-mapped file that the controller reads when a worker is stuck and cannot answer.
@@ -21,19 +21,24 @@ import io
 import mmap
 import os
 import pickle
+import select
+import shutil
 import signal
 import sys
+import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 from shapescript.errors import ShapeScriptError, WorkerError
 from shapescript.parallel.handlers import HANDLERS
+from shapescript.runtime.leftovers import ending
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
 IDLE, RUNNING, WAITING = "I", "R", "W"
@@ -158,18 +163,86 @@ class WorkerState:
 
 # -- the process ---------------------------------------------------------------------------------
 
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL this process when the thread that started it ends, in case the
-    controller dies while this worker is busy and so never sees its socket close."""
+class _Controller:
+    """The process that started this worker, watched by a thread of its own. A controller that dies
+    without stopping its workers (SIGKILL, or SIGTERM and SIGHUP, which skip Python's cleanup) can't
+    remove its private folder: the watching thread of every worker removes it and ends the process,
+    even while the main thread is busy in a step or blocked at a collective (torch releases the GIL
+    there), where it would never see the socket close. (PR_SET_PDEATHSIG would kill a busy worker
+    too, but with SIGKILL, leaving the folder, and only when started from the controller's main
+    thread.) The thread also takes SIGTERM, which ends the worker at once as before, but when the
+    controller is being killed with it (its whole process group was sent SIGTERM: Jupyter's restart,
+    systemd, `kill -TERM -PGID`), after removing the folder."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.folder: str | None = None  # the pool's private folder, once the settings arrive
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)  # readable once it has ended
+        except (AttributeError, OSError):
+            self._pidfd = None  # not Linux >= 5.3: its end shows as this process getting another parent
+        if os.getppid() != pid:  # it ended before it could be watched (the pidfd may be another's)
+            os._exit(1)
+
+    def gone(self, timeout: float | None) -> bool:
+        """Whether the controller has ended, waiting for it up to `timeout` seconds (None: forever)."""
+        if self._pidfd is not None:
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)
+            return bool(poller.poll(None if timeout is None else timeout * 1000))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while os.getppid() == self.pid:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.25)
+        return True
+
+    def watch(self) -> None:
+        """Start the watching thread. From the main thread, before anything else handles SIGTERM."""
+        signals, wakeup = os.pipe()
+        os.set_blocking(wakeup, False)
+        # Python runs a handler only in the main thread, which may be stuck in a collective; the byte
+        # that its C-level handler writes to the wakeup fd reaches the watching thread at once.
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(signals,), name="shapescript-controller-watch",
+                         daemon=True).start()
+
+    def _watch(self, signals: int) -> None:
+        poller = select.poll()
+        for fd in (signals, self._pidfd):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll(None if self._pidfd is not None else 250)}
+            if signals in ready and signal.SIGTERM in os.read(signals, 256):  # each signal caught, as a byte
+                if ending(self.pid):
+                    self._remove_folder()
+                _die_of(signal.SIGTERM)
+            if self._pidfd in ready or (self._pidfd is None and os.getppid() != self.pid):
+                self.leave_nothing_behind()
+
+    def _remove_folder(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)  # the other workers may be removing it too
+
+    def leave_nothing_behind(self) -> NoReturn:
+        self._remove_folder()
+        os._exit(1)
+
+
+def _die_of(signum: int) -> NoReturn:
+    """End this process by `signum`, as its default action would (the controller reports how a worker
+    stopped), from any thread: Python sets a signal's handler only from the main thread."""
     try:
         import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return  # not Linux: the socket's EOF and the controller's own cleanup remain
-    if os.getppid() != parent:  # the controller died before prctl took effect
-        os._exit(1)
+        libc = ctypes.CDLL(None)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(signum, None)  # SIG_DFL
+        os.kill(os.getpid(), signum)
+        time.sleep(1.0)
+    finally:
+        os._exit(128 + signum)
 
 
 def _from_a_collective(exc: BaseException) -> bool:
@@ -227,7 +300,8 @@ def _boot(config: dict[str, Any]) -> WorkerState:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
     torch.set_flush_denormal(config["torch"]["flush_denormal"])  # the controller's numerics
     torch.set_float32_matmul_precision(config["torch"]["matmul_precision"])
-    torch.use_deterministic_algorithms(config["torch"]["deterministic"])
+    if torch.are_deterministic_algorithms_enabled() != config["torch"]["deterministic"]:  # setting it at all
+        torch.use_deterministic_algorithms(config["torch"]["deterministic"])  # makes /tmp/torchinductor_USER
     state = WorkerState(rank, world, device, config["status_path"])
     for name in config["modules"]:
         importlib.import_module(name)
@@ -243,12 +317,13 @@ def _boot(config: dict[str, Any]) -> WorkerState:
     return state
 
 
-def _serve(conn: Connection, state: WorkerState) -> None:
+def _serve(conn: Connection, state: WorkerState) -> bool:
+    """Answer the controller's messages until it says stop (True) or its socket closes (False)."""
     while True:
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
-            return  # the controller is gone
+            return False
         try:
             message = pickle.loads(data)
         except Exception as exc:  # e.g. an object of a class defined in the controller's main script
@@ -257,7 +332,7 @@ def _serve(conn: Connection, state: WorkerState) -> None:
                 f"the controller's main script, so its classes can't be sent to them)"), None)))
             continue
         if message[0] == "stop":
-            return
+            return True
         _, name, where, args = message
         state.running(where)
         try:
@@ -272,11 +347,13 @@ def _serve(conn: Connection, state: WorkerState) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """`argv`: --fd N (this worker's end of the socket pair), --parent PID, and --pdeathsig when the
-    controller started it from its main thread."""
-    if "--pdeathsig" in argv:
-        _die_with_parent(int(argv[argv.index("--parent") + 1]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle: it stops us
+    """`argv`: --fd N (this worker's end of the socket pair) and --parent PID (the controller)."""
+    controller = _Controller(int(argv[argv.index("--parent") + 1]))
+    controller.watch()
+    # Ctrl-C, and the hangup of a closed terminal, are the controller's to handle: it stops us, or if
+    # it dies of them, the watch sees it and removes the folder.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     fd = int(argv[argv.index("--fd") + 1])
     os.set_inheritable(fd, False)
     conn = Connection(fd)
@@ -284,6 +361,7 @@ def main(argv: list[str]) -> None:
         config = pickle.loads(conn.recv_bytes())
     except (EOFError, OSError):
         os._exit(1)  # the controller went away while we started
+    controller.folder = config["folder"]
     try:
         state = _boot(config)
     except BaseException as exc:  # the controller raises it as "worker r failed to start"
@@ -295,7 +373,8 @@ def main(argv: list[str]) -> None:
         _send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
     except OSError:
         os._exit(1)
-    _serve(conn, state)
+    if not _serve(conn, state) and controller.gone(2.0):  # its end closed the socket: see _Controller
+        controller.leave_nothing_behind()
     try:
         dist.destroy_process_group()
     finally:

@@ -105,18 +105,19 @@ def preload_externs(targets: list[tuple[str, str, str]], script: str | None) -> 
         resolve(module, attr, where)
 
 
-def python_call(module: str, attr: str, args: tuple, check: Callable[[Any], Any] | None, where: str) -> Any:
-    """Call `module.attr(*args)` and check its result against the declared type."""
+def python_call(module: str, attr: str, args: tuple, check: Callable[[Any, dict], Any] | None, where: str) -> Any:
+    """Call `module.attr(*args)` and check its result against the declared type: `check` is a guard
+    (runtime/guards.py) that the built module prints, so the check runs on every target."""
     result = resolve(module, attr, where)(*args)
-    return check(result) if check is not None else result
+    return check(result, {}) if check is not None else result
 
 
 def show(*values: Any) -> None:
     """`print` of the language: tensors of one value print as numbers."""
-    print(*(_plain(v) for v in values))
+    print(*(_shown(v) for v in values))
 
 
-def _plain(v: Any) -> Any:
+def _shown(v: Any) -> Any:  # not `_plain`: sinks.py has one, and a standalone build inlines both
     if isinstance(v, torch.Tensor):
         v = v.detach()
         return v.item() if v.numel() == 1 and v.dim() == 0 else v

@@ -3,24 +3,31 @@
 Tensors are `model.<dotted>` for params and buffers and `opt.<dotted>.<state key>` for the
 optimizer's per-param state; the header's metadata holds a JSON document under "shapescript"
 with the format, the model's type name, the optimizer's kind, its hyperparameters and torch's
-param group. `load` checks everything before it changes anything.
+param group. `load` checks everything before it changes anything, the header's settings as
+ss.adamw / ss.sgd check their arguments.
+
+`save` is atomic and leaves nothing behind: the target is always either its old file or the whole
+new one, even if the process is killed midway (see `_write_file`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import math
 import os
-import uuid
-from typing import Any
+import re
+import secrets
+from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
-from shapescript.errors import ShapeError
+from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.leftovers import owner_tag, sweep
 from shapescript.runtime.model import Model, check_state, copy_state, leaves, type_text
-from shapescript.runtime.optim import Optimizer
+from shapescript.runtime.optim import EXTRA_RULES, HYPER_RULES, Optimizer, checked_hyper
 
 FORMAT = 1
 _META = "shapescript"
@@ -29,6 +36,12 @@ _STATE_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "AdamW": (frozenset({"step", "exp_avg", "exp_avg_sq"}), frozenset({"max_exp_avg_sq"})),
     "Sgd": (frozenset({"momentum_buffer"}), frozenset()),
 }
+# safetensors' names of the dtypes a model may hold.
+_DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                torch.uint8: "U8", torch.bool: "BOOL"}
+# A save's temporary file beside its target, named after its process (runtime/leftovers.py).
+_TEMP_NAME = re.compile(r"\..+\.(?P<pid>\d+)-(?P<start>\d+)\.[0-9a-f]{12}\.tmp")
 
 
 def _json_value(value: Any) -> Any:
@@ -45,17 +58,27 @@ def _check_pair(model: Model, opt: Optimizer | None, op: str) -> None:
                          f"{opt.model.spec.name} model, not this one")
 
 
+def _check_path(path: Any, op: str) -> None:
+    """A checkpoint's path names a file: refuse anything else before the workers or a temp file see it."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"{op}: a checkpoint's path is a str or os.PathLike, not {type(path).__name__}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"{op}: {os.fspath(path)} is a folder, not a checkpoint file",
+                                os.fspath(path))
+
+
 def _remote(op: str, path: Any, model: Any, opt: Any) -> bool:
     """A model on several devices saves and loads through its workers, in the same file format."""
     if not getattr(model, "is_remote", False):
         return False
-    model.workers().call(op, (os.fspath(path), model.handle, opt.handle if opt is not None else None),
-                                  where=f"{op} {os.fspath(path)}")
+    model._workers().call(op, (os.fspath(path), model._handle, opt._handle if opt is not None else None),
+                          where=f"{op} {os.fspath(path)}")
     return True
 
 
 def save(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
     """Write `model` (and `opt`'s state) to `path`, atomically."""
+    _check_path(path, "save")
     if _remote("save", path, model, opt):
         return
     path = os.fspath(path)
@@ -81,14 +104,78 @@ def save(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = Non
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(errno.ENOENT, f"save: no folder {folder} for the checkpoint", path)
-    # A temp file beside the target and os.replace: a failed save never leaves half a file.
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    _write_file(path, folder, tensors, header)
+
+
+def _write_file(path: str, folder: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write the checkpoint so that `path` is always its old file or the whole new one, and a save
+    killed midway leaves nothing: the data goes to an unnamed file in `folder` (Linux's O_TMPFILE,
+    which vanishes with the process), is fsync'd, gets a temporary name that os.replace moves onto
+    `path`, and the folder is fsync'd so that the rename lasts. Without O_TMPFILE the file has its
+    temporary name from the start, and the next save into the folder removes one whose process
+    has ended."""
+    sweep(folder, _TEMP_NAME, folders=False)
+    name = f".{os.path.basename(path)}.{owner_tag()}.{secrets.token_hex(6)}.tmp"
+    tmp = os.path.join(folder, name)
+    folder_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        save_file(tensors, tmp, metadata=header)
+        fd = _unnamed_file(folder)
+        with open(tmp, "xb") if fd is None else open(fd, "wb") as f:
+            _write_safetensors(f, tensors, metadata)
+            f.flush()
+            os.fsync(f.fileno())
+            if fd is not None:  # now a name, for an atomic os.replace. With a folder fd, os.link is
+                # linkat(AT_SYMLINK_FOLLOW), which links the file /proc's link points to, not the link.
+                os.link(f"/proc/self/fd/{f.fileno()}", name, dst_dir_fd=folder_fd)
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
+        _fsync_folder(folder_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
+        raise
+    finally:
+        os.close(folder_fd)
+
+
+def _unnamed_file(folder: str) -> int | None:
+    """A file in `folder` with no name, open for writing; None where there is no O_TMPFILE (or no
+    /proc/self/fd to name it by) or the filesystem refuses one."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o666)
+    except OSError:
+        return None
+
+
+def _fsync_folder(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):  # a filesystem that can't sync a folder
+            raise
+
+
+def _write_safetensors(f: BinaryIO, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """`tensors` in the safetensors layout (the header's size in 8 bytes, the JSON header, the data),
+    written straight from their memory. safetensors' save_file can't write into an open file, and
+    (in recent versions) writes through a named temporary file of its own, which a kill leaves."""
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # as safetensors: aligned
+    entries: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        if t.dtype not in _DTYPE_NAMES:
+            raise TypeError(f"save: `{name}` is a {t.dtype} tensor, which a checkpoint can't hold")
+        size = t.numel() * t.element_size()
+        entries[name] = {"dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                         "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps(entries, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
+    f.write(len(head).to_bytes(8, "little") + head)
+    for name in order:
+        f.write(tensors[name].detach().reshape(-1).view(torch.uint8).numpy())
 
 
 def _read(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -115,9 +202,48 @@ def _read(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return meta, tensors
 
 
+def _settings(path: str, opt: Optimizer, meta: dict[str, Any], count: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The optimizer's settings in the header, checked as ss.adamw and ss.sgd check their arguments:
+    `hyper` (every one of its kind's) and the torch param group's (of its `count` params), whose
+    flags stay the optimizer's own. Returns (hyper, the param group to load)."""
+    at = f"checkpoint {path}: its header's"
+    hyper, group = meta.get("hyper"), meta.get("group")
+    for key, value in (("hyper", hyper), ("group", group)):
+        if not isinstance(value, dict):
+            raise ShapeError(f"{at} `{key}` is {json.dumps(value)}, not the {opt.kind} optimizer's settings")
+    assert isinstance(hyper, dict) and isinstance(group, dict)
+    rules = HYPER_RULES[opt.kind]
+    missing, extra = sorted(set(rules) - set(hyper)), sorted(set(hyper) - set(rules))
+    if missing or extra:
+        raise ShapeError(f"{at} `hyper` " + (f"lacks {', '.join(missing)}" if missing else
+                                             f"has {', '.join(extra)}, which {opt.kind} doesn't take"))
+    if group.get("params", list(range(count))) != list(range(count)):
+        raise ShapeError(f"{at} `group.params` is {json.dumps(group['params'])}; the optimizer's "
+                         f"params are numbered 0 to {count - 1}")
+    loaded = opt.torch_opt.state_dict()["param_groups"][0]  # torch's flags, and the params
+    ours = {k: v for k, v in group.items() if k in loaded and (k in rules or k in EXTRA_RULES)}
+    loaded.update(checked_hyper(opt.kind, ours, f"{at} group."))
+    return checked_hyper(opt.kind, hyper, f"{at} hyper."), loaded
+
+
+def _check_state_values(path: str, per_param: dict[str, dict[str, Any]]) -> None:
+    """Values of the optimizer's state that no training makes, which would turn into NaNs."""
+    for name, state in per_param.items():
+        for key, value in state.items():
+            if key == "step":
+                step = float(value)
+                if not (0 <= step < math.inf and step == int(step)):
+                    raise DomainError(f"checkpoint {path}: `opt.{name}.step` must be a whole number >= 0 "
+                                      f"(steps taken), not {step:g}")
+            elif key in ("exp_avg_sq", "max_exp_avg_sq") and not bool((torch.as_tensor(value) >= 0).all()):
+                raise DomainError(f"checkpoint {path}: `opt.{name}.{key}` must be >= 0 everywhere "
+                                  f"(a mean of squares), but holds {torch.as_tensor(value).min().item():g}")
+
+
 def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
-               tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The torch state_dict of `opt` held in the checkpoint, checked against the model."""
+               tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The torch state_dict of `opt` held in the checkpoint, checked against the model, and the
+    optimizer's hyperparameters."""
     if meta.get("optimizer") is None:
         raise ShapeError(f"checkpoint {path} holds no optimizer state to load into the "
                          f"{opt.kind} optimizer")
@@ -127,7 +253,11 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
     names = [name for name, _ in model.named_params()]
     where = {name: leaf.where for name, leaf in leaves(model.spec)}
     params = dict(zip(names, model.params()))
-    scalars = set(meta.get("scalars", ()))
+    hyper, group = _settings(path, opt, meta, len(names))
+    scalars = meta.get("scalars", [])
+    if not (isinstance(scalars, list) and all(isinstance(k, str) for k in scalars)):
+        raise ShapeError(f"checkpoint {path}: its header's `scalars` is {json.dumps(scalars)}, not a list of "
+                         f"tensor names")
     per_param: dict[str, dict[str, Any]] = {}
     problems = []
     for key, t in tensors.items():
@@ -144,7 +274,7 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
         if (tuple(t.shape), t.dtype) != want:
             problems.append(f"`{key}` is {type_text(t.shape, t.dtype)}, expected "
                             f"{type_text(*want)} (declared at {where[name]})")
-        per_param.setdefault(name, {})[state_key] = t.item() if key in scalars else t
+        per_param.setdefault(name, {})[state_key] = t.item() if key in scalars and t.numel() == 1 else t
     required, optional = _STATE_KEYS[opt.kind]
     for name, state in per_param.items():
         keys = set(state)
@@ -155,16 +285,14 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
         lines = "\n".join("  " + p for p in problems)
         raise ShapeError(f"checkpoint {path}: the optimizer state does not fit "
                          f"{model.spec.name} (declared at {model.spec.where}):\n{lines}")
+    _check_state_values(path, per_param)
     index = {name: i for i, name in enumerate(names)}
-    group = {k: v for k, v in opt.torch_opt.state_dict()["param_groups"][0].items()}
-    group.update(meta.get("group") or {})
-    if "betas" in group:
-        group["betas"] = tuple(group["betas"])  # JSON made the tuple a list
-    return {"state": {index[n]: s for n, s in per_param.items()}, "param_groups": [group]}
+    return {"state": {index[n]: s for n, s in per_param.items()}, "param_groups": [group]}, hyper
 
 
 def load(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
     """Restore `model` (and `opt`) from `path`; on any mismatch nothing is changed."""
+    _check_path(path, "restore")
     if _remote("restore", path, model, opt):
         return
     path = os.fspath(path)
@@ -182,9 +310,6 @@ def load(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = Non
     check_state(spec, state, f"checkpoint {path}")
     opt_state = _opt_state(path, model, opt, meta, tensors) if opt is not None else None
     copy_state(model, state)
-    if opt is not None:
-        opt.torch_opt.load_state_dict(opt_state)
-        hyper = dict(meta.get("hyper") or {})
-        if "betas" in hyper:
-            hyper["betas"] = tuple(hyper["betas"])
-        opt.hyper.update(hyper)
+    if opt is not None and opt_state is not None:
+        opt.torch_opt.load_state_dict(opt_state[0])
+        opt.hyper.update(opt_state[1])

@@ -11,12 +11,16 @@ computes whole (say a penalty on the params) counts once, not once per worker.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-from typing import Callable
+import sys
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from shapescript.errors import ShapeError
+from shapescript.names import MEMBER_PREFIX
 
 # Set by a worker: a context manager around each collective, given its .ss location, so that a
 # worker stuck there can be reported ("was waiting for the other workers at train.ss:30:12").
@@ -28,8 +32,56 @@ status_hook: Callable[[str], AbstractContextManager[object]] | None = None
 recorded: list[tuple[str, int, torch.dtype]] | None = None
 
 
+# Set by a worker around each call: where its part lies in the whole batch, (offset, the whole
+# batch's size), so that a random draw can be the whole batch's and each worker take its rows.
+# None on one device and in a call with no split argument: a value's rows are all the batch's.
+_batch_part: tuple[int, int] | None = None
+
+
 def world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+@contextmanager
+def in_batch_part(part: tuple[int, int] | None) -> Iterator[None]:
+    """Run a call with this worker's part of the batch at (offset, whole batch's size)."""
+    global _batch_part
+    was, _batch_part = _batch_part, part
+    try:
+        yield
+    finally:
+        _batch_part = was
+
+
+def batch_part() -> tuple[int, int] | None:
+    """(offset of this worker's part, the whole batch's size) in the current call; None if unsplit."""
+    return _batch_part
+
+
+def caller_location(depth: int = 2) -> str:
+    """The .ss location of the generated line `depth` frames up (its module's SS_LINES), for an error
+    raised where the compiled code passes none (the all_* functions are given theirs)."""
+    frame = sys._getframe(depth)
+    lines, file = frame.f_globals.get("SS_LINES"), frame.f_globals.get("SS_FILE")
+    if not isinstance(lines, dict) or frame.f_lineno not in lines:
+        return "(compiled code)"
+    line, col = lines[frame.f_lineno]
+    return f"{file}:{line}:{col}"
+
+
+def running_statistics(stats: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_norm's running mean and var: the stats model's live buffers, which the update changes in
+    place (reading `stats.mean` from Python gives a copy)."""
+    return stats.__dict__[MEMBER_PREFIX + "mean"], stats.__dict__[MEMBER_PREFIX + "var"]
+
+
+def check_statistics_count(count: int, where: str) -> None:
+    """batch_norm in Train refuses a batch with one value per channel, as PyTorch does (the variance
+    of one value is no statistic): on every device count alike, from the whole batch's count."""
+    if count == 1:
+        raise ShapeError(f"{where}: batch_norm in Train needs more than one value per channel for the "
+                         f"batch's statistics, but this batch has 1; use a batch of 2 or more "
+                         f"examples, or Eval, which uses the running statistics")
 
 
 def _waiting_at(where: str) -> AbstractContextManager[object]:
@@ -128,19 +180,23 @@ def all_batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int, wher
     channel and the count, 2·C + 1 values in f64, in one all-reduce."""
     if not mode.training:  # type: ignore[attr-defined]  (Eval: the running statistics, nothing to share)
         moved = x.movedim(axis, 1)
-        out = F.batch_norm(moved, stats.mean, stats.var, training=False, eps=1e-5)  # type: ignore[attr-defined]
+        out = F.batch_norm(moved, *running_statistics(stats), training=False, eps=1e-5)
         return out.movedim(1, axis)
     channels = x.shape[axis]
     flat = x.movedim(axis, -1).reshape(-1, channels).to(torch.float64)
     count = torch.tensor([float(flat.shape[0])], dtype=torch.float64, device=x.device)
     packed = all_sum(torch.cat([flat.sum(0), (flat * flat).sum(0), count]), where)
     total, squares, n = packed[:channels], packed[channels:-1], packed[-1]
+    part = batch_part()
+    if part is None or part[1] == 1:  # only a batch of one can give one value per channel: else no host sync
+        check_statistics_count(int(n.item()), where)  # the whole count, so every worker raises together
     mean = total / n
     var = squares / n - mean * mean
     shape = [1] * x.dim()
     shape[axis] = channels
     out = (x - mean.to(x.dtype).view(shape)) / torch.sqrt(var.to(x.dtype).view(shape) + 1e-5)
     with torch.no_grad():  # PyTorch's running statistics: momentum 0.1, the unbiased variance
-        stats.mean.mul_(0.9).add_(0.1 * mean.to(stats.mean.dtype))  # type: ignore[attr-defined]
-        stats.var.mul_(0.9).add_(0.1 * (var * n / (n - 1)).to(stats.var.dtype))  # type: ignore[attr-defined]
+        running_mean, running_var = running_statistics(stats)
+        running_mean.mul_(0.9).add_(0.1 * mean.to(running_mean.dtype))
+        running_var.mul_(0.9).add_(0.1 * (var * n / (n - 1)).to(running_var.dtype))
     return out

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from shapescript.errors import DomainError, ShapeError
+from shapescript.names import DATA_RESERVED, is_reserved
 from shapescript.runtime.model import dtype_name, shape_text
 
 try:  # numpy is optional; only needed to copy read-only arrays torch would warn about
@@ -45,14 +46,15 @@ class DataSpec:
         # Emitted by the code generator, so a bad spec is our bug: fail when the program loads.
         seen: set[str] = set()
         for f in self.fields:
-            if f.name in seen or f.name in ("spec", "size", "lengths"):
+            if f.name in seen or is_reserved(f.name, DATA_RESERVED):
                 raise ValueError(f"{f.where}: field name `{f.name}` is repeated or reserved "
                                  f"in data {self.name}")
             seen.add(f.name)
 
 
 class Batch:
-    """A batch of examples: each field is an attribute holding `[n, ...]`."""
+    """A batch of examples: each field is an attribute holding `[n, ...]`. Every attribute of its
+    own is in names.DATA_RESERVED or starts with `_`."""
 
     spec: DataSpec
     size: int
@@ -102,8 +104,20 @@ class _Origin:
         return f"(declared at {f.where}{extra})"
 
 
+def dense_problem(t: torch.Tensor) -> str:
+    """Why `t` can't stand for a value of the program, or "": a meta tensor has no values, and a
+    sparse one would fail deep inside an operation."""
+    if t.is_meta:
+        return "a meta tensor, which has a shape but no values"
+    if t.layout != torch.strided:
+        return f"a {str(t.layout).removeprefix('torch.')} tensor; pass it as .to_dense()"
+    return ""
+
+
 def _as_tensor(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
+        if dense_problem(value):
+            raise TypeError(dense_problem(value))
         return value
     if np is not None and isinstance(value, np.ndarray) and not value.flags.writeable:
         value = value.copy()
@@ -265,9 +279,13 @@ def _stack(spec: DataSpec, items: list[dict[str, torch.Tensor]], indices: Sequen
         for k, (label, size) in enumerate(f.dims):
             if size is None and label not in sizes:
                 sizes[label] = [int(item[f.name].shape[k]) for item in items]
-    longest = {label: max(ns) for label, ns in sizes.items()}
+    longest = {label: max(ns, default=0) for label, ns in sizes.items()}
     out = {}
     for f in spec.fields:
+        if not items:  # a worker's empty part of a batch smaller than the workers: no rows, same axes
+            out[f.name] = torch.zeros((0, *(longest[label] if size is None else size for label, size in f.dims)),
+                                      dtype=f.dtype)
+            continue
         ts = [_pad(item[f.name], f, longest) for item in items]
         for t, i in zip(ts, indices):
             if t.shape != ts[0].shape:  # fixed dims were checked per item; this is our own bug
@@ -275,15 +293,42 @@ def _stack(spec: DataSpec, items: list[dict[str, torch.Tensor]], indices: Sequen
                                  f"{shape_text(t.shape)}, but item {indices[0]} of the same batch "
                                  f"has {shape_text(ts[0].shape)} (declared at {f.where})")
         out[f.name] = torch.stack(ts)
-    return out, {label: torch.tensor(ns) for label, ns in sizes.items()}
+    return out, {label: torch.tensor(ns, dtype=torch.int64) for label, ns in sizes.items()}
 
 
-def _pad(t: torch.Tensor, f: FieldSpec, longest: dict[str, int]) -> torch.Tensor:
+def _pad(t: torch.Tensor, f: FieldSpec, longest: dict[str, int], lead: int = 0) -> torch.Tensor:
+    """`t` (one item, or `lead` = 1 for stacked items) padded with zeros to `longest` along each
+    generic dim."""
     widths: list[int] = []
     for k in range(len(f.dims) - 1, -1, -1):  # F.pad takes the last axis first
         label, size = f.dims[k]
-        widths += [0, longest[label] - t.shape[k] if size is None else 0]
+        widths += [0, longest[label] - t.shape[lead + k] if size is None else 0]
     return torch.nn.functional.pad(t, widths) if any(widths) else t
+
+
+def generic_dims(spec: DataSpec) -> list[str]:
+    """The generic dims of a data type's fields (`n` of `tokens: [n]`), in order of first use."""
+    return list(dict.fromkeys(label for f in spec.fields for label, size in f.dims if size is None))
+
+
+def padded_sizes(batch: Batch) -> dict[str, int]:
+    """The batch's size along each generic dim of its fields (what its items are padded to)."""
+    sizes: dict[str, int] = {}
+    for f, t in zip(batch.spec.fields, batch_fields(batch).values()):
+        for k, (label, size) in enumerate(f.dims):
+            if size is None:
+                sizes.setdefault(label, int(t.shape[1 + k]))
+    return sizes
+
+
+def pad_batch(batch: Batch, longest: Mapping[str, int]) -> Batch:
+    """A worker's part padded further, to the whole batch's longest item along each generic dim, as
+    the controller would pad the whole batch; each item's own lengths are unchanged."""
+    if padded_sizes(batch) == dict(longest):
+        return batch
+    fields = {f.name: _pad(t, f, dict(longest), lead=1)
+              for f, t in zip(batch.spec.fields, batch_fields(batch).values())}
+    return Batch(batch.spec, fields, batch.lengths)
 
 
 def load_items(base: Any, indices: list[int], spec: DataSpec

@@ -8,14 +8,16 @@ location, and which argument bound each generic dim.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Callable
 
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime.data import Batch, DataSpec, batch_from_python
+from shapescript.runtime.data import Batch, DataSpec, batch_from_python, dense_problem
 from shapescript.runtime.model import Model, dtype_name, shape_text
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
@@ -31,6 +33,35 @@ class AxisCheck:
     size: int | None = None  # a fixed size
     generic: str | None = None  # a bare generic dim, bound by the first argument that has it
     compute: Callable[[dict[str, int]], int | None] | None = None  # arithmetic over generic dims
+
+
+@dataclass(frozen=True)
+class DimFormula:
+    """A size computed from generic dims, kept as plain data so that a built module can print it:
+    an int, a dim's name, or (op, operand...) with op one of + * ** and ("/", p, q) for p/q."""
+    tree: Any
+
+    def __call__(self, values: dict[str, int]) -> int | None:
+        """The size, or None while a dim it needs is unbound or if it isn't a whole number."""
+        try:
+            size = _evaluate(self.tree, values)
+        except (KeyError, ZeroDivisionError):
+            return None
+        return int(size) if size.denominator == 1 else None
+
+
+def _evaluate(tree: Any, values: dict[str, int]) -> Fraction:
+    if isinstance(tree, int):
+        return Fraction(tree)
+    if isinstance(tree, str):
+        return Fraction(values[tree])
+    op, *args = tree
+    if op == "/":
+        return Fraction(args[0], args[1])
+    if op == "**":
+        return _evaluate(args[0], values) ** args[1]
+    parts = [_evaluate(a, values) for a in args]
+    return sum(parts, Fraction(0)) if op == "+" else math.prod(parts, start=Fraction(1))
 
 
 @dataclass(frozen=True)
@@ -85,6 +116,9 @@ class TensorGuard:
             else:
                 raise ShapeError(f"{self.param} must be a torch tensor {self.type_text}{self.dims_note}, "
                                  f"not {type(value).__name__}")
+        unusable = dense_problem(value)
+        if unusable:
+            raise ShapeError(f"{self.param} must be a tensor with its values, but it is {unusable}")
         expected = f"{self.type_text}{self.dims_note}"
         if value.dim() != len(self.axes):
             raise ShapeError(f"{self.param}: expected {expected}, got shape {shape_text(value.shape)}")

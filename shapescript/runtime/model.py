@@ -1,22 +1,29 @@
 """Models at run time: the specs the code generator emits, and `Model`, which holds the tensors.
 
-A model's params, buffers and sub-models are plain instance attributes (`m.w1`, `m.enc.w`), so
-generated code reads them at the cost of one attribute lookup. Everything that walks a model
-(params, names, state) goes by the spec's declaration order, depth-first into sub-models.
+A model's params, buffers and sub-models are plain instance attributes under a prefix (`m._m_w1`,
+`m._m_enc._m_w`), so generated code reads the live tensors at the cost of one attribute lookup.
+From Python, `m.w1` is a detached copy, as it is on several devices, where the tensors stay on the
+workers: editing it never changes the model. Everything that walks a model (params, names, state)
+goes by the spec's declaration order, depth-first into sub-models.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import numbers
+import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from shapescript.errors import DomainError, ShapeError
+from shapescript.errors import DeviceError, DomainError, ShapeError
+from shapescript.names import MEMBER_PREFIX, MODEL_RESERVED, is_reserved, reserved_text
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {
+_SS_DTYPES: dict[torch.dtype, str] = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
     torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
     torch.uint8: "u8", torch.bool: "bool",
@@ -33,7 +40,7 @@ _INIT_DEFAULTS: dict[str, dict[str, float]] = {
 
 def dtype_name(dtype: torch.dtype) -> str:
     """The .ss spelling of a dtype: f32, bf16, i64..."""
-    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    return _SS_DTYPES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def shape_text(shape: tuple[int, ...] | torch.Size) -> str:
@@ -91,10 +98,9 @@ class ModelSpec:
             if member.name in seen:
                 raise ValueError(f"{member.where}: `{member.name}` is declared twice in "
                                  f"{self.name}")
-            if member.name in _RESERVED:
-                # An attribute of that name would hide a method of Model.
+            if is_reserved(member.name, MODEL_RESERVED):  # the checker refuses it first (E0207)
                 raise ValueError(f"{member.where}: `{member.name}` is reserved and cannot name a "
-                                 f"member of model {self.name}")
+                                 f"member of model {self.name}: {reserved_text(MODEL_RESERVED)}")
             seen.add(member.name)
 
 
@@ -128,11 +134,104 @@ def _draw(leaf: ParamSpec, g: torch.Generator) -> torch.Tensor:
     return t.uniform_(args["low"], args["high"], generator=g)
 
 
+def require_visible(indices: tuple[int, ...], asked: str, what: str) -> None:
+    """Raise DeviceError unless the CUDA devices `indices` (written `asked`, as "cuda[0 1 2]") are
+    visible: torch's own error ("Torch not compiled with CUDA enabled", an invalid device ordinal)
+    doesn't say what to do."""
+    visible = torch.cuda.device_count()  # 0 without a GPU, or with a torch built without CUDA
+    if all(i < visible for i in indices):
+        return
+    seen = ("no CUDA device is visible" if visible == 0 else
+            f"only {visible} CUDA device{'s are' if visible > 1 else ' is'} visible "
+            f"(cuda[{' '.join(map(str, range(visible)))}])")
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        seen += f" with CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}"
+    elif visible == 0 and not torch.backends.cuda.is_built():
+        seen += " (this torch was built without CUDA)"
+    plain = "cpu" if len(indices) == 1 else f"cpu[{' '.join(map(str, range(len(indices))))}]"
+    raise DeviceError(f"{what} on {asked}: {seen}; run the program on the CPU with devices=\"{plain}\" "
+                      f"(--devices '{plain}'), or on the CUDA devices there are")
+
+
+def _bytes_text(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} YB"
+
+
+def _leaf_bytes(spec: ModelSpec, prefix: str = "") -> tuple[int, tuple[int, str, ParamSpec] | None]:
+    """The bytes a model's params and buffers take, and its biggest one (bytes, dotted name, spec),
+    counted without walking each model of a stack."""
+    total, biggest = 0, None
+    for member in spec.members:
+        if isinstance(member, SubSpec):
+            label = f"{prefix}{member.name}.0." if member.count is not None else f"{prefix}{member.name}."
+            sub_total, sub_biggest = _leaf_bytes(member.model, label)
+            total += sub_total * (member.count if member.count is not None else 1)
+            found = sub_biggest
+        else:
+            size = math.prod(member.shape) * member.dtype.itemsize
+            total += size
+            found = (size, prefix + member.name, member)
+        if found is not None and (biggest is None or found[0] > biggest[0]):
+            biggest = found
+    return total, biggest
+
+
+def _memory_bytes(device: torch.device) -> tuple[int, str] | None:
+    """The memory a model on `device` may take now, and what it is; None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], f"free on {device}"
+    if device.type != "cpu":
+        return None
+    try:  # MemAvailable: what the kernel can give without swapping, page cache included
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "available in this machine's memory"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available), "available in this machine's memory"
+    except ImportError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_fits(spec: ModelSpec, device: torch.device) -> None:
+    """A model too big for the memory is refused with its size, before anything is allocated (torch
+    would fail with an overflow, or the kernel would kill the process as the pages fill)."""
+    total, biggest = _leaf_bytes(spec)
+    if total < 1 << 26 or biggest is None:  # under 64 MB: not worth a look at the memory
+        return
+    size, name, leaf = biggest
+    member = (f"`{name}` is {type_text(leaf.shape, leaf.dtype)}, {_bytes_text(size)} (declared at "
+              f"{leaf.where})")
+    memory = _memory_bytes(device)
+    if memory is not None and total > memory[0]:
+        raise DeviceError(f"{spec.name}.init: the model needs {_bytes_text(total)}, more than the "
+                          f"{_bytes_text(memory[0])} {memory[1]}; its biggest member {member}")
+    cpu = _memory_bytes(torch.device("cpu")) if device.type != "cpu" else None
+    if cpu is not None and size > cpu[0]:  # each member is drawn on the CPU, then moved
+        raise DeviceError(f"{spec.name}.init: {member}, drawn on the CPU first: more than the "
+                          f"{_bytes_text(cpu[0])} {cpu[1]}")
+
+
 class Model:
-    """A model's tensors. Members are plain attributes; `spec` says what they are."""
+    """A model's tensors. Member `w` is the attribute `_m_w`, read by generated code; `m.w` from
+    Python is a detached copy of it (a sub-model, or a stack's tuple, as it is), through a property
+    of the spec's own subclass (`model_class`). `spec` says what they are. Every attribute of its
+    own is in names.MODEL_RESERVED or starts with `_`."""
 
     spec: ModelSpec
     _params: list[torch.Tensor]
+    is_remote = False  # a RemoteModel's is True
 
     @classmethod
     def init(cls, spec: ModelSpec, seed: int, device: str | torch.device = "cpu") -> "Model":
@@ -144,18 +243,22 @@ class Model:
             where = torch.device(device)
         except (RuntimeError, TypeError) as e:
             raise DomainError(f"{spec.name}.init: {device!r} is not a device ({e})") from None
+        if where.type == "cuda":
+            require_visible((where.index or 0,), str(where), f"{spec.name}.init")
+        _check_fits(spec, where)
         return cls._build(spec, torch.Generator().manual_seed(int(seed)), where)
 
     @classmethod
     def _build(cls, spec: ModelSpec, g: torch.Generator, device: torch.device) -> "Model":
-        m = cls.__new__(cls)
+        kind = model_class(spec)
+        m = kind.__new__(kind)
         values: dict[str, object] = {}
         params: list[torch.Tensor] = []
         for member in spec.members:
             if isinstance(member, SubSpec):
                 # A stack is a tuple of models, drawn one after another from the same generator.
                 subs = tuple(Model._build(member.model, g, device) for _ in range(member.count or 1))
-                values[member.name] = subs if member.count is not None else subs[0]
+                values[live_name(member.name)] = subs if member.count is not None else subs[0]
                 for sub in subs:
                     params.extend(sub._params)
                 continue
@@ -163,7 +266,7 @@ class Model:
             if member.kind == "param":
                 t.requires_grad_(True)
                 params.append(t)
-            values[member.name] = t
+            values[live_name(member.name)] = t
         m.__dict__.update(values, spec=spec, _params=params)
         return m
 
@@ -177,9 +280,16 @@ class Model:
     def _leaf(self, dotted: str) -> torch.Tensor:
         obj: object = self
         for part in dotted.split("."):
-            obj = obj[int(part)] if isinstance(obj, tuple) else obj.__dict__[part]
+            obj = obj[int(part)] if isinstance(obj, tuple) else obj.__dict__[live_name(part)]
         assert isinstance(obj, torch.Tensor)
         return obj
+
+    def __setattr__(self, name: str, value: object) -> None:
+        refuse_change(self, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The class is made per spec, so pickle and deepcopy make it again from the spec.
+        return _rebuild, (self.spec, dict(self.__dict__))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Params and buffers by dotted name, as detached copies."""
@@ -193,7 +303,7 @@ class Model:
     def __repr__(self) -> str:
         parts = []
         for member in self.spec.members:
-            value = self.__dict__[member.name]
+            value = self.__dict__[live_name(member.name)]
             if isinstance(member, SubSpec) and member.count is not None:
                 parts.append(f"{member.name}: [{member.count}] {member.model.name}")
             elif isinstance(member, SubSpec):
@@ -212,8 +322,42 @@ class Model:
         return model_html(self)
 
 
-# Names a member may not take, since an instance attribute would hide them.
-_RESERVED = frozenset(n for n in dir(Model) if not n.startswith("__")) | {"spec", "_params"}
+@functools.cache
+def model_class(spec: ModelSpec) -> type[Model]:
+    """Model with a property per member, named after the spec: `m.w` from Python is a copy of the
+    live `m._m_w`, so that editing it changes nothing, on one device as on several. Properties
+    rather than `__getattr__`, which would slow every attribute read of generated code."""
+    return type(spec.name, (Model,), {m.name: _member_property(m.name) for m in spec.members})
+
+
+def _member_property(name: str) -> property:
+    live = live_name(name)
+
+    def read(self: Model) -> Any:
+        value = self.__dict__[live]
+        return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+    return property(read, doc=f"a detached copy of `{name}` (a sub-model as it is)")
+
+
+def _rebuild(spec: ModelSpec, state: dict[str, Any]) -> Model:
+    kind = model_class(spec)
+    m = kind.__new__(kind)
+    m.__dict__.update({sys.intern(k): v for k, v in state.items()})
+    return m
+
+
+def live_name(member: str) -> str:
+    """The attribute that holds a member's live tensor: `_m_w` for `w`. Interned, as the names in
+    generated code are, so that their reads take CPython's fastest path (which compares keys by
+    identity); a name made by `+` alone would make each read twice as slow."""
+    return sys.intern(MEMBER_PREFIX + member)
+
+
+def refuse_change(model: object, name: str) -> None:
+    """A model's `__setattr__`, on one device as on several: its tensors change only in ShapeScript."""
+    raise AttributeError(f"a model can't be changed from Python (setting `{name}`): a ShapeScript function "
+                         f"that takes it as `mut` changes it, and ss.restore loads a checkpoint into it")
 
 
 def check_state(spec: ModelSpec, state: Mapping[str, object], source: str) -> None:

@@ -6,9 +6,11 @@ gradients aligned by the order of `Model.params()`.
 
 from __future__ import annotations
 
+import math
+import numbers
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -71,10 +73,54 @@ class Optimizer:
         return f"{self.kind}[{self.model.spec.name}]({args})"
 
 
+def _rate(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+        raise ValueError("a finite number >= 0")
+    return float(value)
+
+
+def _betas(value: Any) -> tuple[float, float]:
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(
+            isinstance(b, numbers.Real) and not isinstance(b, bool) and 0 <= b < 1 for b in value)):
+        raise ValueError("two numbers in [0, 1)")
+    return float(value[0]), float(value[1])
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("True or False")
+    return value
+
+
+# Each optimizer's settings as ss.adamw / ss.sgd take them, and what each may be: the checks both
+# those functions and a checkpoint's header go through (torch checks fewer, and some too late).
+HYPER_RULES: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "AdamW": {"lr": _rate, "betas": _betas, "eps": _rate, "weight_decay": _rate},
+    "Sgd": {"lr": _rate, "momentum": _rate, "weight_decay": _rate, "nesterov": _flag},
+}
+EXTRA_RULES: dict[str, Callable[[Any], Any]] = {"dampening": _rate}  # torch's own, in a param group
+
+
+def checked_hyper(kind: str, hyper: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """`hyper` (some of `kind`'s settings in HYPER_RULES, or EXTRA_RULES), each checked and made a
+    float, a pair of floats or a bool. DomainError "{where}{name} must be ..., not {value!r}"."""
+    rules = {**HYPER_RULES[kind], **EXTRA_RULES}
+    out = {}
+    for name, value in hyper.items():
+        try:
+            out[name] = rules[name](value)
+        except ValueError as e:
+            raise DomainError(f"{where}{name} must be {e}, not {value!r}") from None
+    if out.get("nesterov") and not (out.get("momentum", 1.0) > 0 and out.get("dampening", 0.0) == 0):
+        raise DomainError(f"{where}nesterov can be True only with a momentum > 0 and no dampening")
+    return out
+
+
 def _make(kind: str, factory: type[torch.optim.Optimizer], m: Model,
           hyper: dict[str, Any]) -> Optimizer:
+    hyper = checked_hyper(kind, hyper, f"{kind.lower()}: ")
     if getattr(m, "is_remote", False):  # a model on several devices: the state is made on every worker
-        return m.make_optimizer(kind, hyper)  # type: ignore[attr-defined,no-any-return]
+        return m._make_optimizer(kind, hyper)  # type: ignore[attr-defined,no-any-return]
     if not isinstance(m, Model):
         raise TypeError(f"{kind.lower()}: expected a model, got {type(m).__name__}")
     if not m.params():
@@ -89,7 +135,7 @@ def _make(kind: str, factory: type[torch.optim.Optimizer], m: Model,
 
 def adamw(m: Model, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
           eps: float = 1e-8, weight_decay: float = 1e-2) -> Optimizer:
-    hyper = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+    hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
     return _make("AdamW", torch.optim.AdamW, m, hyper)
 
 

@@ -264,8 +264,8 @@ def test_stop_and_the_kernels_end_leave_no_worker(tmp_path: Path) -> None:
         k.ok(workers_up)
         workers = children(pid) - before
         assert len(workers) == 2
-        # Started from the kernel's main thread: they die with it even if it is killed outright.
-        assert all("--pdeathsig" in psutil.Process(w).cmdline() for w in workers)
+        # They watch the kernel's process: they end with it even if it is killed outright.
+        assert all(psutil.Process(w).cmdline()[-2:] == ["--parent", str(pid)] for w in workers)
         assert all(str(w) in k.ok("%shapescript status").plain[0] for w in workers)
         assert "Stopping the workers on cpu[0 1]" in k.ok("%shapescript stop").stdout
         assert gone(workers) and children(pid) == before

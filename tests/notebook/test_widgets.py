@@ -202,7 +202,7 @@ class FakePool:
     def call(self, name: str, args: tuple, where: str = "") -> list[Any]:
         self.calls.append(name)
         if name == "read":
-            return [self.model.__dict__[args[1]].detach().clone()] * self.world
+            return [self.model._leaf(args[1]).detach().clone()] * self.world
         assert name == "state_dict"
         return [self.model.state_dict()] * self.world
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 import copy
 import json
 import os
+import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import shapescript.runtime.checkpoint as checkpoint
-from shapescript.errors import ShapeError
+from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.checkpoint import load, save
+from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec
 from shapescript.runtime.optim import Optimizer, adamw, sgd, update, value_and_grad
 
@@ -38,7 +43,7 @@ OPTS: dict[str, Callable[[Model], Optimizer]] = {
 
 
 def loss(m: Model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(torch.relu(x @ m.w1) @ m.w2, y)
+    return torch.nn.functional.cross_entropy(torch.relu(x @ m._m_w1) @ m._m_w2, y)  # as generated code
 
 
 def train(m: Model, opt: Optimizer, steps: range) -> None:
@@ -48,7 +53,7 @@ def train(m: Model, opt: Optimizer, steps: range) -> None:
         _, grads = value_and_grad(loss, m, x, y)
         update(m, opt, grads)
         with torch.no_grad():
-            m.seen.add_(1.0)
+            m._m_seen.add_(1.0)
 
 
 def snapshot(m: Model, opt: Optimizer | None = None) -> tuple[dict, dict | None]:
@@ -99,7 +104,7 @@ def test_file_layout_and_header(tmp_path: Path) -> None:
         meta = json.loads(f.metadata()["shapescript"])
         assert torch.equal(f.get_tensor("model.w1"), m.w1.detach())
         assert torch.equal(f.get_tensor("opt.w2.exp_avg"),
-                           opt.torch_opt.state[m.w2]["exp_avg"])
+                           opt.torch_opt.state[m._leaf("w2")]["exp_avg"])
     assert keys == {"model.w1", "model.w2", "model.seen"} | {
         f"opt.{p}.{k}" for p in ("w1", "w2") for k in ("step", "exp_avg", "exp_avg_sq")}
     assert meta["format"] == 1 and meta["model"] == "Small" and meta["optimizer"] == "AdamW"
@@ -111,10 +116,10 @@ def test_file_layout_and_header(tmp_path: Path) -> None:
 def test_model_only_round_trip(tmp_path: Path) -> None:
     a, b = Model.init(SMALL, seed=0), Model.init(SMALL, seed=1)
     save(str(tmp_path / "m.safetensors"), a)
-    w1 = b.w1
+    w1 = b._leaf("w1")
     load(str(tmp_path / "m.safetensors"), b)
     assert_same_snapshot(snapshot(a), snapshot(b))
-    assert b.w1 is w1 and b.w1.requires_grad  # copied in place
+    assert b._leaf("w1") is w1 and w1.requires_grad  # copied in place
     with safe_open(tmp_path / "m.safetensors", framework="pt") as f:
         assert json.loads(f.metadata()["shapescript"])["optimizer"] is None
 
@@ -128,12 +133,15 @@ def saved(tmp_path: Path, spec: ModelSpec = SMALL, with_opt: bool = True) -> Pat
     return path
 
 
-def refused(path: Path, m: Model, opt: Optimizer | None = None) -> str:
-    """Loading must fail with a ShapeError and leave model and optimizer bit-identical."""
+def refused(path: Path, m: Model, opt: Optimizer | None = None, error: type[Exception] = ShapeError) -> str:
+    """Loading must fail with `error` and leave model and optimizer bit-identical."""
     before = snapshot(m, opt)
-    with pytest.raises(ShapeError) as info:
+    hyper = dict(opt.hyper) if opt is not None else None
+    with pytest.raises(error) as info:
         load(path, m, opt)
+    assert type(info.value) is error
     assert_same_snapshot(snapshot(m, opt), before)
+    assert (dict(opt.hyper) if opt is not None else None) == hyper
     return str(info.value)
 
 
@@ -218,17 +226,162 @@ def test_files_that_are_not_ours(tmp_path: Path, content: bytes | str, expected:
     assert expected in refused(path, *trained())
 
 
-def test_a_failed_save_leaves_the_old_file_intact(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def named_temporaries_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a system without O_TMPFILE: the data goes to a named temporary file from the start."""
+    monkeypatch.setattr(checkpoint, "_unnamed_file", lambda folder: None)
+
+
+@pytest.mark.parametrize("unnamed", [True, False])
+def test_a_failed_save_leaves_the_old_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  unnamed: bool) -> None:
     path = saved(tmp_path)
     before = path.read_bytes()
+    if not unnamed:
+        named_temporaries_only(monkeypatch)
 
-    def broken(tensors: dict, filename: str, metadata: dict) -> None:
-        Path(filename).write_bytes(b"half a file")
+    def broken(f: BinaryIO, tensors: dict, metadata: dict) -> None:
+        f.write(b"half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "save_file", broken)
+    monkeypatch.setattr(checkpoint, "_write_safetensors", broken)
     with pytest.raises(OSError, match="disk full"):
         save(path, *trained())
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["saved.safetensors"]
+
+
+@pytest.mark.parametrize("unnamed", [True, False])
+def test_a_save_is_synced_before_its_rename_and_the_folder_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 unnamed: bool) -> None:
+    """fsync of the data before os.replace, so that a crash can't leave the new name on a file whose
+    data never reached the disk; fsync of the folder after it, so that the rename itself lasts."""
+    if not unnamed:
+        named_temporaries_only(monkeypatch)
+    events: list[str] = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(
+        "fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file") or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append("replace") or replace(a, b))
+    m = Model.init(SMALL, seed=0)
+    save(tmp_path / "c.safetensors", m)
+    assert events == ["fsync file", "replace", "fsync folder"]
+    assert sorted(os.listdir(tmp_path)) == ["c.safetensors"]
+    load(tmp_path / "c.safetensors", Model.init(SMALL, seed=1))
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def test_a_killed_saves_temporary_file_goes_with_the_next_save(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without O_TMPFILE a save killed midway leaves its named temporary file: the next save into
+    the folder removes it, once its process has ended, and nothing else."""
+    named_temporaries_only(monkeypatch)
+    pid = dead_pid()
+    dead = tmp_path / f".c.safetensors.{pid}-12345.0123456789ab.tmp"
+    ours = tmp_path / f".c.safetensors.{owner_tag()}.0123456789ab.tmp"  # a save in progress in another thread
+    reused = tmp_path / f".c.safetensors.{os.getpid()}-1.0123456789ab.tmp"  # an earlier process with our pid
+    others = [tmp_path / ".c.safetensors.0123456789ab.tmp", tmp_path / "notes.txt"]
+    for p in [dead, ours, reused, *others]:
+        p.write_bytes(b"half a file")
+    save(tmp_path / "c.safetensors", Model.init(SMALL, seed=0))
+    assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in [ours, *others, tmp_path / "c.safetensors"])
+
+
+def test_the_file_holds_every_dtype_as_safetensors_reads_it(tmp_path: Path) -> None:
+    tensors = {f"t.{dtype}": (torch.arange(-3, 9).reshape(3, 4) % 7).to(dtype) for dtype in checkpoint._DTYPE_NAMES}
+    tensors |= {"scalar": torch.tensor(2.5, dtype=torch.float64), "empty": torch.zeros(0, 3),
+                "a_bool": torch.tensor([True, False, True]), "z_byte": torch.tensor([7], dtype=torch.uint8)}
+    path = tmp_path / "t.safetensors"
+    with open(path, "wb") as f:
+        checkpoint._write_safetensors(f, tensors, {"shapescript": "{}"})
+    back = load_file(path)
+    assert back.keys() == tensors.keys()
+    assert all(back[k].dtype == t.dtype and torch.equal(back[k], t) for k, t in tensors.items())
+    with safe_open(path, framework="pt") as f:
+        assert f.metadata() == {"shapescript": "{}"}
+
+
+# -- the header's settings are checked as ss.adamw / ss.sgd check theirs ---------------------------
+
+def edited(path: Path, edit: Callable[[dict[str, Any], dict[str, torch.Tensor]], None]) -> Path:
+    """A copy of the checkpoint at `path` with its header's JSON and tensors edited, written with
+    safetensors' own API."""
+    with safe_open(path, framework="pt") as f:
+        meta = json.loads(f.metadata()["shapescript"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    edit(meta, tensors)
+    out = path.with_name("edited.safetensors")
+    save_file(tensors, out, metadata={"shapescript": json.dumps(meta)})
+    return out
+
+
+def setting(part: str, key: str, value: Any) -> Callable[[dict[str, Any], dict[str, torch.Tensor]], None]:
+    return lambda meta, tensors: meta[part].__setitem__(key, value)
+
+
+def without(part: str, key: str) -> Callable[[dict[str, Any], dict[str, torch.Tensor]], None]:
+    return lambda meta, tensors: meta[part].pop(key)
+
+
+def tensor(key: str, value: torch.Tensor) -> Callable[[dict[str, Any], dict[str, torch.Tensor]], None]:
+    return lambda meta, tensors: tensors.__setitem__(key, value)
+
+
+BAD_ADAMW_HEADERS = [
+    (setting("hyper", "lr", "fast"), DomainError, "its header's hyper.lr must be a finite number >= 0, not 'fast'"),
+    (setting("hyper", "lr", -0.1), DomainError, "its header's hyper.lr must be a finite number >= 0, not -0.1"),
+    (setting("hyper", "lr", float("nan")), DomainError, "its header's hyper.lr must be a finite number >= 0, not nan"),
+    (setting("hyper", "betas", [0.9]), DomainError, "its header's hyper.betas must be two numbers in [0, 1), not [0.9]"),
+    (setting("hyper", "betas", [0.9, 1.0]), DomainError, "hyper.betas must be two numbers in [0, 1), not [0.9, 1.0]"),
+    (setting("hyper", "weight_decay", -1), DomainError, "hyper.weight_decay must be a finite number >= 0, not -1"),
+    (without("hyper", "eps"), ShapeError, "its header's `hyper` lacks eps"),
+    (setting("hyper", "momentum", 0.9), ShapeError, "its header's `hyper` has momentum, which AdamW doesn't take"),
+    (lambda meta, tensors: meta.__setitem__("hyper", None), ShapeError, "its header's `hyper` is null"),
+    (setting("group", "lr", "fast"), DomainError, "its header's group.lr must be a finite number >= 0, not 'fast'"),
+    (setting("group", "betas", [0.9, 0.99, 0.5]), DomainError, "group.betas must be two numbers in [0, 1)"),
+    (setting("group", "eps", float("inf")), DomainError, "group.eps must be a finite number >= 0, not inf"),
+    (setting("group", "params", [0, 5]), ShapeError, "`group.params` is [0, 5]; the optimizer's params are "
+                                                      "numbered 0 to 1"),
+    (lambda meta, tensors: meta.__setitem__("scalars", "opt.w1.step"), ShapeError, "`scalars` is \"opt.w1.step\""),
+    (tensor("opt.w1.step", torch.tensor(-3.0)), DomainError, "`opt.w1.step` must be a whole number >= 0 (steps "
+                                                             "taken), not -3"),
+    (tensor("opt.w2.step", torch.tensor(2.5)), DomainError, "`opt.w2.step` must be a whole number >= 0"),
+    (tensor("opt.w1.exp_avg_sq", -torch.ones(8, 16)), DomainError, "`opt.w1.exp_avg_sq` must be >= 0 everywhere"),
+]
+
+
+@pytest.mark.parametrize("edit,error,message", BAD_ADAMW_HEADERS)
+def test_bad_optimizer_settings_are_refused_before_anything_changes(
+        tmp_path: Path, edit: Callable, error: type[Exception], message: str) -> None:
+    path = edited(saved(tmp_path), edit)
+    msg = refused(path, *trained(), error=error)
+    assert msg.startswith(f"checkpoint {path}: ") and message in msg
+
+
+@pytest.mark.parametrize("edit,message", [
+    (setting("group", "momentum", -1), "group.momentum must be a finite number >= 0, not -1"),
+    (setting("hyper", "nesterov", "yes"), "hyper.nesterov must be True or False, not 'yes'"),
+    (setting("group", "dampening", 0.5), "group.nesterov can be True only with a momentum > 0 and no dampening"),
+])
+def test_bad_sgd_settings_are_refused(tmp_path: Path, edit: Callable, message: str) -> None:
+    m = Model.init(SMALL, seed=0)
+    opt = sgd(m, lr=0.1, momentum=0.9, nesterov=True)
+    train(m, opt, range(2))
+    save(tmp_path / "s.safetensors", m, opt)
+    path = edited(tmp_path / "s.safetensors", edit)
+    assert message in refused(path, m, opt, error=DomainError)
+
+
+def test_torchs_flags_stay_the_optimizers_own(tmp_path: Path) -> None:
+    """Settings ShapeScript never sets (amsgrad, capturable, ...) are the optimizer's own, whatever a
+    header says; the hyperparameters are the header's."""
+    path = edited(saved(tmp_path), lambda meta, tensors: meta["group"].update(capturable=True, lr=0.5))
+    m, opt = trained()
+    load(path, m, opt)
+    group = opt.torch_opt.param_groups[0]
+    assert group["capturable"] is False and group["lr"] == 0.5
+    train(m, opt, range(2, 3))  # a capturable AdamW would refuse CPU tensors

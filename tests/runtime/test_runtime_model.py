@@ -58,7 +58,7 @@ def test_params_are_trained_members_in_declaration_order(net: ModelSpec) -> None
     m = Model.init(net, seed=0)
     names = [n for n, _ in m.named_params()]
     assert names == ["w0", "enc.w", "enc.b", "scale", "w64"]
-    expected = [m.w0, m.enc.w, m.enc.b, m.scale, m.w64]
+    expected = [m._leaf(n) for n in ("w0", "enc.w", "enc.b", "scale", "w64")]
     assert all(a is b for a, b in zip(m.params(), expected)) and len(m.params()) == 5
     assert m.params() is m.params()  # cached for the hot path
     assert all(a is b for (_, a), b in zip(m.named_params(), expected))
@@ -88,10 +88,10 @@ def test_seed_must_be_an_int(mlp: ModelSpec, seed: object) -> None:
 
 def test_load_state_dict_round_trip_in_place(net: ModelSpec) -> None:
     a, b = Model.init(net, seed=0), Model.init(net, seed=1)
-    w0, params = b.w0, b.params()
+    w0, params = b._leaf("w0"), b.params()
     b.load_state_dict(a.state_dict())
     assert_same(b.state_dict(), a.state_dict())
-    assert b.w0 is w0 and b.params() is params and b.w0.requires_grad and b.w0.is_leaf
+    assert b._leaf("w0") is w0 and b.params() is params and w0.requires_grad and w0.is_leaf
 
 
 def failing_load(m: Model, state: dict[str, object]) -> str:

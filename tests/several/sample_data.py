@@ -27,3 +27,18 @@ class Rows:
 
     def __getitem__(self, i: int) -> dict:
         return {"x": [((i * 7 + j * 3) % 11) / 5.0 - 1.0 for j in range(4)], "y": (i * 5) % 3}
+
+
+class Sequences:
+    """`n` items of Seq (tokens and targets: [n] Index[6]) of lengths 1 to 7, loaded item by item: each
+    batch is padded to its longest item."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        tokens = [(i * 3 + j * 5) % 6 for j in range(1 + (i * 5) % 7)]
+        return {"tokens": tokens, "targets": tokens[1:] + [i % 6]}
