@@ -19,14 +19,9 @@ where each worker was. A handler's own ShapeScriptError raises in the controller
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import pickle
-import re
 import select
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,171 +31,27 @@ import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Self
 
 from shapescript.check.program import DeviceSet
 from shapescript.errors import ShapeScriptError, WorkerError
+# collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
+from shapescript.parallel.processes import (MAX_TIMEOUT, TIMEOUT_ENV, WorkerProcess, collective_timeout,  # noqa: F401
+                                           current_collective_timeout, is_stopped, loopback, ranks_text, shutdown,
+                                           sweep_stale_folders, timeout_seconds, torch_settings)
 from shapescript.parallel.worker import WAITING, describe_status, dumps, read_status
-from shapescript.runtime.leftovers import owner_tag, sweep
+from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import require_visible
 
-DEFAULT_TIMEOUT = 600.0
-MAX_TIMEOUT = 7 * 24 * 3600.0
-TIMEOUT_ENV = "SHAPESCRIPT_COLLECTIVE_TIMEOUT"
 STOP_GRACE = 3.0  # seconds a worker has to exit after a stop message, and after SIGTERM
 PARALLEL_SEND_BYTES = 1 << 20  # messages bigger than this go to the workers at once, from threads
 COLLECTIVE_GRACE = 2.0  # after one worker's collective failed, how long the others have to report theirs
 ERROR_GRACE = 1.0  # after one worker raised an error of its own, how long the others have to raise theirs
 LOOK_EVERY = 0.25  # seconds between looks at the workers' processes and statuses while a call waits
-_timeout_override: float | None = None
 # A fresh interpreter that imports the worker module by name, never the controller's __main__ (as
 # `-m shapescript.parallel.worker` would, but without runpy's warning when the package imports it).
 _WORKER_MAIN = "import sys; from shapescript.parallel.worker import main; main(sys.argv[1:])"
-
-
-def _timeout_seconds(value: object, what: str) -> float:
-    """A collective timeout, checked: a positive number of seconds up to MAX_TIMEOUT (beyond, or
-    infinite, the process group's timedelta overflows as the workers start)."""
-    seconds = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
-    if not 0 < seconds <= MAX_TIMEOUT:
-        raise ValueError(f"{what} must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (7 days), "
-                         f"not {value!r}")
-    return seconds
-
-
-def collective_timeout(seconds: float | None) -> None:
-    """Set how long a worker waits for the others at a collective, for pools started afterwards
-    (None: back to $SHAPESCRIPT_COLLECTIVE_TIMEOUT, or 600 s)."""
-    global _timeout_override
-    _timeout_override = None if seconds is None else _timeout_seconds(seconds, "the collective timeout")
-
-
-def current_collective_timeout() -> float:
-    """The collective timeout a pool started now gets."""
-    if _timeout_override is not None:
-        return _timeout_override
-    text = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT
-    try:
-        value: object = float(text)
-    except ValueError:
-        value = text
-    return _timeout_seconds(value, f"${TIMEOUT_ENV}")
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    """"worker 1", "workers 1 and 2", "workers 0, 1 and 2"."""
-    if len(ranks) == 1:
-        return f"worker {ranks[0]}"
-    return "workers " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
-
-
-def _loopback() -> str:
-    names = [name for _, name in socket.if_nameindex()]
-    return "lo0" if "lo0" in names and "lo" not in names else "lo"
-
-
-def _stopped(pid: int) -> bool:
-    """Whether a process is stopped (SIGSTOP, Ctrl-Z, a debugger): Linux's /proc/PID/stat says T or t.
-    False where there is no /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
-    except (OSError, IndexError):
-        return False
-
-
-def _how_it_stopped(returncode: int | None) -> str:
-    if returncode is None:
-        return "its connection to the controller closed"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        oom = " (as when the system runs out of memory)" if name == "SIGKILL" else ""
-        return f"it was killed by {name}{oom}"
-    return f"it exited with code {returncode}"
-
-
-@dataclass(eq=False)
-class _Worker:
-    rank: int
-    label: str  # the device as the devices line names it: cpu:1, cuda:2
-    proc: subprocess.Popen[bytes]
-    conn: Connection
-    pidfd: int | None  # readable once the process ends: its death wakes the controller at once
-    status_path: str
-
-    def dead(self) -> bool:
-        return self.proc.poll() is not None
-
-    def how_it_stopped(self) -> str:
-        try:
-            return _how_it_stopped(self.proc.wait(timeout=1.0))
-        except subprocess.TimeoutExpired:
-            return _how_it_stopped(None)
-
-
-def _shutdown(workers: list[_Worker], folder: str | None, grace: float, owner: int) -> None:
-    """Stop every worker: a stop message and `grace` seconds to exit (none if 0), then SIGTERM, then
-    SIGKILL; close everything and remove the private folder. Safe to call twice. Does nothing in a
-    process other than `owner`, the one that started them: a forked child inherits this (as a
-    finalizer that runs at its exit) with the sockets, but the workers are its parent's."""
-    if os.getpid() != owner:
-        return
-    for w in workers:  # a stopped worker (SIGSTOP, Ctrl-Z) reads no message and heeds no signal but SIGKILL
-        w.proc.send_signal(signal.SIGCONT)
-    if grace > 0:
-        for w in workers:
-            try:
-                w.conn.send_bytes(dumps(("stop",)))
-            except (OSError, ValueError):
-                pass  # already gone
-    for sig_grace, act in ((grace, "terminate"), (1.0, "kill"), (5.0, None)):
-        deadline = time.monotonic() + sig_grace
-        for w in workers:
-            try:
-                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        alive = [w for w in workers if w.proc.poll() is None]
-        if not alive or act is None:
-            break
-        for w in alive:
-            getattr(w.proc, act)()
-    for w in workers:
-        w.conn.close()
-        if w.pidfd is not None:
-            os.close(w.pidfd)
-            w.pidfd = None
-    workers.clear()
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-# A pool's private folder, named after its controller: shapescript-workers-<pid>-<start>-<random>.
-_FOLDER_NAME = re.compile(r"shapescript-workers-(?P<pid>\d+)-(?P<start>\d+)-[a-z0-9_]+")
-
-
-def sweep_stale_folders() -> list[str]:
-    """Remove the private folders of controllers that ended without removing theirs (killed before
-    their workers could): this user's folders in the temp folder whose controller is gone. Returns
-    the paths removed. Every pool runs it as it starts."""
-    return sweep(tempfile.gettempdir(), _FOLDER_NAME, folders=True)
-
-
-def _torch_settings() -> dict[str, Any]:
-    """The controller's numerical settings, which the workers take so their floats agree with it.
-    torch has no getter for flushing denormals: a denormal that a multiplication keeps tells."""
-    import torch
-    tiny = torch.tensor([1e-40], dtype=torch.float32)
-    return {"flush_denormal": bool((tiny * 1.0).item() == 0.0),
-            "matmul_precision": torch.get_float32_matmul_precision(),
-            "deterministic": torch.are_deterministic_algorithms_enabled()}
 
 
 class WorkerPool:
@@ -214,7 +65,7 @@ class WorkerPool:
         if devices.kind not in ("cpu", "cuda"):
             raise ValueError(f"devices must be cpu[...] or cuda[...], not {devices}")
         if timeout is not None:
-            timeout = _timeout_seconds(timeout, "the collective timeout")
+            timeout = timeout_seconds(timeout, "the collective timeout")
         if devices.kind == "cuda":  # before any worker starts, rather than as each one fails
             require_visible(devices.indices or (0,), str(devices), "the workers")
         self.devices = devices
@@ -223,7 +74,7 @@ class WorkerPool:
         self.timeout = timeout
         self.modules = tuple(modules)
         self.cold_start_s: float | None = None  # seconds from start() until every worker was ready
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerProcess] = []
         self._folder: str | None = None
         self._state = "new"  # new, starting, running, dead, stopped
         self._dead_reason = ""
@@ -264,10 +115,10 @@ class WorkerPool:
         sweep_stale_folders()  # the backstop: a killed controller's workers remove its folder as they exit
         self._folder = tempfile.mkdtemp(prefix=f"shapescript-workers-{owner_tag()}-")  # mode 0700: ours alone
         self._owner = os.getpid()  # a forked child neither uses nor stops these workers
-        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._folder, 1.0, self._owner)  # also at exit
+        self._finalizer = weakref.finalize(self, shutdown, self._workers, self._folder, 1.0, self._owner)  # also at exit
         sys_path = [p or os.getcwd() for p in sys.path]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys_path))
-        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = _loopback()
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = loopback()
         store_path = os.path.join(self._folder, "store")
         try:
             for rank, index in enumerate(self.indices):
@@ -284,14 +135,14 @@ class WorkerPool:
                     pidfd: int | None = os.pidfd_open(proc.pid)
                 except (AttributeError, OSError):
                     pidfd = None  # not Linux >= 5.3: the wait loop polls the processes instead
-                worker = _Worker(rank, f"{self.devices.kind}:{index}", proc, conn, pidfd,
+                worker = WorkerProcess(rank, f"{self.devices.kind}:{index}", proc, conn, pidfd,
                                  os.path.join(self._folder, f"status-{rank}"))
                 self._workers.append(worker)
                 conn.send_bytes(dumps({
                     "rank": rank, "world": self.world, "kind": self.devices.kind, "index": index,
                     "folder": self._folder, "store_path": store_path, "status_path": worker.status_path,
                     "timeout": self.timeout,
-                    "sys_path": sys_path, "modules": self.modules, "torch": _torch_settings()}))
+                    "sys_path": sys_path, "modules": self.modules, "torch": torch_settings()}))
         except BaseException as exc:
             self._die(f"the workers couldn't be started: {exc}")
             if isinstance(exc, OSError):
@@ -314,7 +165,7 @@ class WorkerPool:
                 raise exc
         if pending:  # the others were ready long ago
             self._die("a worker didn't start")
-            raise WorkerError(f"{_ranks(pending)} of {self.devices} didn't start within {self.timeout:g} s of the others")
+            raise WorkerError(f"{ranks_text(pending)} of {self.devices} didn't start within {self.timeout:g} s of the others")
         self.cold_start_s = time.perf_counter() - self._t0
         self._state = "running"
 
@@ -418,7 +269,7 @@ class WorkerPool:
             self._finalizer.detach()
         if self._foreign():
             return  # the workers, their sockets and folder are the parent's, which goes on using them
-        _shutdown(self._workers, self._folder, grace, self._owner)
+        shutdown(self._workers, self._folder, grace, self._owner)
         if self._senders is not None:  # its threads end once the pipes close
             self._senders.shutdown(wait=False)
 
@@ -470,7 +321,7 @@ class WorkerPool:
     def _send(self, payloads: list[bytes], where: str) -> None:
         """Each worker its message. Big ones (a batch from Python) go at once, from threads, so the
         last worker doesn't wait for the first to read all of its part before its own starts."""
-        def send(w: _Worker, payload: bytes) -> bool:
+        def send(w: WorkerProcess, payload: bytes) -> bool:
             try:
                 w.conn.send_bytes(payload)
                 return True
@@ -553,7 +404,7 @@ class WorkerPool:
                     self._fail_dead(w, doing)
             now = time.monotonic()
             if pending and not ready:  # nothing happened: a look at the processes and their statuses
-                every_one_stopped = all(_stopped(w.proc.pid) for w in pending.values())
+                every_one_stopped = all(is_stopped(w.proc.pid) for w in pending.values())
                 stopped_since = min(stopped_since, now) if every_one_stopped else never
                 if now >= error_deadline:  # a collective that the failed worker won't join never ends
                     waiting = {r for r, w in pending.items() if read_status(w.status_path)[0] == WAITING}
@@ -571,10 +422,10 @@ class WorkerPool:
             self._fail_dead(w, doing)
         return replies, sorted(pending), released and bool(pending)
 
-    def _any_waiting(self, pending: dict[int, _Worker]) -> bool:
+    def _any_waiting(self, pending: dict[int, WorkerProcess]) -> bool:
         return any(read_status(w.status_path)[0] == WAITING for w in pending.values())
 
-    def _decode(self, w: _Worker, data: bytes) -> tuple[Any, ...]:
+    def _decode(self, w: WorkerProcess, data: bytes) -> tuple[Any, ...]:
         try:
             return pickle.loads(data)
         except Exception as exc:  # e.g. a result whose class the controller can't import
@@ -584,7 +435,7 @@ class WorkerPool:
 
     # -- failures ----------------------------------------------------------------------------------
 
-    def _fail_dead(self, w: _Worker, doing: str) -> None:
+    def _fail_dead(self, w: WorkerProcess, doing: str) -> None:
         status = read_status(w.status_path)
         how = w.how_it_stopped()
         at = f" (it was waiting for the other workers at {status[1]})" if status[0] == WAITING else ""
@@ -602,7 +453,7 @@ class WorkerPool:
         places = sorted({read_status(self._workers[r].status_path)[1] for r in pending} - {""})
         self._die(f"worker {rank} raised an error in {where} while the others waited for it")
         self._raise_error(w, payload, where, note=(
-            f"Only some workers raised it: {_ranks(pending)} went on and waited for the others at "
+            f"Only some workers raised it: {ranks_text(pending)} went on and waited for the others at "
             f"{' and '.join(places) or 'a collective'}, so every worker was stopped at once, and what was on the "
             f"devices is gone: new models, or a checkpoint, are needed to go on."))
 
@@ -613,7 +464,7 @@ class WorkerPool:
         for w in self._workers:
             reply = replies[w.rank]
             if reply is None:
-                stopped = ", and is stopped (SIGSTOP, Ctrl-Z or a debugger)" if _stopped(w.proc.pid) else ""
+                stopped = ", and is stopped (SIGSTOP, Ctrl-Z or a debugger)" if is_stopped(w.proc.pid) else ""
                 lines.append(f"worker {w.rank}: didn't answer; it was "
                              f"{describe_status(*read_status(w.status_path))}{stopped}")
             elif reply[0] == "ok":
@@ -626,12 +477,12 @@ class WorkerPool:
                     notes.append(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
         failed = any(r is not None and r[0] == "err" for r in replies)
         if pending and failed:
-            head = f"a worker failed while running {where}, and {_ranks(pending)} didn't finish:"
+            head = f"a worker failed while running {where}, and {ranks_text(pending)} didn't finish:"
         elif len(pending) == self.world:  # none answered: each was stopped for the whole timeout
-            head = (f"{_ranks(pending)} didn't finish {where}: stopped for {self.timeout:g} s (the collective timeout) "
+            head = (f"{ranks_text(pending)} didn't finish {where}: stopped for {self.timeout:g} s (the collective timeout) "
                     f"without answering:")
         elif pending:
-            head = f"{_ranks(pending)} didn't finish {where} within {self.timeout:g} s of the others:"
+            head = f"{ranks_text(pending)} didn't finish {where} within {self.timeout:g} s of the others:"
         else:
             head = f"a worker failed while running {where}, and the workers timed out waiting for each other:"
         self._die(f"{where} didn't finish")
@@ -642,7 +493,7 @@ class WorkerPool:
             exc.add_note(note)
         raise exc
 
-    def _raise_error(self, w: _Worker, payload: dict[str, Any], where: str, note: str = "") -> None:
+    def _raise_error(self, w: WorkerProcess, payload: dict[str, Any], where: str, note: str = "") -> None:
         """A handler's exception, raised here: the same class if it's one of ours, else a WorkerError."""
         exc: BaseException | None = None
         if payload["pickled"] is not None:
