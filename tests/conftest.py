@@ -28,35 +28,51 @@ SESSION_FOLDER = re.compile(r"shapescript-tests-(?P<pid>\d+)-(?P<start>\d+)-[a-z
 CACHES = re.compile(r"torchinductor_.*")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def nothing_left_in_the_temp_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The session's temporary files, its subprocesses' included (TMPDIR is inherited), go to a folder
-    of its own, which must be empty when the session ends: what a test, a worker pool or a controller
-    it ran leaves there would be left in /tmp. Pools no one holds any more are collected first, so
-    their finalizers run; a pool still held (a module's program never stopped) is a leftover. pytest's
-    own tmp_path folders stay where pytest keeps them. The folder is removed either way, and a killed
-    session's by the next session."""
-    tmp_path_factory.getbasetemp()  # before the temp folder moves
+PYTEST_FOLDER = "pytest"  # pytest's own tmp_path folders, inside the session's folder
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Before anything makes a temporary file (pytest's tmp_path folders included), the session gets
+    a folder of its own and TMPDIR, inherited by subprocesses, points there. A killed session's
+    folder is swept by the next session."""
     sweep(tempfile.gettempdir(), SESSION_FOLDER, folders=True)
-    folder = Path(tempfile.mkdtemp(prefix=f"shapescript-tests-{owner_tag()}-"))
-    before = os.environ.get("TMPDIR"), tempfile.tempdir
-    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
-    try:
-        yield folder
-        gc.collect()
+    folder = tempfile.mkdtemp(prefix=f"shapescript-tests-{owner_tag()}-")
+    config.stash[_SESSION] = folder, (os.environ.get("TMPDIR"), tempfile.tempdir)
+    os.environ["TMPDIR"] = tempfile.tempdir = folder
+    if config.option.basetemp is None:
+        config.option.basetemp = os.path.join(folder, PYTEST_FOLDER)
 
-        def leftovers() -> list[str]:
-            return sorted(name for name in os.listdir(folder) if not CACHES.fullmatch(name))
 
-        deadline = time.monotonic() + LEFTOVER_GRACE
-        while leftovers() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = leftovers()
-        assert not left, f"the tests left these in the temp folder (/tmp): {', '.join(left)}"
-    finally:
-        if before[0] is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = before[0]
-        tempfile.tempdir = before[1]
-        shutil.rmtree(folder, ignore_errors=True)
+_SESSION = pytest.StashKey[tuple[str, tuple[str | None, str | None]]]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder, (tmpdir, tempdir) = config.stash[_SESSION]
+    if tmpdir is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = tempdir
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_in_the_temp_folder(pytestconfig: pytest.Config) -> Iterator[Path]:
+    """The session's folder (see pytest_configure) must hold nothing but pytest's own when the session
+    ends: what a test, a worker pool or a controller it ran leaves there would be left in /tmp. Pools
+    no one holds any more are collected first, so their finalizers run; a pool still held (a module's
+    program never stopped) is a leftover. The folder goes when pytest ends, and so /tmp is as the
+    session found it."""
+    folder = Path(pytestconfig.stash[_SESSION][0])
+    yield folder
+    gc.collect()
+
+    def leftovers() -> list[str]:
+        return sorted(name for name in os.listdir(folder) if name != PYTEST_FOLDER and not CACHES.fullmatch(name))
+
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = leftovers()
+    assert not left, f"the tests left these in the temp folder (/tmp): {', '.join(left)}"
