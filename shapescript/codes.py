@@ -280,6 +280,48 @@ _ENTRIES.append(Code(
     "which works on each example and so runs on the devices."))
 CHAPTERS["19"] = "Python calls on several devices"
 
+# What a program, its input or its machine gets wrong at run time: no code, a typed exception with
+# the .ss location where there is one. (situation, what is raised), rendered in docs/errors.md.
+RUN_TIME = [
+    ("a value's shape or dtype differs from its declared type: an argument from Python, a loaded item, "
+     "a `python`/`extern` fn's result (checked wherever the module runs: one device, the workers, a "
+     "standalone build)", "`ShapeError` naming the .ss location and where each dim was bound"),
+    ("a label outside `Index[C]`, a bad optimizer setting (`lr=\"fast\"`, NaN, negative, betas not two "
+     "numbers in [0, 1))", "`DomainError` naming the value"),
+    ("a checkpoint whose header has a setting of the wrong type or range, a step count below 0, a "
+     "param index out of range, or keys missing or extra", "`DomainError` or `ShapeError` naming the file "
+     "and the key, before the model or optimizer changes"),
+    ("`batch_norm` in `Train` over a batch of one example", "`ShapeError` naming the .ss line, on one "
+     "device and on several alike"),
+    ("a model bigger than the memory (`dim D = 10000000000` and a param `[D D]`)", "`DeviceError` at "
+     "`init`, before anything is allocated, with the size and the biggest member"),
+    ("`devices cuda` or `cuda[0 1 2]` where fewer CUDA devices are visible", "the program loads; its "
+     "first call or `init` raises `DeviceError` saying how many are visible, before any worker starts"),
+    ("a meta or sparse tensor as an argument or a batch's field", "`ShapeError` naming the parameter or "
+     "field and its .ss location"),
+    ("`ss.load(None)`, bytes, a number", "`TypeError` saying what `load` takes"),
+    ("`dims=` with a size of 1.5, `True`, `\"3\"` or a tensor; 0 or negative", "`TypeError`; "
+     "`ValueError` naming the dim"),
+    ("`dims=` (or `--dim`) replacing a size the program declares", "it is replaced, with a `UserWarning` "
+     "that lists each replaced size and where it was declared"),
+    ("a folder where a program, a checkpoint or `build -o`'s output is expected; a missing file",
+     "`IsADirectoryError`; `FileNotFoundError`, naming the path (the command line: one line, exit 2)"),
+    ("`ss.collective_timeout(inf)`, NaN, more than 7 days; the same in "
+     "`$SHAPESCRIPT_COLLECTIVE_TIMEOUT`", "`ValueError`"),
+    ("several devices: an `extern fn` naming the script the controller runs (`\"train.double\"` from "
+     "`python train.py`)", "an `ImportError` as the workers load the program; they never import that "
+     "script (in the controller, on one device, the name is the running `__main__`)"),
+    ("several devices: a worker dies, or is killed", "`WorkerError` at once, naming the worker and how it "
+     "stopped; the others are stopped"),
+    ("several devices: an error on one worker only (an `extern fn` refusing one example)", "that error, at "
+     "once, as one device raises it; workers waiting for it at a collective are stopped"),
+    ("several devices: the workers don't meet at a collective within the timeout, or all are stopped "
+     "(SIGSTOP)", "`WorkerError` saying where each worker was"),
+    ("several devices: a handle whose workers have stopped", "`WorkerError` at once; no workers start"),
+    ("several devices: a call from a process forked from the controller", "`WorkerError`: the workers "
+     "are the parent's, and the child's exit leaves them running"),
+]
+
 CODES: dict[str, Code] = {c.code: c for c in _ENTRIES}
 BUILD_ONLY = {"E1805", "E0313"}  # raised when building, not when checking
 
@@ -304,7 +346,15 @@ def markdown() -> str:
             out += [f"## {CHAPTERS[chapter]}", ""]
         out += [f"### {c.code}: {c.title}", "", c.explanation, "", "```", c.example.rstrip("\n"), "```", "",
                 c.fix, ""]
-    return "\n".join(out)
+    out += ["## At run time", "",
+            "A program that compiles can still meet bad input or a machine that can't give what it asks. "
+            "Each case is an exception that says what is wrong (ShapeScript's own derive from "
+            "`ss.ShapeScriptError`), never a traceback from ShapeScript's internals, and nothing is "
+            "half-changed. On several "
+            "devices, the same case gives the same exception as on one.", "",
+            "| situation | what you get |", "|---|---|"]
+    out += [f"| {situation} | {result} |" for situation, result in RUN_TIME]
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
