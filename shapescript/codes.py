@@ -56,7 +56,8 @@ _ENTRIES = [
          "A name, a function or a dim that the program doesn't define. Generic dims are written "
          "in lower case and need no declaration; a capitalized dim must be declared with `dim`.",
          "fn f(x: [n]) -> [n] = x * scale\n",
-         "Define the name, or fix its spelling (the help line suggests a near one)."),
+         "Define the name, or fix its spelling: the help line suggests a near name, dim, field or "
+         "function, by spelling or by case (`Hiden` for `Hidden`, `k` for `K`)."),
     Code("E0202", "Defined twice",
          "Two items, fields, members or parameters share a name, or an item takes the name of a "
          "built-in function.",
@@ -135,7 +136,8 @@ _ENTRIES = [
          "or an operation is given a dtype it doesn't work on, such as `@` of integers or a "
          "trained param that isn't a float.",
          "fn f(x: [n] f32, y: [n] f64) -> [n] f32 = x + y\n",
-         "Use values of the same dtype."),
+         "Use values of the same dtype: convert one with `to`, as `to(y, f32)`; for the share of "
+         "true values in a bool tensor, `mean(to(hit, f32))`."),
     Code("E0309", "Index out of its bound",
          "A value typed `Index[C]` is known to lie in 0..C; an integer tensor without that type, "
          "or with another bound, can't stand where `Index[C]` is expected.",
@@ -205,7 +207,9 @@ _ENTRIES = [
          "    l, g = value_and_grad(loss, m, x)\n    update(m, mut opt, g)\n    return l\n",
          "Write `mut` before the argument."),
     Code("E0503", "`mut` on an argument that isn't changed",
-         "`mut` at a call marks an argument the function changes; on any other it would mislead.",
+         "`mut` at a call marks an argument the function changes; on any other it would mislead. "
+         "(If the function does change it but forgot `mut` in its own parameters, only that is "
+         "reported, as E0501.)",
          "dim D = 4\n\nmodel M:\n    param w: [D] = zeros()\n\n"
          "fn loss(m: M, x: [b D]) -> [] = mean(x @ m.w)\n\n"
          "fn f(mut m: M, x: [b D]) -> [] = loss(mut m, x)\n",
@@ -249,7 +253,9 @@ _ENTRIES = [
          "    for batch in data |> batches(64):\n        l, g = value_and_grad(loss, m, batch)\n"
          "        update(mut m, mut opt, g)\n",
          "Put the device work in a function of its own, as the README's `train_step`, and call it "
-         "from the loop."),
+         "from the loop. If a step of device work runs in the controller because it prints, saves "
+         "or writes to a sink, the error points at that: move it out to the loop that calls the "
+         "step, and have the step return the values it needs."),
     Code("E1804", "A whole value where a function takes a split one",
          "A function on the devices is compiled once. If one call gives it a value with the batch "
          "axis, its parameter is split across the devices, and every call must give it one; a value "

@@ -4,10 +4,17 @@ From Python, a model (`Model`, or `RemoteModel` on several devices) and a batch 
 `RemoteBatch`) show their members or fields as attributes, beside a few attributes of their own.
 Those own attributes are listed here, once, for the checker to refuse them as names and for the
 tests to hold every handle class to them; every other attribute a handle keeps starts with `_`,
-and no member or field may. This module imports nothing, so a standalone build can inline it.
+and no member or field may. `similar` is the one "did you mean" for every name lookup, in the checker
+and in the runtime's batch checks. This module imports only the standard library, so a standalone
+build can inline it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 # What Model and RemoteModel have themselves. `is_remote` tells a handle on several devices apart.
 MODEL_RESERVED = frozenset({"init", "params", "named_params", "state_dict", "load_state_dict", "spec",
@@ -28,3 +35,16 @@ def is_reserved(name: str, reserved: frozenset[str]) -> bool:
 def reserved_text(reserved: frozenset[str]) -> str:
     """The names for messages: `init`, `is_remote`, ..., and any name that starts with `_`."""
     return ", ".join(f"`{n}`" for n in sorted(reserved)) + ", and any name that starts with `_`"
+
+
+def similar(name: str, candidates: "Iterable[str]") -> str:
+    """'did you mean `X`?' for the candidate nearest `name`, by case first and then by spelling
+    (edit distance); '' when none is near. The one helper every name lookup uses."""
+    import difflib  # only when a name is wrong
+
+    others = [c for c in dict.fromkeys(candidates) if c != name]
+    same_case = [c for c in others if c.casefold() == name.casefold()]
+    folded = {c.casefold(): c for c in reversed(others)}
+    near = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.6)
+    close = same_case or [folded[c] for c in near]
+    return f"did you mean `{close[0]}`?" if close else ""

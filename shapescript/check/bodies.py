@@ -13,11 +13,26 @@ from ..syntax import ast as A
 from . import builtins as B
 from . import dims as D
 from . import types as T
-from .checker import Context, similar
+from .checker import Context, misspelled_dim, similar
 from .program import CallInfo, FnInfo, ParamInfo
 
 ARITH = {"+", "-", "*", "/", "**"}
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
+# PyTorch's categories for promotion: a number of a higher category than the tensor's dtype gives
+# the category's default dtype; otherwise the tensor keeps its own.
+CATEGORY = {"bool": 0, "int": 1, "float": 2}
+DEFAULT_DTYPE = {1: "i64", 2: "f32"}
+
+
+def promoted(dtype: str, number: str, op: str) -> str:
+    """The dtype torch gives `tensor op number` (either order) for an arithmetic `op`, as
+    torch.result_type does: `/` is true division, so integers and bools give f32."""
+    tensor_category = 2 if dtype in T.FLOAT_DTYPES else 1 if dtype in T.INT_DTYPES else 0
+    if op == "/" and tensor_category < 2:
+        return "f32"
+    if CATEGORY[number] > tensor_category:
+        return DEFAULT_DTYPE[CATEGORY[number]]
+    return dtype
 
 
 @dataclass
@@ -117,7 +132,9 @@ class BodyChecker:
         problem = self.conforms(expected, t)
         if problem:
             self.error("E0305", f"`{self.fn.name}` must return {expected.show()}{self.ctx.dim_note(expected)}, "
-                       f"but this is {t.show()}", s.value.span, problem)
+                       f"but this is {t.show()}", s.value.span, problem, misspelled_dim(expected, t))
+        elif isinstance(expected, T.TensorT) and isinstance(t, T.TensorT):  # an `Index[C]` result needs its bound
+            B._check_element(self, f"`{self.fn.name}`'s result", expected, t, s.value.span)
 
     def conforms(self, expected: T.Ty, actual: T.Ty) -> str:
         """'' when `actual` is a value of `expected` (no dims bound), else a short reason."""
@@ -287,22 +304,25 @@ class BodyChecker:
         ld, rd = dtype(left), dtype(right)
         if ld and rd:
             if ld != rd:
-                self.error("E0308", f"`{node.op}` of {ld} and {rd}", node.span,
-                           f"{left.show()} {ld} and {right.show()} {rd}",
-                           "convert one side so both have the same dtype")
+                self.error("E0308", f"`{node.op}` of {ld} and {rd}", node.span, f"{ld} and {rd}",
+                           "convert one side so both have the same dtype, as "
+                           f"`to({source_text(self, node.right)}, {ld})`")
                 return None
             if node.op in ARITH and ld == "bool":
                 self.error("E0308", f"`{node.op}` of bool tensors", node.span, "bool", "use `and`, `or`, `not`")
                 return None
-            return ld
+            return "f32" if node.op == "/" and ld in T.INT_DTYPES else ld  # true division, as torch's
         known = ld or rd
         scalar = right if ld else left
         assert isinstance(scalar, T.ScalarT) and known is not None
-        if scalar.kind == "float" and known in T.INT_DTYPES and node.op not in COMPARE:
-            return "f32"
-        if node.op == "/" and known in T.INT_DTYPES:
-            return "f32"
-        return known
+        if node.op not in ARITH:
+            return known
+        if "bool" in (known, scalar.kind) and (node.op == "-" or known == scalar.kind):
+            # torch refuses `-` with any bool, and a bool tensor with a bool is logic
+            self.error("E0308", f"`{node.op}` of {known} and a {scalar.kind}", node.span, "bool arithmetic",
+                       "use `and`, `or`, `not`, or convert first, as `to(x, f32)`")
+            return None
+        return promoted(known, scalar.kind, node.op)
 
     def logical(self, node: A.Binary) -> T.Ty:
         left, right = self.expr(node.left), self.expr(node.right)
@@ -390,7 +410,9 @@ class BodyChecker:
             ok = False
         return out if ok else None
 
-    def check_mut(self, arg: A.Arg, param_mut: bool, param: str, what: str) -> None:
+    def check_mut(self, arg: A.Arg, param_mut: bool, param: str, what: str, callee: FnInfo | None = None) -> None:
+        if arg.mut and not param_mut and callee is not None and passes_mut(callee, param):
+            return  # the callee changes it without declaring it `mut`: its own E0501 says to add `mut`
         if param_mut and not arg.mut:
             self.error("E0502", f"{what} changes `{param}`, so the call must say `mut`", arg.span,
                        "changed by the call", f"write `mut {source_text(self, arg.value)}`")
@@ -419,7 +441,7 @@ class BodyChecker:
         arg_types = [self.axis_arg(a) if isinstance(p.ty, T.AxisArgT) else self.expr(a.value)  # type: ignore
                      for a, p in zip(args, fn.params)]
         for a, p in zip(args, fn.params):
-            self.check_mut(a, p.mut, p.name, what)  # type: ignore[arg-type]
+            self.check_mut(a, p.mut, p.name, what, fn)  # type: ignore[arg-type]
         self.record_call(node, fn.kind, fn.name, [a.value for a in args])  # type: ignore[union-attr]
         if fn.kind == "python":
             self.use("python", node.span)
@@ -476,9 +498,22 @@ class BodyChecker:
         return B.substitute(ret, mapping)
 
 
-def source_text(ck: BodyChecker, node: A.Node) -> str:
-    s = node.span
+def source_text(ck: BodyChecker, node: A.Node | Span) -> str:
+    s = node if isinstance(node, Span) else node.span
     lines = ck.ctx.program.source.splitlines()
     if s.line == s.end_line and 0 < s.line <= len(lines):
         return lines[s.line - 1][s.col - 1:s.end_col - 1]
     return "..."
+
+
+def cast_help(ck: BodyChecker, node: A.Node | Span, dtype: str) -> str:
+    """The way out of a dtype mismatch: the conversion, written on the user's own expression."""
+    return f"convert it, as `to({source_text(ck, node)}, {dtype})`"
+
+
+def passes_mut(fn: FnInfo, param: str) -> bool:
+    """Whether `fn`'s body passes its parameter `param` as `mut` to a call, i.e. means to change it."""
+    from .split import iter_nodes  # split imports this layer's checker, not this module
+    return isinstance(fn.node, A.Fn) and any(
+        isinstance(n, A.Arg) and n.mut and isinstance(n.value, A.Name) and n.value.id == param
+        for stmt in fn.node.body for n in iter_nodes(stmt))

@@ -104,10 +104,12 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
                          f"but `{p.name}` gives {a.show()}", span, f"this is {t.show()}",
                          f"`{fn.name}` takes `{p.name}: {p.ty.show()}`; every `{s.name}` in one call is one size")
             else:
+                from .checker import misspelled_dim  # the checker imports this module
                 ck.error("E0301", f"{where} is {expected.show()}{ck.ctx.dim_note(expected)}, but this is "
                          f"{t.show()}{ck.ctx.dim_note(t)}", span,
                          f"axis {k + 1} is {a.show()}, not {e.show()}",
-                         "dims match by name, never by size" if _same_value(ck, e, a) else "")
+                         "dims match by name, never by size" if _same_value(ck, e, a) else "",
+                         misspelled_dim(expected, t))
             return False
         if isinstance(expected, T.TensorT):
             return _check_element(ck, where, expected, t, span)  # type: ignore[arg-type]
@@ -129,8 +131,9 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
 
 def _check_element(ck: "BodyChecker", where: str, expected: T.TensorT, t: T.TensorT, span) -> bool:
     if expected.dtype != t.dtype:
+        from .bodies import cast_help  # the body checker imports this module
         ck.error("E0308", f"{where} is {expected.dtype}, but this is {t.dtype}", span,
-                 f"this is {t.show()}", "the dtypes must be the same")
+                 f"this is {t.show()}", "the dtypes must be the same", cast_help(ck, span, expected.dtype))
         return False
     if expected.index is not None:
         if t.index is None:
@@ -230,7 +233,9 @@ def tensor_arg(ck: "BodyChecker", arg: A.Arg | None, what: str, floats: bool = F
     if isinstance(t, T.TensorT):
         ck.use("tensors", arg.span)
         if floats and not t.is_float:
-            ck.error("E0308", f"{what} takes float tensors, not {t.dtype}", arg.span, f"this is {t.show()}")
+            from .bodies import cast_help  # the body checker imports this module
+            ck.error("E0308", f"{what} takes float tensors, not {t.dtype}", arg.span, f"this is {t.show()}",
+                     cast_help(ck, arg.value, "f32"))
             return None
         return t
     if t is not T.UNKNOWN:
@@ -248,8 +253,10 @@ def over_axis(ck: "BodyChecker", arg: A.Arg, t: T.TensorT, what: str) -> int | N
     if dim is None and node.id in ck.ctx.dim_values:
         dim = D.declared(node.id)
     if dim is None:
+        from .checker import similar  # the checker imports this module
+        known = sorted(set(ck.dims) | set(ck.ctx.dim_values))
         ck.error("E0303", f"`{node.id}` isn't a dim", node.span, "unknown dim",
-                 f"dims here: {', '.join(sorted(set(ck.dims) | set(ck.ctx.dim_values)))}")
+                 similar(node.id, [a.show() for a in t.axes] + known) or f"dims here: {', '.join(known)}")
         return None
     hits = [k for k, a in enumerate(t.axes) if D.equal(a.size, dim)]
     if not hits:

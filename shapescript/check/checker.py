@@ -11,7 +11,7 @@ import re
 import sympy
 
 from ..errors import CompileError, Diagnostic, Span
-from ..names import DATA_RESERVED, MODEL_RESERVED, is_reserved, reserved_text
+from ..names import DATA_RESERVED, MODEL_RESERVED, is_reserved, reserved_text, similar
 from ..syntax import ast as A
 from ..syntax.parser import parse
 from . import dims as D
@@ -115,6 +115,7 @@ def collect(ctx: Context) -> DeviceSet:
     for name in ctx.dim_override:
         if name not in ctx.dim_values:
             ctx.error("E0201", f"no dim `{name}` to set", ctx.program.span, "",
+                      similar(name, ctx.dim_values),
                       "dims given when loading must be declared in the program with `dim`")
     for item in items:
         if isinstance(item, A.Data) and define(ctx, item.name, item.name_span, "data type"):
@@ -315,8 +316,8 @@ def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
         ret = resolve_type(ctx, node.ret, generics, allow_generic=True)
         for name in set(generics) - param_generics:
             ctx.error("E0311", f"dim `{name}` of the result isn't given by any parameter", node.ret.span,
-                      f"`{name}` is unknown at each call",
-                      f"use a dim of a parameter, or declare it with `dim {name} = ...`")
+                      f"`{name}` is unknown at each call", similar(name, list(ctx.dim_values) + list(param_generics))
+                      or f"use a dim of a parameter, or declare it with `dim {name} = ...`")
     kind = "fn" if isinstance(node, A.Fn) else node.kind
     if isinstance(node, A.Extern) and not _PYTHON_TARGET.match(node.target):
         ctx.error("E0205", f'"{node.target}" isn\'t the name of a Python function', node.target_span,
@@ -443,11 +444,12 @@ def resolve_dim(ctx: Context, node: A.DimExpr, generics, allow_generic: bool, wh
         if not allow_generic:
             ctx.error("E0312", f"{what or 'this type'} must have a fixed shape, but `{node.name}` isn't a "
                       "declared dim", node.span, "not declared",
-                      f"declare it with `dim {node.name} = ...`")
+                      similar(node.name, ctx.dim_values) or f"declare it with `dim {node.name} = ...`")
             return None
         if node.name[0].isupper():
             ctx.error("E0201", f"unknown dim `{node.name}`", node.span, "not declared",
-                      f"declare it with `dim {node.name} = ...`; generic dims are written in lower case")
+                      similar(node.name, ctx.dim_values)
+                      or f"declare it with `dim {node.name} = ...`; generic dims are written in lower case")
             return None
         generics[node.name] = D.generic(node.name)
         return generics[node.name]
@@ -474,11 +476,21 @@ def show_type_expr(node: A.TypeExpr) -> str:
     return node.name if isinstance(node, A.NamedType) else "shape"
 
 
-def similar(name: str, candidates: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
-    return f"did you mean `{close[0]}`?" if close else ""
+def misspelled_dim(expected: T.Ty, actual: T.Ty) -> str:
+    """A help when a generic dim is spelled like a declared one (`k` for `K`): a lower-case name in a
+    signature is a new generic dim, so the mismatch is really a typo."""
+    if not (isinstance(expected, T.TensorT) and isinstance(actual, T.TensorT)):
+        return ""
+    for e, a in zip(expected.axes, actual.axes):
+        sizes = (e.size, a.size)
+        if e.same(a) or not all(isinstance(d, sympy.Symbol) for d in sizes):
+            continue
+        generic = [d for d in sizes if D.is_generic(d)]
+        fixed = [d for d in sizes if not D.is_generic(d)]
+        if len(generic) == 1 and len(fixed) == 1 and similar(generic[0].name, [fixed[0].name]):
+            return (f"`{generic[0].name}` is a generic dim (any size), not the declared dim `{fixed[0].name}`: "
+                    f"did you mean `{fixed[0].name}`?")
+    return ""
 
 
 from .builtins import BUILTIN_NAMES  # noqa: E402  (the table of built-in names lives with their rules)

@@ -8,7 +8,9 @@ does none of those; anywhere otherwise.
 
 from __future__ import annotations
 
+from ..errors import Diagnostic
 from .checker import Context
+from .program import FnInfo
 
 CONTROLLER_USES = {
     "loop": "loops over a dataset", "print": "prints", "save": "saves a checkpoint",
@@ -45,10 +47,37 @@ def place(ctx: Context) -> None:
     if devices is None or devices.count == 1:
         return
     for fn in fns.values():
-        if fn.placement != "controller":
-            continue
+        if fn.placement == "controller" and fn.device_work:
+            report_device_work(ctx, fn)
+
+
+# The controller uses that belong in a training loop's caller rather than in a step: a function with
+# one of these and device work is a step that should hand its value out instead.
+MOVABLE_USES = {"print": "`print`", "save": "`save`", "load": "`load`", "write": "the write to a sink",
+                "python": "the Python call"}
+
+
+def report_device_work(ctx: Context, fn: FnInfo) -> None:
+    """E1803, pointing at what to move: a print, save, sink write, Python call or call of a controller
+    function in a step of device work is what moves out; a loop over a dataset stays, and the device
+    work moves into a function of its own."""
+    use = next((u for u in MOVABLE_USES if u in fn.uses), None)
+    callee = next((c for c in fn.calls if ctx.fns[c].placement == "controller"), None)
+    loops = any(u in fn.uses for u in ("loop", "dataset", "sink"))
+    if loops or (use is None and callee is None):
         for what, span in fn.device_work:
             ctx.error("E1803", f"`{what}` is device work, but `{fn.name}` runs in the controller", span,
                       "device work", f"`{fn.name}` runs in the controller because it {fn.placement_reason}",
                       "move the device work into a function of its own, as the README's train_step, "
                       "and call it from the loop")
+        return
+    thing = MOVABLE_USES[use] if use is not None else f"the call of `{callee}`"
+    span = fn.uses[use] if use is not None else fn.calls[callee]  # type: ignore[index]
+    reason = (f"{CONTROLLER_USES[use]}, so it runs in the controller" if use is not None
+              else f"calls `{callee}`, which runs in the controller")
+    notes = tuple(f"`{what}` at {where} is device work, which runs on the workers" for what, where in fn.device_work)
+    ctx.diagnostics.append(Diagnostic(
+        "E1803", f"`{fn.name}` does device work, but it {reason}", span,
+        f"this makes `{fn.name}` run in the controller", (
+            f"move {thing} out of `{fn.name}` into the loop in the controller that calls it; "
+            f"`{fn.name}` can return the values it needs",), notes))

@@ -110,6 +110,24 @@ def masked_fill(ck: "BodyChecker", node: A.Call) -> T.Ty:
     return T.TensorT(x.axes, x.dtype)
 
 
+@rule("to")
+def to(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    """`to(x, f32)`: the same tensor with another dtype, value by value (torch's `.to`); an `Index`
+    bound doesn't survive, since nothing is known of the values' range after a conversion."""
+    args = ck.arrange(node, ["x", "dtype"], "`to`")
+    if args is None:
+        return _unused_args(ck, node)
+    t = tensor_arg(ck, args[0], "`to`")
+    dtype = args[1].value  # type: ignore[union-attr]
+    if not (isinstance(dtype, A.Name) and dtype.id in T.DTYPES):
+        return ck.error("E0401", "`to` takes a dtype second, as `to(x, f32)`", args[1].span,  # type: ignore
+                        "not a dtype", f"the dtypes: {', '.join(T.DTYPES)}")
+    if t is None:
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", "to", [args[0].value], dtype=dtype.id)  # type: ignore[union-attr]
+    return T.TensorT(t.axes, dtype.id)
+
+
 def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, object] | None:
     """A dim named by `node`, and how to get its size when the program runs: an int, or
     (parameter, axis) for a generic dim that a parameter's shape gives."""
@@ -120,7 +138,9 @@ def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, object] | None:
         return D.declared(node.id), ck.ctx.dim_values[node.id]
     dim = ck.dims.get(node.id)
     if dim is None:
-        ck.error("E0303", f"`{node.id}` isn't a dim here", node.span, "unknown dim")
+        from .checker import similar  # the checker imports this module
+        ck.error("E0303", f"`{node.id}` isn't a dim here", node.span, "unknown dim",
+                 similar(node.id, list(ck.dims) + list(ck.ctx.dim_values)))
         return None
     for p in ck.fn.params:
         t = p.ty

@@ -324,6 +324,8 @@ class _Writer:
             return f"torch.clamp({args[0]}, {', '.join(bounds)})"
         if name == "where":
             return f"torch.where({self.placed(0, opts['cond_index'], args)}, {args[1]}, {args[2]})"
+        if name == "to":
+            return f"{self.wrapped[0]}.to({specs.TORCH_DTYPES[opts['dtype']]})"
         if name == "masked_fill":
             return f"{self.wrapped[0]}.masked_fill({self.placed(1, opts['mask_index'], args)}, {args[2]})"
         if name == "causal":

@@ -103,7 +103,7 @@ def guard_for(c: Checked, fn: FnInfo, index: int, namespace: dict[str, Any]) -> 
     raise ValueError(f"`{fn.name}`'s parameter `{p.name}` of type {t.show()} can't be passed from Python")
 
 
-def result_check(c: Checked, fn: FnInfo) -> Guard | None:
+def result_check(c: Checked, fn: FnInfo) -> G.ResultGuard | None:
     """A check of a `python` or `extern` fn's result against its declared type (None: nothing to
     check). The built module prints it (`source`), so it runs wherever the module runs."""
     if fn.ret == T.NONE or fn.ret is T.UNKNOWN:
@@ -121,7 +121,24 @@ def result_check(c: Checked, fn: FnInfo) -> Guard | None:
         guard = G.KindGuard(param, t.kind, t.kind)
     else:
         return None
-    return guard
+    return G.ResultGuard(guard, _arg_dims(c, fn) if isinstance(t, T.TensorT) else ())
+
+
+def _arg_dims(c: Checked, fn: FnInfo) -> tuple[G.ArgDims | None, ...]:
+    """What each parameter of `fn` binds of the generic dims, for its result's check (trailing
+    parameters that bind none are left out)."""
+    out: list[G.ArgDims | None] = []
+    for p in fn.params:
+        param = G.Param(fn.name, p.name, str(p.node.span))
+        if isinstance(p.ty, T.TensorT) and any(D.is_generic(a.size) for a in p.ty.axes):
+            out.append(G.ArgDims(param, axis_checks(c, p.ty.axes)))
+        elif isinstance(p.ty, T.BatchT) and any(D.is_generic(a.size) for a in p.ty.axes):
+            out.append(G.ArgDims(param, axis_checks(c, p.ty.axes), batch=True))
+        else:
+            out.append(None)
+    while out and out[-1] is None:
+        out.pop()
+    return tuple(out)
 
 
 def source(value: Any) -> str:

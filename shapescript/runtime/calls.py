@@ -105,11 +105,12 @@ def preload_externs(targets: list[tuple[str, str, str]], script: str | None) -> 
         resolve(module, attr, where)
 
 
-def python_call(module: str, attr: str, args: tuple, check: Callable[[Any, dict], Any] | None, where: str) -> Any:
-    """Call `module.attr(*args)` and check its result against the declared type: `check` is a guard
-    (runtime/guards.py) that the built module prints, so the check runs on every target."""
+def python_call(module: str, attr: str, args: tuple, check: Callable[[Any, tuple], Any] | None, where: str) -> Any:
+    """Call `module.attr(*args)` and check its result against the declared type: `check` is a
+    ResultGuard (runtime/guards.py) that the built module prints, so the check runs on every target;
+    it binds the generic dims from `args` before it checks the result."""
     result = resolve(module, attr, where)(*args)
-    return check(result, {}) if check is not None else result
+    return check(result, args) if check is not None else result
 
 
 def show(*values: Any) -> None:

@@ -1,8 +1,8 @@
 """Data at run time: the specs of `data` types, batches, and checked loading from datasets.
 
 Every tensor that enters a program from outside is checked here against its `data` declaration:
-shape (fixed dims must match, generic dims bind once per item), dtype (converted, with integral
-checks for integer fields) and `Index[C]` bounds. Errors name the dataset item, the field, what
+shape (fixed dims must match, generic dims bind once per item), dtype (converted only where no
+value can change, `lossless`) and `Index[C]` bounds. Errors name the dataset item, the field, what
 was expected and what came, and the .ss line that declared the field.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.names import DATA_RESERVED, is_reserved
+from shapescript.names import DATA_RESERVED, is_reserved, similar
 from shapescript.runtime.model import dtype_name, shape_text
 
 try:  # numpy is optional; only needed to copy read-only arrays torch would warn about
@@ -98,6 +98,10 @@ class _Origin:
         if self.where is not None:
             return f"batch field `{f.name}`"
         return f"{self.record(row)}: field `{f.name}`"
+
+    def field(self, f: FieldSpec) -> str:
+        """The field as a whole (its dtype is the same in every row)."""
+        return f"batch field `{f.name}`" if self.where is not None else f"field `{f.name}` of the dataset's items"
 
     def declared(self, f: FieldSpec) -> str:
         extra = f"; the batch goes to {self.where}" if self.where is not None else ""
@@ -186,28 +190,34 @@ def _refuse(f: FieldSpec, t: torch.Tensor, bad: torch.Tensor, origin: _Origin, w
     raise DomainError(f"{origin.subject(f, row)} {held}, {what} {origin.declared(f)}")
 
 
-def _to_dtype(f: FieldSpec, t: torch.Tensor, origin: _Origin) -> torch.Tensor:
-    """Convert to the field's dtype; integer and bool fields refuse values they cannot hold."""
-    src, dst = t.dtype, f.dtype
-    if src == dst:
-        return t
-    if src.is_complex:
-        raise ShapeError(f"{origin.subject(f)} has dtype {dtype_name(src)}, expected "
-                         f"{f.type_text} {origin.declared(f)}")
-    if dst.is_floating_point or src == torch.bool:
-        return t.to(dst)
-    if dst == torch.bool:
-        _refuse(f, t, (t != 0) & (t != 1), origin, f"not a bool (0 or 1) as {f.type_text} requires")
-        return t.to(dst)
-    info, what = torch.iinfo(dst), f"out of range for {dtype_name(dst)} as {f.type_text} requires"
+def lossless(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Whether every value of dtype `src` is exactly a value of `dst` (a widening: bool to any number,
+    u8 to f32, i32 to i64, f16 to f32...). Only such a conversion is made without being asked for."""
+    if src == dst or (src == torch.bool and not dst.is_complex):
+        return True
+    if src.is_complex or dst.is_complex or dst == torch.bool or src == torch.bool:
+        return False
     if src.is_floating_point:
-        bad = ~torch.isfinite(t) | (t != t.trunc())
-        _refuse(f, t, bad, origin, f"not an integer as {f.type_text} requires")
-        # float(max) + 1 is exact (a power of two) where float(max) would round up to it.
-        _refuse(f, t, (t < info.min) | (t >= float(info.max) + 1), origin, what)
-    elif torch.iinfo(src).min < info.min or torch.iinfo(src).max > info.max:
-        _refuse(f, t, (t < info.min) | (t > info.max), origin, what)  # bounds fit the wider src
-    return t.to(dst)
+        if not dst.is_floating_point:
+            return False
+        a, b = torch.finfo(src), torch.finfo(dst)
+        return b.eps <= a.eps and b.max >= a.max and b.tiny <= a.tiny
+    s = torch.iinfo(src)
+    if dst.is_floating_point:  # integers up to 2 / eps are exact in a float
+        return max(-s.min, s.max) <= 2 / torch.finfo(dst).eps
+    d = torch.iinfo(dst)
+    return d.min <= s.min and d.max >= s.max
+
+
+def _to_dtype(f: FieldSpec, t: torch.Tensor, origin: _Origin, numpy: bool) -> torch.Tensor:
+    """Convert to the field's dtype where no value can change (`lossless`); any other dtype is a
+    ShapeError that says how to convert it, as for a function's tensor argument."""
+    if lossless(t.dtype, f.dtype):
+        return t if t.dtype == f.dtype else t.to(f.dtype)
+    fix = (f".astype(numpy.{str(f.dtype).split('.')[1]})" if numpy else f".to({f.dtype})")
+    raise ShapeError(f"{origin.field(f)}: expected dtype {dtype_name(f.dtype)}, got {dtype_name(t.dtype)}, "
+                     f"which can't be converted without changing values; convert it with {fix} "
+                     f"{origin.declared(f)}")
 
 
 def _check_index(f: FieldSpec, t: torch.Tensor, origin: _Origin) -> None:
@@ -227,10 +237,13 @@ def _check_record(spec: DataSpec, record: Any, origin: _Origin) -> dict[str, tor
     if not isinstance(record, Mapping):
         raise ShapeError(f"{origin.record()} is a {type(record).__name__}, expected a mapping "
                          f"with the fields of {spec.name} ({fields}; declared at {spec.where})")
+    extra = [key for key in record if key not in {f.name for f in spec.fields}]
     for f in spec.fields:
         if f.name not in record:
-            raise ShapeError(f"{origin.record()} has no field `{f.name}` {origin.declared(f)}")
-    extra = [key for key in record if key not in {f.name for f in spec.fields}]
+            near = [key for key in extra if isinstance(key, str) and similar(key, [f.name])]
+            given = (f"; it has `{near[0]}`, which {spec.name} does not declare: did you mean `{f.name}`?"
+                     if near else "")
+            raise ShapeError(f"{origin.record()} has no field `{f.name}` {origin.declared(f)}{given}")
     if extra:
         raise ShapeError(f"{origin.record()} has a field `{extra[0]}` that {spec.name} does not "
                          f"declare (its fields: {fields}; declared at {spec.where})")
@@ -239,7 +252,7 @@ def _check_record(spec: DataSpec, record: Any, origin: _Origin) -> dict[str, tor
     for f in spec.fields:
         t = _tensor(record[f.name], f, origin)
         _check_shape(f, t, origin, bound)
-        t = _to_dtype(f, t, origin)
+        t = _to_dtype(f, t, origin, np is not None and isinstance(record[f.name], np.ndarray))
         _check_index(f, t, origin)
         out[f.name] = t
     return out

@@ -74,11 +74,16 @@ class Param:
         return f"`{self.name}` of `{self.fn}` ({self.where})"
 
 
-def _bind(axes: tuple[AxisCheck, ...], shape: tuple[int, ...], bindings: Bindings, source: str) -> int | None:
-    """Bind bare generics, then check every axis; the index of the first bad axis, or None."""
+def _bind_generics(axes: tuple[AxisCheck, ...], shape: tuple[int, ...], bindings: Bindings, source: str) -> None:
+    """Bind the bare generics not bound yet to their sizes in `shape`."""
     for a, n in zip(axes, shape):
         if a.generic is not None and a.generic not in bindings:
             bindings[a.generic] = (n, source)
+
+
+def _bind(axes: tuple[AxisCheck, ...], shape: tuple[int, ...], bindings: Bindings, source: str) -> int | None:
+    """Bind bare generics, then check every axis; the index of the first bad axis, or None."""
+    _bind_generics(axes, shape, bindings, source)
     values = {k: v for k, (v, _) in bindings.items()}
     for k, (a, n) in enumerate(zip(axes, shape)):
         want = a.size if a.size is not None else values.get(a.generic) if a.generic else (
@@ -165,6 +170,34 @@ class BatchGuard:
                              f"{bindings[check.generic][0] if check.generic else '?'} before"
                              f"{_explain(axes, bindings, source)}")
         return batch
+
+
+@dataclass(frozen=True)
+class ArgDims:
+    """A python or extern fn's parameter whose type carries generic dims: the axes of its tensor
+    (or, for a batch, `[b]` of its size)."""
+    param: Param
+    axes: tuple[AxisCheck, ...]
+    batch: bool = False
+
+
+@dataclass(frozen=True)
+class ResultGuard:
+    """A python or extern fn's result check. The generic dims are bound from the arguments first,
+    as the fn's type says: `add_noise(x: [n D]) -> [n D]` must return as many rows as `x` has."""
+    result: Any  # a TensorGuard or KindGuard
+    args: tuple[ArgDims | None, ...] = ()  # one per parameter; None where it binds no dim
+
+    def __call__(self, value: Any, args: tuple) -> Any:
+        bindings: Bindings = {}
+        for dims, arg in zip(self.args, args):
+            if dims is None:
+                continue
+            shape = (arg.size,) if dims.batch and isinstance(arg, Batch) else \
+                tuple(arg.shape) if isinstance(arg, torch.Tensor) else None
+            if shape is not None and len(shape) == len(dims.axes):  # else the fn's own check fails
+                _bind_generics(dims.axes, shape, bindings, str(dims.param))
+        return self.result(value, bindings)
 
 
 @dataclass(frozen=True)

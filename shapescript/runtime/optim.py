@@ -139,7 +139,7 @@ def adamw(m: Model, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
     return _make("AdamW", torch.optim.AdamW, m, hyper)
 
 
-def sgd(m: Model, lr: float = 1e-2, momentum: float = 0.0, weight_decay: float = 0.0,
+def sgd(m: Model, lr: float = 1e-3, momentum: float = 0.0, weight_decay: float = 0.0,
         nesterov: bool = False) -> Optimizer:
     hyper = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov}
     return _make("Sgd", torch.optim.SGD, m, hyper)

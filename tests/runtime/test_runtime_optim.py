@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import pytest
@@ -139,6 +140,16 @@ def test_optimizer_records_kind_and_hyper(mlp: ModelSpec) -> None:
     s = sgd(m)
     assert s.kind == "Sgd" and isinstance(s.torch_opt, torch.optim.SGD)
     assert s.torch_opt.param_groups[0]["params"][0] is m._leaf("w1")
+
+
+@pytest.mark.parametrize("ours, torchs", [(adamw, torch.optim.AdamW), (sgd, torch.optim.SGD)])
+def test_defaults_are_torchs(ours: Callable, torchs: type) -> None:
+    """docs/api.md promises torch's defaults: each setting ss.adamw / ss.sgd take defaults to what
+    the installed torch's optimizer does (sgd's lr was once 1e-2, torch's 1e-3)."""
+    theirs = inspect.signature(torchs).parameters
+    for name, param in inspect.signature(ours).parameters.items():
+        if name != "m":
+            assert param.default == theirs[name].default, (ours.__name__, name)
 
 
 @pytest.mark.parametrize("make,message", [
