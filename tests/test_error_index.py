@@ -34,6 +34,18 @@ def test_example_raises_exactly_its_code(code: str) -> None:
 
 
 @pytest.mark.parametrize("code", sorted(CODES))
+def test_example_says_what_to_do(code: str) -> None:
+    """rustc/Elm style: every error ends with a `= help:` line that is a way out, not the error again."""
+    err = compile_example(code)
+    d = err.diagnostics[0]
+    helps = [line.split("= help:", 1)[1].strip() for line in str(err).splitlines() if "= help:" in line]
+    assert helps, f"{code}'s example prints no help line:\n{err}"
+    restated = {d.message.casefold(), d.label.casefold()}
+    assert any(len(h.split()) >= 2 and h.casefold() not in restated and h.casefold() not in d.message.casefold()
+               for h in helps), f"{code}'s help only restates the error: {helps}"
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
 def test_golden_message(code: str) -> None:
     assert_golden(str(compile_example(code)) + "\n", GOLDEN / f"{code}.txt")
 

@@ -132,7 +132,9 @@ class BodyChecker:
         problem = self.conforms(expected, t)
         if problem:
             self.error("E0305", f"`{self.fn.name}` must return {expected.show()}{self.ctx.dim_note(expected)}, "
-                       f"but this is {t.show()}", s.value.span, problem, misspelled_dim(expected, t))
+                       f"but this is {t.show()}", s.value.span, problem,
+                       misspelled_dim(expected, t)
+                       or f"declare the result as `-> {t.show()}`, or return a {expected.show()} value")
         elif isinstance(expected, T.TensorT) and isinstance(t, T.TensorT):  # an `Index[C]` result needs its bound
             B._check_element(self, f"`{self.fn.name}`'s result", expected, t, s.value.span)
 
@@ -222,7 +224,9 @@ class BodyChecker:
             return self.dim_value(node)
         candidates = list(self.vars) + list(self.ctx.fns)
         return self.error("E0201", f"unknown name `{node.id}`", node.span, "not defined",
-                          similar(node.id, candidates))
+                          similar(node.id, candidates)
+                          or f"assign it before this line (`{node.id} = ...`) or take it as a parameter of "
+                          f"`{self.fn.name}`")
 
     def dim_value(self, node: A.Name) -> T.Ty:
         """A dim used as a number, as `1.0 / Dh ** 0.5`: its size, known or read off a parameter."""
@@ -266,7 +270,7 @@ class BodyChecker:
         if isinstance(t, T.ScalarT) and t.kind in ("int", "float", "bool"):
             return t
         return self.error("E0401", f"expected a tensor or a number, found {t.show()}", node.span,
-                          f"this is {t.show()}")
+                          f"this is {t.show()}", tensor_help(t, source_text(self, node)))
 
     def binary(self, node: A.Binary) -> T.Ty:
         if node.op in ("and", "or"):
@@ -389,7 +393,8 @@ class BodyChecker:
                     ok = False
                 elif k >= len(names):
                     self.error("E0206", f"{what} takes {len(names)} argument{'s' * (len(names) != 1)}, "
-                               f"given {len(node.args)}", arg.span, "one too many")
+                               f"given {len(node.args)}", arg.span, "one too many",
+                               f"remove the extra argument; {what} takes ({', '.join(names)})")
                     ok = False
                 else:
                     out[k] = arg
@@ -509,6 +514,15 @@ def source_text(ck: BodyChecker, node: A.Node | Span) -> str:
 def cast_help(ck: BodyChecker, node: A.Node | Span, dtype: str) -> str:
     """The way out of a dtype mismatch: the conversion, written on the user's own expression."""
     return f"convert it, as `to({source_text(ck, node)}, {dtype})`"
+
+
+def tensor_help(t: T.Ty, text: str) -> str:
+    """Where an operator met a model: name one of its tensors, as `m.w`."""
+    if isinstance(t, T.ModelT):
+        tensors = [m.name for m in t.members.values() if m.tensor is not None]
+        if tensors:
+            return f"use one of its tensors, as `{text}.{tensors[0]}`"
+    return "pass a tensor or a number here"
 
 
 def passes_mut(fn: FnInfo, param: str) -> bool:

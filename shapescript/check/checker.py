@@ -110,7 +110,8 @@ def collect(ctx: Context) -> DeviceSet:
                 value = ctx.dim_override.get(item.name, item.value)
                 if value is not None and value <= 0:
                     ctx.error("E0310", f"dim `{item.name}` must be a positive size, not {value}",
-                              item.span, "not a size")
+                              item.span, "not a size", f"pass `--dim {item.name}=SIZE` with a SIZE of 1 or more"
+                              if item.name in ctx.dim_override else f"give `{item.name}` a size of 1 or more")
                 ctx.dim_values[item.name] = value
     for name in ctx.dim_override:
         if name not in ctx.dim_values:

@@ -140,7 +140,8 @@ def cross_entropy(ck: "BodyChecker", node: A.Call) -> T.Ty:
                         "not known to be in range", "declare the labels as `[] Index[C]`")
     if not classes.same(T.AxisT(labels.index)):
         return ck.error("E0309", f"labels are {labels.show()}, but the classes are {classes.show()}",
-                        args[1].span, "a different bound")  # type: ignore[union-attr]
+                        args[1].span, "a different bound",  # type: ignore[union-attr]
+                        f"declare the labels as `Index[{classes.show()}]`, the logits' classes axis")
     mask_index = None
     if args[3] is not None:
         mask_index = mask_of(ck, args[3], labels)
