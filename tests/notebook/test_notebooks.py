@@ -68,11 +68,18 @@ def execute(path: Path, km: KernelManager, **start: object) -> NotebookNode:
 def shown(cell: NotebookNode) -> str:
     """Everything a code cell showed as text: its streams, the text/plain of its displays and result,
     and its error."""
-    parts = []
+    parts: list[str] = []
+    streaming = False  # the last part is a stream's: one print may arrive in pieces, joined as written
     for out in cell.get("outputs", []):
         if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("display_data", "execute_result"):
+            if streaming:
+                parts[-1] += out.text
+            else:
+                parts.append(out.text)
+            streaming = True
+            continue
+        streaming = False
+        if out.output_type in ("display_data", "execute_result"):
             parts.append(out.data.get("text/plain", ""))
         elif out.output_type == "error":
             parts.append(f"{out.ename}: {out.evalue}")
