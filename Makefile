@@ -2,12 +2,15 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
+# Where torch comes from: pip's own index by default (on our machines it holds the CPU build); on a
+# machine where that gives the multi-GB CUDA build, `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
+TORCH_INDEX ?=
 
 .PHONY: demo test bench clean chromium
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[test,demo]'
 	touch $@
 
@@ -15,6 +18,8 @@ demo: $(VENV)/.installed
 	$(PY) examples/digits/train.py
 
 test: $(VENV)/.installed chromium
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is never used).

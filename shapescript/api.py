@@ -8,7 +8,6 @@ import linecache
 import numbers
 import os
 import types
-import re
 import threading
 import traceback
 import warnings
@@ -19,7 +18,8 @@ from typing import Any
 import torch
 
 from .check.checker import check_source
-from .check.program import Checked, DeviceSet, FnInfo
+from .check.program import Checked, FnInfo
+from .devices import DeviceSet, parse_devices
 from .errors import CompileError, Diagnostic, ShapeScriptError, Span
 from .lower import guards as LG
 from .lower.codegen import generate, py_name
@@ -27,25 +27,6 @@ from .lower.text import comment_text
 from .runtime import calls
 from .runtime.model import Model, require_visible
 from .syntax import ast as A
-
-_DEVICES = re.compile(r"^\s*(cpu|cuda)\s*(?:\[\s*((?:\d+\s*)*)\])?\s*$")
-
-
-def parse_devices(text: str | DeviceSet) -> DeviceSet:
-    """`"cpu"`, `"cuda[0 1 2]"` (the program's own spelling) as a DeviceSet."""
-    if isinstance(text, DeviceSet):
-        return text
-    if not isinstance(text, str):
-        raise TypeError(f"devices is a str, as 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', not {type(text).__name__}")
-    m = _DEVICES.match(text)
-    if not m:
-        raise ValueError(f"devices must be written as in a program, e.g. 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', "
-                         f"not {text!r}")
-    indices = tuple(int(i) for i in m.group(2).split()) if m.group(2) is not None else None
-    if indices is not None and (not indices or len(set(indices)) != len(indices)):
-        raise ValueError(f"devices {text!r}: list each device once, and at least one")
-    return DeviceSet(m.group(1), indices)
-
 
 def read_program(path_or_source: str | os.PathLike[str], name: str | None = None) -> tuple[str, str]:
     """(source, file name): a path to a .ss file (a str ending in .ss, or a pathlib.Path), or the
@@ -140,20 +121,21 @@ def compile_program(source: str, file: str, devices: DeviceSet | str | None = No
 
 
 def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dims: dict[str, int] | None = None,
-         name: str | None = None) -> "Program":
-    """Check and build a program. `devices` overrides its devices line; `dims` sets declared dims' sizes."""
+         name: str | None = None, check_types: bool = False) -> "Program":
+    """Check and build a program. `devices` overrides its devices line; `dims` sets declared dims' sizes;
+    `check_types` builds a debug module that checks every value against its checked type as it runs."""
     source, file = read_program(path_or_source, name)
-    return Program(compile_program(source, file, devices, dims))
+    return Program(compile_program(source, file, devices, dims), check_types)
 
 
 class Program:
     """A loaded program: `prog.Mlp.init(seed=0)`, `prog.train_step(m, opt, batch)`, `prog.Digit`."""
 
-    def __init__(self, checked: Checked) -> None:
+    def __init__(self, checked: Checked, check_types: bool = False) -> None:
         self.checked = checked
         self._pool: Any = None
         self._workers_lock, self._lock_pid = threading.RLock(), os.getpid()  # see _pool_lock
-        self.python_source = generate(checked)
+        self.python_source = generate(checked, check_types=check_types)
         self._module_file = f"<shapescript {comment_text(checked.file)}>"  # no NUL or line break from a name
         linecache.cache[self._module_file] = (len(self.python_source), None,
                                               self.python_source.splitlines(True), self._module_file)
@@ -168,7 +150,7 @@ class Program:
             self._members[name] = namespace[f"{name}_spec"]
         if self.several:  # functions on the workers are called through them, from Python or the controller
             from .parallel.loading import Datasets, RemoteBatches
-            from .parallel.remote import RemoteFunction
+            from .parallel.remote import RemoteFunction, SplitCall
             self.datasets = Datasets()
             core = namespace["_rt"]
             controller_rt = types.SimpleNamespace(**{k: getattr(core, k) for k in core.__all__})
@@ -176,7 +158,8 @@ class Program:
             namespace["_rt"] = controller_rt  # the workers load the controller's batches themselves
             for fn in checked.fns.values():
                 if fn.placement == "workers" and fn.kind == "fn":
-                    namespace[py_name(fn.name)] = RemoteFunction(self, fn, py_name(fn.name))
+                    plan = SplitCall(f"`{fn.name}` ({fn.span})", tuple(fn.split_params), fn.split_result)
+                    namespace[py_name(fn.name)] = RemoteFunction(self, plan, py_name(fn.name))
         for name, fn in checked.fns.items():
             self._members[name] = Function(self, fn)
 
@@ -223,7 +206,7 @@ class Program:
         hold, so `old`'s handles stay valid. `keep_datasets`: the data types are unchanged, so the
         datasets the workers keep may be used as they are. False if there was nothing to adopt."""
         pool = old.pool
-        if pool is None or not self.several or not _same_devices(pool.devices, self.checked.device_set):
+        if pool is None or not self.several or not pool.devices.same_workers(self.checked.device_set):
             return False
         with self._pool_lock():
             pool.first("load_program", self._load_args(), where="loading the program")
@@ -349,10 +332,6 @@ class Function:
         sig = ", ".join(("mut " if p.mut else "") + f"{p.name}: {p.ty.show()}" for p in self.info.params)
         ret = "" if self.info.ret.show() == "nothing" else f" -> {self.info.ret.show()}"
         return f"<fn {self.name}({sig}){ret} at {self.info.span}, runs {self.info.placement}>"
-
-
-def _same_devices(a: DeviceSet, b: DeviceSet) -> bool:
-    return (a.kind, a.indices) == (b.kind, b.indices)  # options don't change which worker runs where
 
 
 def _source_line(checked: Checked, span: Span) -> str:

@@ -350,7 +350,9 @@ def markdown() -> str:
         if c.code[1:3] != chapter:
             chapter = c.code[1:3]
             out += [f"## {CHAPTERS[chapter]}", ""]
-        out += [f"### {c.code}: {c.title}", "", c.explanation, "", "```", c.example.rstrip("\n"), "```", "",
+        # The fence's tag says how the docs' tests check the example (see tests/test_doc_snippets.py).
+        fence = f"```{'ss-build-error' if c.code in BUILD_ONLY else 'ss-error'} {c.code}"
+        out += [f"### {c.code}: {c.title}", "", c.explanation, "", fence, c.example.rstrip("\n"), "```", "",
                 c.fix, ""]
     out += ["## At run time", "",
             "A program that compiles can still meet bad input or a machine that can't give what it asks. "

@@ -52,12 +52,16 @@ class Span:
 
 @dataclass(frozen=True)
 class Diagnostic:
+    """One error. `secondary` holds rustc's secondary labels: other places the error involves, such
+    as where a dim was bound, each a span and its text, underlined with `-` under the primary's `^`."""
+
     code: str
     message: str
     span: Span
     label: str = ""
     help: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    secondary: tuple[tuple[Span, str], ...] = ()
 
     @property
     def line(self) -> int:
@@ -68,24 +72,86 @@ class Diagnostic:
         return self.span.col
 
     def render(self, source: str | None) -> str:
-        """The rustc-style text: header, location, the line with a caret, help lines."""
+        """The rustc-style text: header, location, each line an annotation is on (in line order) with
+        its underlines and labels, then notes and help lines. A secondary label whose line can't be
+        shown (another file, no source) becomes a note naming its place."""
         out = [f"error[{self.code}]: {self.message}", f"  --> {self.span}"]
         lines = source.splitlines() if source is not None else []
-        if 0 < self.span.line <= len(lines):
-            text = lines[self.span.line - 1].expandtabs(1)
-            gutter = str(self.span.line)
-            pad = " " * len(gutter)
-            end = self.span.end_col if self.span.end_line == self.span.line else len(text) + 1
-            width = max(1, end - self.span.col)
-            out.append(f"{pad} |")
-            out.append(f"{gutter} | {text}")
-            caret = " " * (self.span.col - 1) + "^" * width
-            out.append(f"{pad} | {caret}{(' ' + self.label) if self.label else ''}")
-        for note in self.notes:
+
+        def shown(span: Span) -> bool:
+            return span.file == self.span.file and 0 < span.line <= len(lines)
+
+        marks = [_Mark(self.span, self.label, "^")] if shown(self.span) else []
+        marks += [_Mark(span, text, "-") for span, text in self.secondary if shown(span) and marks]
+        elsewhere = [f"{span}: {text}" for span, text in self.secondary if not (shown(span) and marks)]
+        if marks:
+            out += _snippet(marks, lines)
+        for note in (*self.notes, *elsewhere):
             out.append(f"  = note: {note}")
         for line in self.help:
             out.append(f"  = help: {line}")
         return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """One underline of a snippet: `^` for the primary span, `-` for a secondary one."""
+
+    span: Span
+    label: str
+    char: str
+
+
+def _snippet(marks: list[_Mark], lines: list[str]) -> list[str]:
+    """The annotated lines, rustc's layout: a gutter as wide as the largest line number, `...` where
+    lines are skipped; on each line, one row of underlines with the rightmost label after it, and
+    the labels further left hung below their underlines on `|`."""
+    by_line: dict[int, list[_Mark]] = {}
+    for m in marks:
+        by_line.setdefault(m.span.line, []).append(m)
+    width = len(str(max(by_line)))
+    pad = " " * width
+    out = [f"{pad} |"]
+    previous: int | None = None
+    for number in sorted(by_line):
+        if previous is not None and number > previous + 1:
+            out.append("...")
+        previous = number
+        text = lines[number - 1].expandtabs(1)
+        out.append(f"{str(number).ljust(width)} | {text}")
+        out += [f"{pad} | {row}".rstrip() for row in _underlines(by_line[number], len(text))]
+    return out
+
+
+def _underlines(marks: list[_Mark], text_width: int) -> list[str]:
+    """The rows under one source line: the underlines, then the hanging labels, right to left."""
+    marks = sorted(marks, key=lambda m: (m.span.col, m.char == "^"))  # at one column, the primary last
+    row: list[str] = []
+    for m in marks:
+        end = m.span.end_col if m.span.end_line == m.span.line else text_width + 1
+        start, length = m.span.col - 1, max(1, end - m.span.col)
+        row += [" "] * max(0, start + length - len(row))
+        for k in range(start, start + length):
+            if row[k] == " " or m.char == "^":  # the primary's underline wins where two overlap
+                row[k] = m.char
+    last = marks[-1]
+    rows = ["".join(row) + (f" {last.label}" if last.label else "")]
+    hanging = [m for m in marks[:-1] if m.label]
+    if hanging:
+        rows.append(_bars([m.span.col - 1 for m in hanging]))
+    for i in range(len(hanging) - 1, -1, -1):
+        m = hanging[i]
+        rows.append(_bars([h.span.col - 1 for h in hanging[:i]], m.span.col - 1) + m.label)
+    return rows
+
+
+def _bars(columns: list[int], width: int | None = None) -> str:
+    """A row with `|` at each column, as long as `width` (the start of a label) when given."""
+    size = max([c + 1 for c in columns] + [width or 0])
+    row = [" "] * size
+    for c in columns:
+        row[c] = "|"
+    return "".join(row)
 
 
 @dataclass

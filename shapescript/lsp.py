@@ -26,7 +26,7 @@ from pygls.workspace import TextDocument
 from .check.checker import check_source
 from .check.program import Checked
 from .codes import CODES
-from .errors import CompileError, Diagnostic
+from .errors import CompileError, Diagnostic, Span
 
 NAME = "shapescript"
 # The error index, linked from each diagnostic's code where this is a source checkout (an
@@ -140,16 +140,24 @@ def file_of(uri: str) -> str:
 
 
 def to_lsp(d: Diagnostic, doc: TextDocument) -> T.Diagnostic:
-    """A compiler diagnostic as LSP's: 0-based positions, in the client's code units."""
-    s = d.span
+    """A compiler diagnostic as LSP's: 0-based positions, in the client's code units. Its secondary
+    labels (where a dim was bound, a declaration) are its related information, in the same document."""
+    related = [T.DiagnosticRelatedInformation(location=T.Location(uri=doc.uri, range=lsp_range(span, doc)),
+                                              message=text)
+               for span, text in d.secondary if span.file == d.span.file]
+    return T.Diagnostic(range=lsp_range(d.span, doc), message=message_of(d), severity=T.DiagnosticSeverity.Error,
+                        code=d.code, code_description=code_link(d.code), source=NAME,
+                        related_information=related or None)
+
+
+def lsp_range(s: Span, doc: TextDocument) -> T.Range:
+    """A span as an LSP range: 0-based, in the client's code units."""
     start = T.Position(line=max(s.line - 1, 0), character=max(s.col - 1, 0))
     end = T.Position(line=max(s.end_line - 1, 0), character=max(s.end_col - 1, 0))
     if (end.line, end.character) < (start.line, start.character):
         end = start
     # The checker counts columns in characters; a client may count UTF-16 units (the default).
-    rng = doc.position_codec.range_to_client_units(doc.lines, T.Range(start=start, end=end))
-    return T.Diagnostic(range=rng, message=message_of(d), severity=T.DiagnosticSeverity.Error,
-                        code=d.code, code_description=code_link(d.code), source=NAME)
+    return doc.position_codec.range_to_client_units(doc.lines, T.Range(start=start, end=end))
 
 
 def message_of(d: Diagnostic) -> str:

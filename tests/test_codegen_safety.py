@@ -243,9 +243,9 @@ RESULTS = textwrap.dedent("""\
 
 # What each wrong result raises, on every target (the batch's size aside).
 WRONG = {
-    "f": r"`result` of `narrow` \(res\.ss:3:1\): expected \[b D\] with D = 3, got shape \[\d+, 2\]; axis 2 is 2, not D",
+    "f": r"`result` of `narrow` \(res\.ss:3:1\): expected \[b D\] with D = 3, got shape \[\d+, 2\]; dim 1 is 2, not D = 3",
     "g": r"`result` of `as_int` \(res\.ss:4:1\): expected dtype f32, got i64",
-    "h": r"`result` of `square` \(res\.ss:5:1\): expected \[b 2\*b\], got shape \[\d+, \d+\]; axis 2 is \d+, not 2\*b",
+    "h": r"`result` of `square` \(res\.ss:5:1\): expected \[b 2\*b\], got shape \[\d+, \d+\]; dim 1 is \d+, not 2\*b = \d+",
 }
 
 

@@ -8,7 +8,7 @@ import torch
 
 from shapescript.check.checker import check_source
 from shapescript.codes import CODES
-from shapescript.errors import CompileError, Diagnostic, ShapeError
+from shapescript.errors import CompileError, Diagnostic, ShapeError, Span
 from shapescript.runtime.data import DataSpec, FieldSpec, batch_from_python, check_item
 
 
@@ -114,3 +114,97 @@ def test_misspelled_batch_field_is_named() -> None:
                           "train.ss:14:20")
     with pytest.raises(ShapeError, match=r"^item 2 of the dataset has no field `label` .*did you mean `label`\?$"):
         check_item(DIGIT, {"img": torch.zeros(4), "Label": 1}, 2)
+
+
+# ---- secondary labels: where a dim was bound, rustc's `-` underlines ---------------------------
+
+def test_render_draws_secondary_labels_in_line_order() -> None:
+    source = "dim D = 4\nfn f(x: [n D]) -> [n] = g(x, y)\n"
+    primary = Span("t.ss", 2, 31, 2, 32)
+    secondary = ((Span("t.ss", 2, 28, 2, 29), "`n` is 3 here"),  # left of the primary, same line
+                 (Span("t.ss", 1, 5, 1, 6), "declared here"),  # an earlier line
+                 (Span("u.ss", 4, 2, 4, 3), "in another file"))  # no line of this source to show
+    d = Diagnostic("E0306", "a message", primary, "this is [E]", ("do this",), (), secondary)
+    assert d.render(source) == "\n".join([
+        "error[E0306]: a message",
+        "  --> t.ss:2:31",
+        "  |",
+        "1 | dim D = 4",
+        "  |     - declared here",
+        "2 | fn f(x: [n D]) -> [n] = g(x, y)",
+        "  |                            -  ^ this is [E]",
+        "  |                            |",
+        "  |                            `n` is 3 here",
+        "  = note: u.ss:4:2: in another file",
+        "  = help: do this",
+    ])
+    # Lines between two annotated ones are skipped with `...`; a wide line number widens the gutter.
+    far = "\n".join(f"line {k}" for k in range(1, 11)) + "\n"
+    d = Diagnostic("E0301", "m", Span("t.ss", 10, 1, 10, 5), "here", (), (),
+                   ((Span("t.ss", 8, 6, 8, 7), "there"),))
+    assert d.render(far).splitlines()[2:] == ["   |", "8  | line 8", "   |      - there", "...",
+                                              "10 | line 10", "   | ^^^^ here"]
+
+
+def position(source: str, needle: str, after: str = "") -> tuple[int, int]:
+    """The 1-based (line, column) of `needle`'s first occurrence after the text `after`."""
+    start = source.index(needle, source.index(after) + len(after) if after else 0)
+    before = source[:start]
+    return before.count("\n") + 1, start - (before.rfind("\n") + 1) + 1
+
+
+def secondary_at(d: Diagnostic) -> dict[tuple[int, int], str]:
+    return {(s.line, s.col): text for s, text in d.secondary}
+
+
+def test_a_generic_dim_bound_by_an_earlier_argument_is_pointed_at() -> None:
+    source = "dim D = 4\ndim E = 4\n\nfn add(x: [n], y: [n]) -> [n] = x + y\n\nfn f(a: [D], b: [E]) -> [D] = add(a, b)\n"
+    d = only(source, "E0306", *position(source, "b)", "add("))
+    assert secondary_at(d) == {position(source, "a,", "add("): "`n` is D here"}
+
+
+def test_a_parameter_declared_elsewhere_is_pointed_at() -> None:
+    source = "dim D = 4\ndim H = 8\n\nfn g(x: [n H]) -> [n] = sum(x, over=H)\n\nfn f(x: [n D]) -> [n] = g(x)\n"
+    d = only(source, "E0301", *position(source, "x)", "= g("))
+    assert d.label == "dim 1 is D, not H"
+    assert secondary_at(d) == {position(source, "H]", "fn g("): "`x`'s dim 1 is declared H here"}
+
+
+def test_matmul_points_at_both_operands_declared_axes_and_follows_them_through_operations() -> None:
+    source = ("dim D = 4\ndim H = 8\n\nmodel M:\n    param w: [D H] = zeros()\n\n"
+              "fn f(m: M, x: [n D]) -> [n H] = relu(x @ m.w) @ m.w\n")
+    d = only(source, "E0304", *position(source, "relu("))
+    member = position(source, "[D H]")
+    assert secondary_at(d) == {(member[0], member[1] + 3): "`m.w`'s last axis is H here",
+                               (member[0], member[1] + 1): "`m.w`'s first axis is D here"}
+
+
+def test_matmul_of_a_local_points_at_its_assignment() -> None:
+    source = ("dim D = 4\ndim H = 8\n\nfn f(x: [n D], w: [H D]) -> [n D]:\n    h = x * 2.0\n    return h @ w\n")
+    d = only(source, "E0304", *position(source, "h @ w"))
+    assert secondary_at(d) == {position(source, "h = "): "`h` is [n D] from here",
+                               position(source, "H D]"): "`w`'s first axis is H here"}
+
+
+def test_a_wrong_result_points_at_the_declared_result_type() -> None:
+    source = "dim D = 4\n\nfn f(x: [n D]) -> [n] = x * 2\n"
+    d = only(source, "E0305", *position(source, "x * 2"))
+    assert secondary_at(d) == {position(source, "[n]"): "the result is declared [n] here"}
+    rendered = d.render(source).splitlines()
+    assert rendered[4:7] == ["  |                   ---   ^^^^^ 2 axes, not 1", "  |                   |",
+                             "  |                   the result is declared [n] here"]
+
+
+def test_every_secondary_label_is_shown_once_wherever_it_points() -> None:
+    # Any place in the source, before, on or after the primary's line, overlapping it or not: the
+    # label is printed once, under its own line's text, and the primary's label too.
+    source = "ab cd\n\tef gh\nij kl mn\n"
+    primary = Span("t.ss", 2, 2, 2, 4)
+    for line in range(1, 5):
+        for col in range(1, 10):
+            d = Diagnostic("E0301", "m", primary, "PRIMARY", (), (),
+                           ((Span("t.ss", line, col, line, col + 2), "SECOND"),))
+            text = d.render(source)
+            assert text.count("SECOND") == 1 and text.count("PRIMARY") == 1, text
+            shown = line <= 3
+            assert (f"{line} | " in text) == shown and ("= note: t.ss:" in text) != shown, text

@@ -1,4 +1,4 @@
-"""Every `ss` block in docs/ compiles; every `ss-error CODE` block fails with exactly that code."""
+"""Every `ss` block in README.md and docs/ compiles; every `ss-error CODE` block fails with exactly that code."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ BLOCK = re.compile(r"^```(ss(?:-error (E\d{4}))?)\n(.*?)^```", re.MULTILINE | re
 
 def blocks() -> list:
     out = []
-    for path in sorted((ROOT / "docs").glob("*.md")):
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for k, m in enumerate(BLOCK.finditer(path.read_text())):
             out.append(pytest.param(m.group(3), m.group(2), id=f"{path.stem}-{k}"))
     return out
@@ -38,14 +38,14 @@ def test_docs_have_blocks() -> None:
 
 
 def readme_program() -> str:
-    """The README's program: its first code block, which the README's script loads as mlp.ss."""
-    return (ROOT / "README.md").read_text().split("\n```\n", 1)[1].split("```")[0]
+    """The README's program: its ```ss block, which the README's script loads as mlp.ss."""
+    return (ROOT / "README.md").read_text().split("\n```ss\n", 1)[1].split("```")[0]
 
 
 def test_the_readme_error_is_what_the_compiler_prints() -> None:
     """Of the README's own program, so that the line numbers shown are its lines (once 17 for 14)."""
     readme = (ROOT / "README.md").read_text()
-    shown = readme.split("A mistake is caught before anything runs:\n\n```\n")[1].split("```")[0]
+    shown = readme.split("A mistake is caught before anything runs:\n\n```output\n")[1].split("```")[0]
     program = readme_program()
     assert program in (ROOT / "examples" / "readme" / "mlp.ss").read_text()  # what test_readme_mlp runs
     source = program.replace("relu(x @ m.w1) @ m.w2", "relu(x @ m.w1) @ m.w1")

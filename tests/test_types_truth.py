@@ -3,6 +3,8 @@ result is a value known to lie under C, and `to` converts dtypes, per example on
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import operator
 import textwrap
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 import shapescript as ss
+from shapescript.check import types as T
 from shapescript.check.checker import check_source
 from shapescript.errors import CompileError
 
@@ -172,3 +175,112 @@ def test_accuracy_with_to_matches_pytorch_on_one_and_two_devices(devices: str) -
         assert hits.dtype == torch.float32 and torch.equal(hits, hit.to(torch.float32))
     finally:
         prog.stop()
+
+
+# ---- plain numbers: Python's types (holes found by tests/test_types_runtime.py) ----------------
+
+NUMBER_CASES = ["2 ** -1", "2 ** 3", "2 ** 0", "true ** -2", "3 ** true", "0.5 ** 2", "2 ** -0.5",
+                "-true", "-true * 2", "true + true", "1 / 2", "2 * 3 - 1"]
+
+
+@pytest.mark.parametrize("expr", NUMBER_CASES)
+def test_arithmetic_of_plain_numbers_has_python_s_type(expr: str) -> None:
+    """`2 ** -1` is 0.5 in Python, a float, and `-true` is -1, an int: the checker's type of each
+    expression is the type of Python's own value, and the debug build finds the same at run time."""
+    value = eval(expr.replace("true", "True"))  # noqa: S307 - our own literal expressions
+    expected = {int: "int", float: "float"}[type(value)]
+    checked = check_source(f"fn f() -> [] = {expr}\n", "p.ss")
+    assert checked.type_of(checked.fns["f"].node.body[-1].value).show() == expected, expr
+    prog = ss.load(f"fn f(x: [n] i64) -> [n] {'f32' if expected == 'float' else 'i64'} = x * ({expr})\n",
+                   name="p.ss", check_types=True)
+    result = prog.f(torch.tensor([1, 2]))
+    assert torch.equal(result, torch.tensor([1, 2]) * value)
+
+
+def test_a_whole_power_needs_an_exponent_of_known_sign() -> None:
+    """`2 ** k` of an int k is an int or a float as k's sign goes: refused (E0308); a dim's size
+    is positive, so `2 ** n` is an int."""
+    assert codes("fn f(x: [n], k: int) -> [n] = x * 2 ** k\n") == ["E0308"]
+    prog = ss.load("fn f(x: [n] i64) -> [n] i64 = x * 2 ** n\n", name="p.ss", check_types=True)
+    assert torch.equal(prog.f(torch.tensor([1, 2, 3])), torch.tensor([8, 16, 24]))
+    assert ss.load("fn f(x: [n], k: int) -> [n] = x * 2.0 ** k\n", name="p.ss").f(torch.ones(2), -1).tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("dtype,fill", [("f16", "-1e9"), ("f16", "-1e4"), ("f16", "70000"), ("bf16", "-1e9"),
+                                        ("f32", "-1e9"), ("i32", "-1e10"), ("i32", "-5")])
+def test_masked_fill_refuses_a_value_its_dtype_can_t_hold(dtype: str, fill: str) -> None:
+    """torch refuses to fill an f16 tensor with -1e9; so does the checker (E0401), exactly where torch does."""
+    x = torch.ones(2, 2, dtype={**SS_DTYPES, "bf16": torch.bfloat16}[dtype])
+    mask = torch.ones(2, 2).triu(1).bool()
+    try:
+        expected = x.masked_fill(mask, float(fill))
+    except RuntimeError:
+        expected = None
+    source = f"fn f(x: [n n] {dtype}) -> [n n] {dtype} = masked_fill(x, causal(n, n), {fill})\n"
+    if expected is None:
+        assert codes(source) == ["E0401"], source
+    else:
+        assert torch.equal(ss.load(source, name="p.ss", check_types=True).f(x), expected), source
+
+
+@pytest.mark.parametrize("dtype", ["i32", "i64", "bool"])
+@pytest.mark.parametrize("exponent", ["-1", "-2", "-true", "0", "2", "true", "n", "k", "0.5", "(2 ** -1)"])
+def test_an_integer_tensor_to_a_whole_power_is_refused_where_torch_refuses(dtype: str, exponent: str) -> None:
+    """torch refuses integers (and bools) to negative whole powers at run time; the checker refuses
+    them before (E0308), and a whole exponent whose sign it can't know (`k: int`) too. Every other
+    power compiles and runs, with torch's dtype."""
+    x = torch.tensor([1, 2, 3]).to(SS_DTYPES[dtype])
+    k = 2
+    value = {"n": 3, "k": k, "-true": -1, "true": True, "(2 ** -1)": 0.5}.get(exponent)
+    value = float(exponent) if value is None and "." in exponent else int(exponent) if value is None else value
+    expected = torch_dtype(lambda: x ** value)
+    source = f"fn f(x: [n] {dtype}, k: int) -> [n] f64 = to(x ** {exponent}, f64)\n"
+    if expected is None or exponent == "k" or (dtype == "bool" and exponent == "true"):  # bool with bool: logic
+        assert codes(source) == ["E0308"], source
+        return
+    result = ss.load(source, name="p.ss", check_types=True).f(x, k)
+    assert torch.equal(result, (x ** value).to(torch.float64)), source
+
+
+# ---- library operations: torch's dtypes, and torch's refusals ----------------------------------
+
+# each operation on `x: [m n]`, as .ss text and as torch computes it
+LIBRARY_OPS = {
+    "cumsum(x, over=n)": lambda x: torch.cumsum(x, dim=1),
+    "abs(x)": torch.abs,
+    "argmax(x, over=n)": lambda x: torch.argmax(x, dim=1),
+    "argmin(x, over=n)": lambda x: torch.argmin(x, dim=1),
+    "topk(x, 1, over=n)": lambda x: torch.topk(x, 1, dim=1).values,
+    "clamp(x, min=0.5)": lambda x: torch.clamp(x, min=0.5),
+    "clamp(x, min=1)": lambda x: torch.clamp(x, min=1),
+    "clamp(x, min=0, max=1.5)": lambda x: torch.clamp(x, min=0, max=1.5),
+    "where(x == x, x, 1)": lambda x: torch.where(x == x, x, 1),
+    "where(x == x, true, x)": lambda x: torch.where(x == x, True, x),
+    "where(x == x, true, false)": lambda x: torch.where(x == x, True, False),
+    "where(x == x, true, 2)": lambda x: torch.where(x == x, True, 2),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bool", "i32", "i64", "f16", "f32"])
+@pytest.mark.parametrize("op", list(LIBRARY_OPS))
+def test_library_operations_are_typed_as_torch_runs_them(op: str, dtype: str) -> None:
+    """Where torch refuses an operation on a dtype, the checker refuses it (E0308); where the checker
+    accepts it, the result's checked dtype is torch's (cumsum of i32 is i64 as sum's is; clamp of an
+    integer tensor with a float bound is f32; where of a bool tensor and an int is i64), and the
+    debug build, which checks every value, runs."""
+    x = torch.tensor([[1, 0, 3], [2, 5, 0]]).to(SS_DTYPES[dtype])
+    torch_result = LIBRARY_OPS[op]
+    expected = torch_dtype(lambda: torch_result(x))
+    source = f"fn f(x: [m n] {dtype}):\n    print({op})\n"
+    try:
+        checked = check_source(source, "p.ss")
+    except CompileError as err:
+        assert expected is None and err.codes == ["E0308"], (source, err.codes)
+        return
+    assert expected is not None, f"the checker accepts what torch refuses: {source}"
+    value = checked.fns["f"].node.body[0].expr.args[0].value
+    typed = checked.type_of(value)
+    typed = typed.items[0] if isinstance(typed, T.TupleT) else typed
+    assert typed.dtype == TORCH_NAMES[expected], (source, typed.show())
+    with contextlib.redirect_stdout(io.StringIO()):
+        ss.load(source, name="p.ss", check_types=True).f(x)

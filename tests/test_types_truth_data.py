@@ -116,8 +116,8 @@ RESULTS = textwrap.dedent("""\
     """)
 
 DOUBLED = (r"^`result` of `doubled` \(res\.ss:4:1\): expected \[n D\] with D = 3, got shape \[{rows2}, 3\]; "
-           r"axis 1 is {rows2}, not n; n was bound to {rows} by `x` of `doubled` \(res\.ss:4:19\)(\n|$)")
-ROW_SUMS = (r"^`result` of `row_sums` \(res\.ss:5:1\): expected \[n\], got shape \[8\]; axis 1 is 8, not n; "
+           r"dim 0 is {rows2}, not n = {rows}; n was bound to {rows} by `x` of `doubled` \(res\.ss:4:19\)(\n|$)")
+ROW_SUMS = (r"^`result` of `row_sums` \(res\.ss:5:1\): expected \[n\], got shape \[8\]; dim 0 is 8, not n = 4; "
             r"n was bound to 4 by `x` of `row_sums` \(res\.ss:5:20\)(\n|$)")
 
 

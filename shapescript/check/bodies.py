@@ -15,6 +15,7 @@ from . import dims as D
 from . import types as T
 from .checker import Context, misspelled_dim, similar
 from .program import CallInfo, FnInfo, ParamInfo
+from .rules import number_arith, number_negation, whole_tensor_power
 
 ARITH = {"+", "-", "*", "/", "**"}
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
@@ -58,8 +59,9 @@ class BodyChecker:
         self.returned = False
         self.mapping: dict = {}  # the last call's binding of the callee's generic dims
 
-    def error(self, code: str, message: str, span: Span, label: str = "", *help: str) -> T.UnknownT:
-        return self.ctx.error(code, message, span, label, *help)
+    def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
+              secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
+        return self.ctx.error(code, message, span, label, *help, secondary=secondary)
 
     def use(self, what: str, span: Span) -> None:
         self.fn.uses.setdefault(what, span)
@@ -131,10 +133,13 @@ class BodyChecker:
             return
         problem = self.conforms(expected, t)
         if problem:
+            declared = self.fn.node.ret
             self.error("E0305", f"`{self.fn.name}` must return {expected.show()}{self.ctx.dim_note(expected)}, "
                        f"but this is {t.show()}", s.value.span, problem,
                        misspelled_dim(expected, t)
-                       or f"declare the result as `-> {t.show()}`, or return a {expected.show()} value")
+                       or f"declare the result as `-> {t.show()}`, or return a {expected.show()} value",
+                       secondary=((declared.span, f"the result is declared {expected.show()} here"),)
+                       if declared is not None else ())
         elif isinstance(expected, T.TensorT) and isinstance(t, T.TensorT):  # an `Index[C]` result needs its bound
             B._check_element(self, f"`{self.fn.name}`'s result", expected, t, s.value.span)
 
@@ -145,9 +150,9 @@ class BodyChecker:
         if isinstance(expected, T.TensorT) and isinstance(actual, T.TensorT):
             if expected.rank != actual.rank:
                 return f"{actual.rank} axes, not {expected.rank}"
-            for e, a in zip(expected.axes, actual.axes):
+            for k, (e, a) in enumerate(zip(expected.axes, actual.axes)):
                 if not e.same(a):
-                    return f"{a.show()} where {e.show()} is expected"
+                    return f"dim {k} is {a.show()}, not {e.show()}"
             if expected.dtype != actual.dtype:
                 return f"dtype {actual.dtype}, not {expected.dtype}"
             return ""
@@ -284,7 +289,7 @@ class BodyChecker:
         if isinstance(left, T.ScalarT) and isinstance(right, T.ScalarT):
             if node.op in COMPARE:
                 return T.BOOL
-            return T.FLOAT if "float" in (left.kind, right.kind) or node.op == "/" else T.INT
+            return number_arith(self, node, left, right)
         return self.elementwise(node, left, right)
 
     def elementwise(self, node: A.Binary, left: T.Ty, right: T.Ty) -> T.Ty:
@@ -326,6 +331,8 @@ class BodyChecker:
             self.error("E0308", f"`{node.op}` of {known} and a {scalar.kind}", node.span, "bool arithmetic",
                        "use `and`, `or`, `not`, or convert first, as `to(x, f32)`")
             return None
+        if scalar is right and not whole_tensor_power(self, node, known, scalar):
+            return None
         return promoted(known, scalar.kind, node.op)
 
     def logical(self, node: A.Binary) -> T.Ty:
@@ -355,7 +362,7 @@ class BodyChecker:
             return self.error("E0308", "negation of a bool tensor", node.span, "bool", "use `not`")
         if isinstance(t, T.TensorT) and t.index is not None:
             return T.TensorT(t.axes, t.dtype)
-        return t
+        return number_negation(t)
 
     # ---- calls --------------------------------------------------------------------------------
 
@@ -495,8 +502,9 @@ class BodyChecker:
         for p, a, t in zip(params, args, arg_types):
             B.bind_generics(p.ty, t, mapping, bound_by, p.name)
         ok = True
+        arg_spans = {p.name: a.value.span for p, a in zip(params, args)}
         for p, a, t in zip(params, args, arg_types):
-            if not B.check_argument(self, fn, p, a, t, mapping, bound_by):
+            if not B.check_argument(self, fn, p, a, t, mapping, bound_by, arg_spans):
                 ok = False
         if not ok:
             return T.UNKNOWN

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ..errors import Span
 from ..syntax import ast as A
 from . import dims as D
 from . import types as T
+from .origins import axis_label, labels, type_label
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -73,8 +75,10 @@ def substitute(t: T.Ty, mapping: dict) -> T.Ty:
 
 
 def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, t: T.Ty, mapping: dict,
-                   bound_by: dict) -> bool:
-    """Second pass: the argument against the parameter's type with every generic bound."""
+                   bound_by: dict, arg_spans: dict[str, Span] | None = None) -> bool:
+    """Second pass: the argument against the parameter's type with every generic bound.
+    `arg_spans`: each parameter's argument, by the parameter's name, to point at the one that bound
+    a generic dim."""
     if t is T.UNKNOWN or p.ty is T.UNKNOWN:
         return True
     expected = substitute(p.ty, mapping)
@@ -91,7 +95,8 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
         if len(e_axes) != len(a_axes):
             ck.error("E0302", f"{where} has {len(e_axes)} axes, {p.ty.show()}, but this has {len(a_axes)}",
                      span, f"this is {t.show()}{ck.ctx.dim_note(t)}",
-                     f"`{p.name}` is declared at {p.node.span}")
+                     f"pass a value with {len(e_axes)} axes, as `{p.name}` declares",
+                     secondary=((p.node.type.span, f"`{p.name}` is declared {p.ty.show()} here"),))
             return False
         for k, (e, a) in enumerate(zip(e_axes, a_axes)):
             if e.same(a):
@@ -100,16 +105,19 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
             earlier = [s for s in raw.size.free_symbols if s in bound_by and bound_by[s] != p.name]
             if earlier:
                 s = earlier[0]
+                bound_at = (arg_spans or {}).get(bound_by[s])
                 ck.error("E0306", f"dim `{s.name}` of `{fn.name}` is {D.show(mapping[s])} from `{bound_by[s]}`, "
                          f"but `{p.name}` gives {a.show()}", span, f"this is {t.show()}",
-                         f"`{fn.name}` takes `{p.name}: {p.ty.show()}`; every `{s.name}` in one call is one size")
+                         f"`{fn.name}` takes `{p.name}: {p.ty.show()}`; every `{s.name}` in one call is one size",
+                         secondary=labels((bound_at, f"`{s.name}` is {D.show(mapping[s])} here")
+                                          if bound_at else None))
             else:
                 from .checker import misspelled_dim  # the checker imports this module
                 ck.error("E0301", f"{where} is {expected.show()}{ck.ctx.dim_note(expected)}, but this is "
                          f"{t.show()}{ck.ctx.dim_note(t)}", span,
-                         f"axis {k + 1} is {a.show()}, not {e.show()}",
+                         f"dim {k} is {a.show()}, not {e.show()}",
                          "dims match by name, never by size" if _same_value(ck, e, a) else "",
-                         misspelled_dim(expected, t))
+                         misspelled_dim(expected, t), secondary=_declared_axis(p, k))
             return False
         if isinstance(expected, T.TensorT):
             return _check_element(ck, where, expected, t, span)  # type: ignore[arg-type]
@@ -127,6 +135,16 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
         return True
     ck.error("E0401", f"{where} is {expected.show()}, but this is {t.show()}", span, f"this is {t.show()}")
     return False
+
+
+def _declared_axis(p: "ParamInfo", k: int) -> tuple[tuple[Span, str], ...]:
+    """A secondary label at axis `k` as the parameter's type writes it (the whole type if it can't
+    be told apart)."""
+    written, declared = p.node.type, p.ty
+    assert isinstance(declared, (T.TensorT, T.BatchT))
+    if isinstance(written, A.ShapeType) and len(written.axes) == len(declared.axes):
+        return ((written.axes[k].span, f"`{p.name}`'s dim {k} is declared {declared.axes[k].show()} here"),)
+    return ((written.span, f"`{p.name}` is declared {declared.show()} here"),)
 
 
 def _check_element(ck: "BodyChecker", where: str, expected: T.TensorT, t: T.TensorT, span) -> bool:
@@ -168,7 +186,9 @@ def broadcast(ck: "BodyChecker", node: A.Node, left: T.TensorT, right: T.TensorT
         ck.error("E0301", f"`{op}` of {left.show()} and {right.show()}: their dims don't match", node.span,
                  f"{left.show()} and {right.show()}",
                  "dims match by name; the smaller side's dims must all be in the larger, in order",
-                 "rearrange one side first if its axes are in another order")
+                 "rearrange one side first if its axes are in another order",
+                 secondary=labels(type_label(ck, node.left, left), type_label(ck, node.right, right))
+                 if isinstance(node, A.Binary) else ())
         return None
     if positions != list(range(big.rank - small.rank, big.rank)):
         index = tuple(":" if k in positions else None for k in range(big.rank))
@@ -219,7 +239,9 @@ def matmul(ck: "BodyChecker", node: A.Node, left: T.Ty, right: T.Ty, lnode: A.No
                         f"first axis {b.show()}, and they differ", node.span,
                         f"{a.show()} vs {b.show()}",
                         "`@` multiplies the last axis of the left side by the first axis of the right",
-                        "dims match by name, never by size" if _same_value(ck, a, b) else "")
+                        "dims match by name, never by size" if _same_value(ck, a, b) else "",
+                        secondary=labels(axis_label(ck, lnode, left, -1, "last axis"),
+                                         axis_label(ck, rnode, right, 0, "first axis")))
     ck.checked.recipes[id(node)] = {"kind": "matmul" if right.rank <= 2 else "tensordot"}
     return T.TensorT(left.axes[:-1] + right.axes[1:], left.dtype)
 

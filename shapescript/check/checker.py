@@ -44,8 +44,11 @@ class Context:
         self.checked: Checked | None = None
         self.defined: dict[str, Span] = {}
 
-    def error(self, code: str, message: str, span: Span, label: str = "", *help: str) -> T.UnknownT:
-        self.diagnostics.append(Diagnostic(code, message, span, label, tuple(h for h in help if h)))
+    def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
+              secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
+        """Record an error; `secondary` labels other places it involves (where a dim was bound)."""
+        self.diagnostics.append(Diagnostic(code, message, span, label, tuple(h for h in help if h),
+                                           secondary=secondary))
         return T.UNKNOWN
 
     def dim_note(self, t: T.Ty) -> str:

@@ -20,13 +20,15 @@ from typing import Iterator
 
 import sympy
 
+from ..devices import shares
+from ..dtypes import ELEMENTS
 from ..errors import Span
 from ..syntax import ast as A
 from . import types as T
 from .program import Checked, FnInfo
 from .split import iter_nodes
 
-DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}
+DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
 WHAT = {
     "sum": "`sum`'s partial sums, every device's part of the batch added up",
     "mean": "`mean`'s sum and count",
@@ -34,12 +36,6 @@ WHAT = {
     "batch_norm": "batch_norm's sums, sums of squares and count for each channel, in f64 (under Train)",
     "contraction": "the partial products of a contraction over the batch axis",
 }
-
-
-def shares(n: int, devices: int) -> list[int]:
-    """How n examples split over the devices: as evenly as can be, the first taking one more
-    (64 over 3 is 22, 21, 21)."""
-    return [n // devices + (1 if k < n % devices else 0) for k in range(devices)]
 
 
 @dataclass(frozen=True)

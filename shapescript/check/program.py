@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..devices import DeviceSet
 from ..errors import Span
 from ..syntax import ast as A
 from . import dims as D
@@ -12,23 +13,6 @@ from .types import DataT, ModelT, Ty
 
 if TYPE_CHECKING:
     from .comms import DeviceTable
-
-
-@dataclass(frozen=True)
-class DeviceSet:
-    kind: str = "cpu"  # cpu | cuda
-    indices: tuple[int, ...] | None = None  # None: one device, `cpu` / `cuda`
-    shard_params: bool = False
-    split: str | None = None
-
-    @property
-    def count(self) -> int:
-        return len(self.indices) if self.indices else 1
-
-    def __str__(self) -> str:
-        if self.indices is None:
-            return self.kind
-        return f"{self.kind}[{' '.join(map(str, self.indices))}]"
 
 
 @dataclass

@@ -18,6 +18,23 @@ UNARY = {"relu": True, "exp": True, "log": True, "sqrt": True, "tanh": True, "si
 REDUCTIONS = {"sum": "same", "mean": "float", "max": "same", "min": "same", "prod": "same",
               "logsumexp": "float", "std": "float", "var": "float", "argmax": "index",
               "argmin": "index", "any": "bool", "all": "bool"}
+# Sums and products of bools and i32 are i64 in torch (an i32 sum would overflow): `sum`, `prod`, `cumsum`.
+WIDENING = ("sum", "prod", "cumsum")
+# What torch has no kernel for: name -> the dtypes it refuses.
+REFUSED = {"abs": ("bool",), "argmax": ("bool",), "argmin": ("bool",), "topk": ("bool",)}
+
+
+def widened(name: str, dtype: str) -> str:
+    return "i64" if name in WIDENING and dtype in ("bool", "i32") else dtype
+
+
+def refused_dtype(ck: "BodyChecker", name: str, arg: A.Arg, t: T.TensorT) -> bool:
+    """True, with E0308 given, where torch has no `name` for `t`'s dtype."""
+    if t.dtype not in REFUSED.get(name, ()):
+        return False
+    ck.error("E0308", f"`{name}` of a {t.dtype} tensor: torch has none", arg.span, f"this is {t.show()}",
+             "convert it first, as `to(x, i64)`")
+    return True
 
 
 @rule(*UNARY)
@@ -27,7 +44,7 @@ def unary(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if args is None:
         return _unused_args(ck, node)
     t = tensor_arg(ck, args[0], f"`{name}`", floats=UNARY[name])
-    if t is None:
+    if t is None or refused_dtype(ck, name, args[0], t):  # type: ignore[arg-type]
         return T.UNKNOWN
     ck.record_call(node, "builtin", name, [args[0].value])  # type: ignore[union-attr]
     return T.TensorT(t.axes, t.dtype)
@@ -42,7 +59,7 @@ def reduction(ck: "BodyChecker", node: A.Call) -> T.Ty:
         return _unused_args(ck, node)
     kind = REDUCTIONS[name]
     t = tensor_arg(ck, args[0], f"`{name}`", floats=kind == "float")
-    if t is None:
+    if t is None or refused_dtype(ck, name, args[0], t):  # type: ignore[arg-type]
         return T.UNKNOWN
     if kind == "bool" and t.dtype != "bool":
         return ck.error("E0308", f"`{name}` takes a bool tensor, not {t.dtype}", args[0].span,  # type: ignore
@@ -66,9 +83,7 @@ def reduction(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if kind == "index":
         return T.TensorT(axes, "i64", t.axes[axis].size)  # type: ignore[index]
     dtype = {"bool": "bool", "same": t.dtype, "float": t.dtype}[kind]
-    if name in ("sum", "prod") and t.dtype in ("bool", "i32"):
-        dtype = "i64"
-    return T.TensorT(axes, dtype)
+    return T.TensorT(axes, widened(name, dtype))
 
 
 MASKABLE = ("sum", "mean")
@@ -88,7 +103,7 @@ def mask_of(ck: "BodyChecker", arg: A.Arg, t: T.TensorT) -> tuple | None:
 
 @rule("softmax", "log_softmax", "cumsum", "sort")
 def along_axis(ck: "BodyChecker", node: A.Call) -> T.Ty:
-    """Operations along one axis that keep the operand's type."""
+    """Operations along one axis that keep the operand's type (cumsum widens as sum does)."""
     name = node.func.id  # type: ignore[union-attr]
     args = ck.arrange(node, ["x", "over"], f"`{name}`")
     if args is None:
@@ -100,7 +115,7 @@ def along_axis(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if axis is None:
         return T.UNKNOWN
     ck.record_call(node, "builtin", name, [args[0].value], axis=axis)  # type: ignore[union-attr]
-    return T.TensorT(t.axes, t.dtype)
+    return T.TensorT(t.axes, widened(name, t.dtype))
 
 
 @rule("matmul")
@@ -319,3 +334,52 @@ def checkpoint(ck: "BodyChecker", node: A.Call) -> T.Ty:
                      f"this is {opt.show()}")
     ck.record_call(node, "builtin", name, [a.value for a in args if a is not None])
     return T.NONE
+
+
+# ---- arithmetic of plain numbers, typed as Python computes it --------------------------------
+
+def number_arith(ck: "BodyChecker", node: A.Binary, left: T.ScalarT, right: T.ScalarT) -> T.Ty:
+    """`left op right` of two plain numbers (int, float, bool): float with a float or for `/`; a
+    whole number to a whole power is an int when the exponent is at least 0 and a float below
+    (`2 ** -1` is 0.5), so the exponent must be known: a literal or a dim's size."""
+    if "float" in (left.kind, right.kind) or node.op == "/":
+        return T.FLOAT
+    if node.op != "**":
+        return T.INT
+    exponent = _whole_exponent(ck, node, "of two whole numbers is an int for an exponent of 0 or more and a "
+                               "float below")
+    if exponent is None:
+        return T.UNKNOWN
+    return T.INT if exponent >= 0 else T.FLOAT
+
+
+def whole_tensor_power(ck: "BodyChecker", node: A.Binary, dtype: str, number: T.ScalarT) -> bool:
+    """`x ** k` of an integer or bool tensor and a whole number k: torch refuses a k below 0, so k
+    must be known to be at least 0. False (with the error given) where it isn't."""
+    if node.op != "**" or dtype in T.FLOAT_DTYPES or number.kind not in ("int", "bool"):
+        return True
+    exponent = _whole_exponent(ck, node, f"of an {dtype} tensor is refused by torch for an exponent below 0")
+    if exponent is not None and exponent < 0:
+        ck.error("E0308", f"`**` of an {dtype} tensor and a negative whole number: torch refuses integers "
+                 "to negative powers", node.span, "a negative power", "convert first, as `to(x, f32) ** -1`")
+        return False
+    return exponent is not None
+
+
+def _whole_exponent(ck: "BodyChecker", node: A.Binary, why: str) -> int | float | None:
+    """The value of `**`'s whole-number exponent, or 1 for a dim's size (positive); None, with an
+    error, where its sign isn't known."""
+    exponent = literal_number(node.right)
+    if isinstance(node.right, A.BoolLit):
+        exponent = int(node.right.value)
+    if exponent is None and "size" in ck.checked.recipes.get(id(node.right), {}):
+        exponent = 1
+    if exponent is None:
+        ck.error("E0308", f"`**` {why}, and this exponent's sign isn't known", node.span, "sign unknown",
+                 "write the base as a float, as `2.0 ** k` or `to(x, f32) ** k`")
+    return exponent
+
+
+def number_negation(t: T.Ty) -> T.Ty:
+    """`-x` of a plain number: Python negates a bool as the int it is (`-true` is -1)."""
+    return T.INT if t == T.BOOL else t

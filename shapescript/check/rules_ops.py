@@ -10,11 +10,15 @@ from . import dims as D
 from . import types as T
 from .builtins import (_unused_args, broadcast, int_arg, literal_number, over_axis, placed_within, rule,
                        tensor_arg)
+from .rules import refused_dtype
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
 
 MODE = T.NamedT("Mode")
+# The largest magnitude each dtype holds: torch refuses to fill a tensor with a number beyond it.
+LARGEST = {"f16": 65504.0, "bf16": 3.3895313892515355e38, "f32": 3.4028234663852886e38, "f64": float("inf"),
+           "i32": 2.0 ** 31 - 1, "i64": 2.0 ** 63 - 1, "bool": float("inf")}
 
 
 def _number(ck: "BodyChecker", arg: A.Arg | None, what: str) -> bool:
@@ -57,7 +61,18 @@ def clamp(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if args[1] is None and args[2] is None:
         return ck.error("E0206", "`clamp` needs `min=`, `max=` or both", node.span, "no bounds")
     ck.record_call(node, "builtin", "clamp", [args[0].value], min=args[1], max=args[2])  # type: ignore[union-attr]
-    return T.TensorT(t.axes, t.dtype)
+    bounds = [ck.checked.types[id(a.value)] for a in args[1:] if a is not None]  # type: ignore[union-attr]
+    return T.TensorT(t.axes, _with_numbers(t.dtype, bounds))
+
+
+def _with_numbers(dtype: str, numbers: list[T.Ty]) -> str:
+    """The dtype torch gives a tensor of `dtype` with these numbers (clamp's bounds, where's other
+    branch): an integer or bool tensor with a float is f32, a bool tensor with an int is i64."""
+    from .bodies import promoted  # bodies imports the rules
+    for t in numbers:
+        if isinstance(t, T.ScalarT):
+            dtype = promoted(dtype, t.kind, "+")
+    return dtype
 
 
 @rule("where")
@@ -74,7 +89,7 @@ def where(ck: "BodyChecker", node: A.Call) -> T.Ty:
                         f"this is {cond.show()}", "compare it first, as `x > 0`")
     tensors = [t for t in (a, b) if isinstance(t, T.TensorT)]
     if not tensors:  # two numbers: a tensor of the condition's shape
-        dtype = "f32" if T.FLOAT in (a, b) else "i64"
+        dtype = "f32" if T.FLOAT in (a, b) else "bool" if a == b == T.BOOL else "i64"
         ck.record_call(node, "builtin", "where", [x.value for x in args], cond_index=())  # type: ignore
         return T.TensorT(cond.axes, dtype)
     if len(tensors) == 1 and T.FLOAT in (a, b) and not tensors[0].is_float:
@@ -89,7 +104,7 @@ def where(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if index is None:
         return T.UNKNOWN
     ck.record_call(node, "builtin", "where", [x.value for x in args], cond_index=index)  # type: ignore[union-attr]
-    return T.TensorT(result.axes, result.dtype)
+    return T.TensorT(result.axes, _with_numbers(result.dtype, [a, b]))
 
 
 @rule("masked_fill")
@@ -103,6 +118,11 @@ def masked_fill(ck: "BodyChecker", node: A.Call) -> T.Ty:
         return T.UNKNOWN
     if mask.dtype != "bool":
         return ck.error("E0308", f"a mask is bool, not {mask.dtype}", args[1].span, f"this is {mask.show()}")  # type: ignore
+    fill = literal_number(args[2].value)  # type: ignore[union-attr]
+    if fill is not None and not -LARGEST[x.dtype] <= fill <= LARGEST[x.dtype]:
+        return ck.error("E0401", f"the fill value {fill:g} doesn't fit {x.dtype}, whose values lie within "
+                        f"±{LARGEST[x.dtype]:g}", args[2].span, f"too large for {x.dtype}",  # type: ignore[union-attr]
+                        f"fill with a value that fits, as -1e4 for f16, or convert first, as `to(x, f32)`")
     index = placed_within(ck, args[1], x, mask, "the mask")  # type: ignore[arg-type]
     if index is None:
         return T.UNKNOWN
@@ -210,7 +230,7 @@ def topk(ck: "BodyChecker", node: A.Call) -> T.Ty:
     if not (isinstance(k_node, A.IntLit) and k_node.value > 0):
         int_arg(ck, args[1], "`topk`'s k")
         return ck.error("E0310", "`topk`'s k is a positive literal, as `topk(x, 5, over=C)`", args[1].span)  # type: ignore
-    if t is None:
+    if t is None or refused_dtype(ck, "topk", args[0], t):  # type: ignore[arg-type]
         return T.UNKNOWN
     axis = over_axis(ck, args[2], t, "`topk`")  # type: ignore[arg-type]
     if axis is None:

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..dtypes import DTYPES, FLOAT_DTYPES, INT_DTYPES  # noqa: F401  (the checker's names for them)
 from ..syntax import ast as A
 from . import dims as D
-
-FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
-INT_DTYPES = ("i32", "i64")
-DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 
 
 class Ty:

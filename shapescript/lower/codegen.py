@@ -15,6 +15,7 @@ from ..errors import CompileError, Diagnostic
 from ..names import MEMBER_PREFIX
 from ..syntax import ast as A
 from . import guards, specs
+from .type_checks import IMPORT as TYPE_CHECKS_IMPORT, TypeChecks
 from .text import comment_text, literal
 
 UNARY_TORCH = {"relu": "torch.relu", "exp": "torch.exp", "log": "torch.log", "sqrt": "torch.sqrt",
@@ -54,7 +55,9 @@ def py_name(name: str) -> str:
     return name
 
 
-def generate(checked: Checked, standalone: bool = False) -> str:
+def generate(checked: Checked, standalone: bool = False, check_types: bool = False) -> str:
+    """The module's source. `check_types`: a debug build that checks every value against its checked
+    type as it is computed (runtime/typecheck.py, which it imports from shapescript, standalone or not)."""
     if standalone and checked.device_set.count > 1:
         span = checked.program.items[0].span if checked.program.items else checked.program.span
         raise CompileError([Diagnostic(
@@ -69,13 +72,14 @@ def generate(checked: Checked, standalone: bool = False) -> str:
             "E0313", f"dim `{d.name}` has no size", d.span, "no size",
             (f"give it when loading: ss.load(..., dims={{\"{d.name}\": 65}}), or `--dim {d.name}=65`",))
             for d in unsized], checked.source)
-    return _Writer(checked, standalone).module()
+    return _Writer(checked, standalone, TypeChecks(checked) if check_types else None).module()
 
 
 class _Writer:
-    def __init__(self, checked: Checked, standalone: bool) -> None:
+    def __init__(self, checked: Checked, standalone: bool, type_checks: TypeChecks | None = None) -> None:
         self.c = checked
         self.standalone = standalone
+        self.type_checks = type_checks
         self.lines: list[str] = []
         self.where: dict[int, tuple[int, int]] = {}  # python line -> .ss (line, col)
 
@@ -104,6 +108,8 @@ class _Writer:
             self.emit('exec(compile(RUNTIME_SOURCE, "<shapescript runtime>", "exec"), _rt.__dict__)')
         else:
             self.emit("from shapescript.runtime import core as _rt")
+        if self.type_checks is not None:
+            self.emit(TYPE_CHECKS_IMPORT)
         self.emit("")
         self.emit(f"DIMS = {literal(dict(c.dim_values))}")
         self.emit(f"DEVICE = {literal(device_of(c))}  # where tensors live; the loader may set it")
@@ -150,6 +156,8 @@ class _Writer:
                       f"{literal(fn.name)}), {literal(str(node.span))})", node, 1)
             return
         self.emit(f"def {py_name(fn.name)}({params}):", node)
+        for line in self.type_checks.prologue(fn, [py_name(p.name) for p in fn.params]) if self.type_checks else ():
+            self.emit(line, indent=1)
         for source in self.sizes_used(node):  # read before the body can rebind the parameter
             param, axis = source
             read = f"{py_name(param)}.size" if axis == "size" else f"{py_name(param)}.shape[{axis}]"
@@ -170,7 +178,10 @@ class _Writer:
         elif isinstance(s, A.Return):
             self.emit("return" if s.value is None else f"return {self.expr(s.value)}", s, indent)
         elif isinstance(s, A.For):
-            self.emit(f"for {py_name(s.var.id)} in {self.expr(s.iter)}:", s, indent)
+            iterable = self.expr(s.iter)
+            if self.type_checks is not None:
+                iterable = self.type_checks.loop(s, iterable)
+            self.emit(f"for {py_name(s.var.id)} in {iterable}:", s, indent)
             self.block(s.body, indent + 1)
             if not s.body:
                 self.emit("pass", indent=indent + 1)
@@ -181,6 +192,8 @@ class _Writer:
 
     def expr(self, node: A.Expr, nested: bool = False) -> str:
         text = self._expr(node)
+        if self.type_checks is not None:
+            text = self.type_checks.wrap(node, text)
         if nested and isinstance(node, (A.Binary, A.Unary)):
             return f"({text})"
         return text

@@ -11,10 +11,10 @@ from pathlib import Path
 from ..check import dims as D
 from ..check import types as T
 from ..check.program import Checked
+from ..dtypes import ELEMENTS
 from .text import literal
 
-TORCH_DTYPES = {"f16": "torch.float16", "bf16": "torch.bfloat16", "f32": "torch.float32",
-                "f64": "torch.float64", "i32": "torch.int32", "i64": "torch.int64", "bool": "torch.bool"}
+TORCH_DTYPES = {name: f"torch.{e.torch}" for name, e in ELEMENTS.items()}  # as the module writes them
 
 
 def axis_sizes(c: Checked, t: T.TensorT, fixed: bool) -> list[tuple[str, int | None]]:
@@ -81,7 +81,7 @@ def model_order(c: Checked) -> list[T.ModelT]:
 
 # The runtime modules a standalone build inlines, in dependency order. Each imports only torch,
 # safetensors, the standard library and the modules before it.
-STANDALONE_MODULES = ("errors.py", "names.py", "runtime/model.py", "runtime/collectives.py", "runtime/optim.py",
+STANDALONE_MODULES = ("errors.py", "names.py", "dtypes.py", "runtime/model.py", "runtime/collectives.py", "runtime/optim.py",
                       "runtime/data.py", "runtime/sinks.py", "runtime/checkpoint.py", "runtime/calls.py", "runtime/patterns.py",
                       "runtime/modes.py", "runtime/ops.py", "runtime/guards.py")
 
@@ -105,7 +105,7 @@ def _strip_package_imports(text: str) -> str:
             skipping = not line.rstrip().endswith(")")
             continue
         if line.startswith(("from .", "from shapescript")) and " import " in line:
-            skipping = line.rstrip().endswith("(")
+            skipping = "(" in line and ")" not in line  # a parenthesized import goes on to its ")"
             continue
         out.append(line)
     return "\n".join(out)

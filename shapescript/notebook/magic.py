@@ -20,6 +20,7 @@ from IPython.display import display
 from ..api import parse_devices
 from ..check.comms import DeviceTable
 from .cells import Cell
+from .models import model_html
 from ..errors import ShapeScriptError
 from . import progress
 from .report import CellCompileError, NotebookError
@@ -148,6 +149,7 @@ def load_ipython_extension(ip: InteractiveShell) -> None:
         atexit.register(magics.session.shutdown)  # a kernel's exit or restart leaves no worker behind
         _stop_on_shutdown_request(ip, magics.session)
         _show_device_tables(ip, magics.session)
+        _show_models(ip)
         if in_kernel():  # Jupyter: a bar for each loop over batches (a terminal opts in: %shapescript progress on)
             try:
                 progress.enable()
@@ -170,6 +172,16 @@ def _stop_on_shutdown_request(ip: InteractiveShell, session: Session) -> None:
         return do_shutdown(restart)
 
     kernel.do_shutdown = stop_first
+
+
+def _show_models(ip: InteractiveShell) -> None:
+    """A model as a cell's result shows the table of its params: runtime/ and parallel/ know
+    nothing of notebooks, so the extension tells IPython how to show their types."""
+    from ..parallel.remote import RemoteModel
+    from ..runtime.model import Model
+    html = ip.display_formatter.formatters["text/html"]
+    for kind in (Model, RemoteModel):  # for_type covers subclasses: every model class is made per spec
+        html.for_type(kind, model_html)
 
 
 def _show_device_tables(ip: InteractiveShell, session: Session) -> None:

@@ -3,8 +3,9 @@ demand.
 
 The table comes from the model's spec (runtime/model.py's ParamSpec: name, shape, dtype), so
 showing a RemoteModel fetches nothing from its workers; only `leaf_value` (the widget's "show
-values" button) reads a tensor, worker 0's copy for a RemoteModel. `Model._repr_html_` and
-`RemoteModel._repr_html_`/`__repr__` call in here; nothing here imports IPython or ipywidgets.
+values" button) reads a tensor, worker 0's copy for a RemoteModel. The extension registers
+`model_html` as IPython's HTML display of both (runtime/ knows nothing of the notebook); nothing
+here imports IPython or ipywidgets.
 """
 
 from __future__ import annotations
@@ -68,12 +69,6 @@ def title(m: AnyModel) -> str:
         return f"{m.spec.name} on {m._program.devices}, a copy on every device: {counts}, {total} on each device{gone}"
     where = layout(m, members[0][0]).removeprefix("on ") if members else "no device"
     return f"{m.spec.name} on {where}: {counts}, {total}"
-
-
-def members_text(m: AnyModel) -> str:
-    """`w1: [784, 256] f32, bn.mean: [64] f32 buffer`: every leaf, from the spec."""
-    return ", ".join(f"{name}: {type_text(leaf.shape, leaf.dtype)}{' buffer' if leaf.kind == 'buffer' else ''}"
-                     for name, leaf in leaves(m.spec))
 
 
 def model_html(m: AnyModel) -> str:

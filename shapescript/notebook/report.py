@@ -59,8 +59,18 @@ def _locate(d: Diagnostic, draft: Draft, program_name: str) -> Located:
         return pattern.sub(mention, text)
 
     moved = dataclasses.replace(d, span=where, message=fix(d.message), label=fix(d.label),
-                                help=tuple(map(fix, d.help)), notes=tuple(map(fix, d.notes)))
+                                help=tuple(map(fix, d.help)), notes=tuple(map(fix, d.notes)),
+                                secondary=tuple((_in_cell(s, draft), fix(t)) for s, t in d.secondary))
     return Located(moved, chunk.cell)
+
+
+def _in_cell(span: Span, draft: Draft) -> Span:
+    """A secondary label's span in its own cell's terms (its first line), as the primary's."""
+    found = draft.locate(span.line)
+    if found is None:
+        return span
+    end_col = span.end_col if span.end_line == span.line else span.col + 1
+    return Span(found[0].cell.label, found[1], span.col, found[1], end_col)
 
 
 class CellCompileError(CompileError):

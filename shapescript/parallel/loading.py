@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-from shapescript.parallel.remote import shares
+from shapescript.devices import shares
 from shapescript.runtime.data import (Batch, DataSpec, batch_bounds, generic_dims, load_items, pad_batch,
                                       padded_sizes, shuffle_order, with_progress)
 

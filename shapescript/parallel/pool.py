@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any, Self
 
-from shapescript.check.program import DeviceSet
+from shapescript.devices import DeviceSet
 from shapescript.errors import ShapeScriptError, WorkerError
 # collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
 from shapescript.parallel.processes import (MAX_TIMEOUT, TIMEOUT_ENV, WorkerProcess, collective_timeout,  # noqa: F401

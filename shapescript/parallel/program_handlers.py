@@ -119,8 +119,11 @@ def save(state: Any, path: str, model: int, opt: int | None) -> None:
 
 
 @handler("restore")
-def restore(state: Any, path: str, model: int, opt: int | None) -> None:
-    checkpoint.load(path, state.objects[model], state.objects[opt] if opt is not None else None)
+def restore(state: Any, path: str, model: int, opt: int | None) -> dict[str, Any] | None:
+    """Every worker loads the file; the optimizer's settings as restored go back to the controller."""
+    optimizer = state.objects[opt] if opt is not None else None
+    checkpoint.load(path, state.objects[model], optimizer)
+    return dict(optimizer.hyper) if optimizer is not None else None
 
 
 @handler("free")

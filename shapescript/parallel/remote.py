@@ -11,23 +11,19 @@ result has the batch axis.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from shapescript.check.program import FnInfo
+from shapescript.devices import shares
 from shapescript.errors import ShapeError, WorkerError
 from shapescript.names import MEMBER_PREFIX
 from shapescript.runtime.data import Batch, batch_fields
 from shapescript.runtime.modes import Mode
-from shapescript.runtime.model import refuse_change
+from shapescript.runtime.model import members_text, refuse_change
 
 _handles = itertools.count(1)
-
-
-def shares(n: int, workers: int) -> list[int]:
-    """How n examples split over the workers: 64 over 3 is 22, 21, 21."""
-    return [n // workers + (1 if k < n % workers else 0) for k in range(workers)]
 
 
 class RemoteModel:
@@ -85,13 +81,9 @@ class RemoteModel:
         return RemoteOptimizer(self, kind, hyper, handle)
 
     def __repr__(self) -> str:
-        from shapescript.notebook.models import members_text  # from the spec: asks the workers nothing
-        return f"RemoteModel[{self.spec.name}] on {self._program.devices}, a copy on every device: {members_text(self)}"
-
-    def _repr_html_(self) -> str:
-        """A notebook's display: a table of the params and buffers, from the spec (no fetch)."""
-        from shapescript.notebook.models import model_html
-        return model_html(self)
+        # from the spec: asks the workers nothing
+        return (f"RemoteModel[{self.spec.name}] on {self._program.devices}, a copy on every device: "
+                f"{members_text(self.spec)}")
 
 
 class RemoteOptimizer:
@@ -149,24 +141,33 @@ def batch_size(value: Any, axis: int) -> int:
     return value.size if isinstance(value, Batch) or hasattr(value, "_parts") else int(value.shape[axis])
 
 
+@dataclass(frozen=True)
+class SplitCall:
+    """How a call of one function is cut across the workers, as the checker decided it."""
+
+    where: str  # the function as messages name it: "`train_step` (mlp.ss:12:1)"
+    params: tuple[int | None, ...]  # per argument: the batch axis it is split along, or None (whole)
+    result: int | None  # the result's batch axis, along which the workers' parts are joined
+
+
 class RemoteFunction:
     """A function on the workers, as the controller calls it: one message per worker, one answer each."""
 
-    def __init__(self, program: Any, fn: FnInfo, name: str) -> None:
-        self.program, self.fn, self.name = program, fn, name
-        self.where = f"`{fn.name}` ({fn.span})"
+    def __init__(self, program: Any, plan: SplitCall, name: str) -> None:
+        self.program, self.plan, self.name = program, plan, name
+        self.where = plan.where
 
     def __call__(self, *args: Any) -> Any:
         for a in args:  # before workers(), which would start a new pool for a stale handle's call
             check_handle(a)
         workers = self.program.workers()
-        split = [(a, k) for a, k in zip(args, self.fn.split_params) if k is not None]
+        split = [(a, k) for a, k in zip(args, self.plan.params) if k is not None]
         if not split:
             replies = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
         else:
             n = batch_size(*split[0])
             parts = shares(n, workers.world)
-            columns = [split_value(a, k, parts) for a, k in zip(args, self.fn.split_params)]
+            columns = [split_value(a, k, parts) for a, k in zip(args, self.plan.params)]
             # Each worker is told where its part lies in the whole batch: a random draw is the whole
             # batch's, of which each worker keeps its part's rows (runtime/modes.py).
             per_worker = [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n))
@@ -176,6 +177,6 @@ class RemoteFunction:
         # Every worker made the same draws: the modes given advance by them, as one device's would.
         for mode, draws in zip([a for a in args if isinstance(a, Mode)], replies[0][1]):
             mode.draws = draws
-        if self.fn.split_result is not None:
-            return torch.cat(results, dim=self.fn.split_result)
+        if self.plan.result is not None:
+            return torch.cat(results, dim=self.plan.result)
         return results[0]

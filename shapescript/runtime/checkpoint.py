@@ -26,8 +26,9 @@ from safetensors import SafetensorError, safe_open
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.leftovers import owner_tag, sweep
-from shapescript.runtime.model import Model, check_state, copy_state, leaves, type_text
-from shapescript.runtime.optim import EXTRA_RULES, HYPER_RULES, Optimizer, checked_hyper
+from shapescript.runtime.model import Model, check_state, copy_state, leaves, param_names, type_text
+from shapescript.runtime.optim import (EXTRA_RULES, HYPER_RULES, Optimizer, checked_hyper, grouped_names,
+                                       torch_optimizer)
 
 FORMAT = 1
 _META = "shapescript"
@@ -71,8 +72,10 @@ def _remote(op: str, path: Any, model: Any, opt: Any) -> bool:
     """A model on several devices saves and loads through its workers, in the same file format."""
     if not getattr(model, "is_remote", False):
         return False
-    model._workers().call(op, (os.fspath(path), model._handle, opt._handle if opt is not None else None),
-                          where=f"{op} {os.fspath(path)}")
+    replies = model._workers().call(op, (os.fspath(path), model._handle, opt._handle if opt is not None else None),
+                                    where=f"{op} {os.fspath(path)}")
+    if op == "restore" and opt is not None:
+        opt.hyper.update(replies[0])  # the settings the checkpoint held, as one device's restore keeps them
     return True
 
 
@@ -87,7 +90,7 @@ def save(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = Non
     meta: dict[str, Any] = {"format": FORMAT, "model": model.spec.name, "optimizer": None,
                             "hyper": None}
     if opt is not None:
-        names = [name for name, _ in model.named_params()]
+        names = opt.param_order()  # torch numbers the params group by group
         state = opt.torch_opt.state_dict()
         scalars = []  # state values torch keeps as Python numbers, stored as 0-d f64 tensors
         for index, per_param in state["state"].items():
@@ -213,6 +216,7 @@ def _settings(path: str, opt: Optimizer, meta: dict[str, Any], count: int) -> tu
             raise ShapeError(f"{at} `{key}` is {json.dumps(value)}, not the {opt.kind} optimizer's settings")
     assert isinstance(hyper, dict) and isinstance(group, dict)
     rules = HYPER_RULES[opt.kind]
+    hyper = {"no_decay": [], **hyper}  # written before param groups: every param decays
     missing, extra = sorted(set(rules) - set(hyper)), sorted(set(hyper) - set(rules))
     if missing or extra:
         raise ShapeError(f"{at} `hyper` " + (f"lacks {', '.join(missing)}" if missing else
@@ -220,10 +224,19 @@ def _settings(path: str, opt: Optimizer, meta: dict[str, Any], count: int) -> tu
     if group.get("params", list(range(count))) != list(range(count)):
         raise ShapeError(f"{at} `group.params` is {json.dumps(group['params'])}; the optimizer's "
                          f"params are numbered 0 to {count - 1}")
-    loaded = opt.torch_opt.state_dict()["param_groups"][0]  # torch's flags, and the params
-    ours = {k: v for k, v in group.items() if k in loaded and (k in rules or k in EXTRA_RULES)}
-    loaded.update(checked_hyper(opt.kind, ours, f"{at} group."))
-    return checked_hyper(opt.kind, hyper, f"{at} hyper."), loaded
+    hyper = checked_hyper(opt.kind, hyper, f"{at} hyper.")
+    unknown = [n for n in hyper["no_decay"] if n not in param_names(opt.model.spec)]
+    if unknown:
+        raise ShapeError(f"{at} `hyper.no_decay` names {unknown[0]!r}, which is no trained param of "
+                         f"{opt.model.spec.name} (declared at {opt.model.spec.where})")
+    # torch's flags stay the optimizer's own; its settings are the checkpoint's, group by group
+    # (the params without weight decay keep none).
+    groups = torch_optimizer(opt.kind, opt.model, hyper).state_dict()["param_groups"]
+    ours = checked_hyper(opt.kind, {k: v for k, v in group.items()
+                                    if k in groups[0] and (k in rules or k in EXTRA_RULES)}, f"{at} group.")
+    for g in groups:
+        g.update({k: v for k, v in ours.items() if not (k == "weight_decay" and g["weight_decay"] == 0.0)})
+    return hyper, groups
 
 
 def _check_state_values(path: str, per_param: dict[str, dict[str, Any]]) -> None:
@@ -253,7 +266,7 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
     names = [name for name, _ in model.named_params()]
     where = {name: leaf.where for name, leaf in leaves(model.spec)}
     params = dict(zip(names, model.params()))
-    hyper, group = _settings(path, opt, meta, len(names))
+    hyper, groups = _settings(path, opt, meta, len(names))
     scalars = meta.get("scalars", [])
     if not (isinstance(scalars, list) and all(isinstance(k, str) for k in scalars)):
         raise ShapeError(f"checkpoint {path}: its header's `scalars` is {json.dumps(scalars)}, not a list of "
@@ -286,8 +299,8 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
         raise ShapeError(f"checkpoint {path}: the optimizer state does not fit "
                          f"{model.spec.name} (declared at {model.spec.where}):\n{lines}")
     _check_state_values(path, per_param)
-    index = {name: i for i, name in enumerate(names)}
-    return {"state": {index[n]: s for n, s in per_param.items()}, "param_groups": [group]}, hyper
+    index = {name: i for i, name in enumerate(grouped_names(model.spec, hyper["no_decay"]))}
+    return {"state": {index[n]: s for n, s in per_param.items()}, "param_groups": groups}, hyper
 
 
 def load(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
@@ -308,8 +321,12 @@ def load(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = Non
                          f"{', '.join(sorted(foreign)[:5])}")
     state = {k[len("model."):]: t for k, t in tensors.items() if k.startswith("model.")}
     check_state(spec, state, f"checkpoint {path}")
-    opt_state = _opt_state(path, model, opt, meta, tensors) if opt is not None else None
+    fresh = None
+    if opt is not None:  # a torch optimizer with the checkpoint's groups, swapped in with the model
+        torch_state, hyper = _opt_state(path, model, opt, meta, tensors)
+        fresh = torch_optimizer(opt.kind, model, hyper)
+        fresh.load_state_dict(torch_state)
     copy_state(model, state)
-    if opt is not None and opt_state is not None:
-        opt.torch_opt.load_state_dict(opt_state[0])
-        opt.hyper.update(opt_state[1])
+    if opt is not None and fresh is not None:
+        opt.torch_opt = fresh
+        opt.hyper.update(hyper)

@@ -175,12 +175,17 @@ def average_grads(grads: list[torch.Tensor], where: str = "value_and_grad") -> l
     return out
 
 
+# batch_norm's constants, PyTorch's defaults: one device (runtime/ops.py) and several use these.
+BATCH_NORM_MOMENTUM = 0.1
+BATCH_NORM_EPS = 1e-5
+
+
 def all_batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int, where: str = "") -> torch.Tensor:
     """batch_norm with the batch's statistics from every worker: the sums and sums of squares per
     channel and the count, 2·C + 1 values in f64, in one all-reduce."""
     if not mode.training:  # type: ignore[attr-defined]  (Eval: the running statistics, nothing to share)
         moved = x.movedim(axis, 1)
-        out = F.batch_norm(moved, *running_statistics(stats), training=False, eps=1e-5)
+        out = F.batch_norm(moved, *running_statistics(stats), training=False, eps=BATCH_NORM_EPS)
         return out.movedim(1, axis)
     channels = x.shape[axis]
     flat = x.movedim(axis, -1).reshape(-1, channels).to(torch.float64)
@@ -194,9 +199,10 @@ def all_batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int, wher
     var = squares / n - mean * mean
     shape = [1] * x.dim()
     shape[axis] = channels
-    out = (x - mean.to(x.dtype).view(shape)) / torch.sqrt(var.to(x.dtype).view(shape) + 1e-5)
-    with torch.no_grad():  # PyTorch's running statistics: momentum 0.1, the unbiased variance
+    out = (x - mean.to(x.dtype).view(shape)) / torch.sqrt(var.to(x.dtype).view(shape) + BATCH_NORM_EPS)
+    with torch.no_grad():  # PyTorch's running statistics: the momentum, the unbiased variance
         running_mean, running_var = running_statistics(stats)
-        running_mean.mul_(0.9).add_(0.1 * mean.to(running_mean.dtype))
-        running_var.mul_(0.9).add_(0.1 * (var * n / (n - 1)).to(running_var.dtype))
+        keep = 1 - BATCH_NORM_MOMENTUM
+        running_mean.mul_(keep).add_(BATCH_NORM_MOMENTUM * mean.to(running_mean.dtype))
+        running_var.mul_(keep).add_(BATCH_NORM_MOMENTUM * (var * n / (n - 1)).to(running_var.dtype))
     return out

@@ -140,6 +140,13 @@ def _tensor(value: Any, f: FieldSpec, origin: _Origin) -> torch.Tensor:
                          f"of numbers ({e}); expected {f.type_text} {origin.declared(f)}") from None
 
 
+def wrong_dim(k: int, size: int, label: str, want: int | None) -> str:
+    """`dim 1 is 783, not D = 784`: an axis named by its index as PyTorch counts it (`t.shape[1]`),
+    with the dim it should be and, where known and not the label itself, that dim's size."""
+    named = label if want is None or label == str(want) else f"{label} = {want}"
+    return f"dim {k} is {size}, not {named}"
+
+
 def _check_shape(f: FieldSpec, t: torch.Tensor, origin: _Origin,
                  bound: dict[str, tuple[int, str]]) -> None:
     """Check `t` against the field's dims, binding generic dims in `bound` (label -> size, by)."""
@@ -158,13 +165,15 @@ def _check_shape(f: FieldSpec, t: torch.Tensor, origin: _Origin,
             shape = shape[1:]  # stacked dataset items: report the per-item shape
     notes: dict[str, str] = {}
     ok = len(shape) == len(dims)
-    for (label, size), n in zip(dims, shape):
-        if size is not None:
-            ok = ok and n == size
-        elif label in bound and bound[label][0] != n:
+    first_bad: str = ""  # the first wrong axis, by its index in the shape the message shows
+    for k, ((label, size), n) in enumerate(zip(dims, shape)):
+        want = size if size is not None else bound[label][0] if label in bound else None
+        if want is not None and n != want:
             ok = False
+            first_bad = first_bad or wrong_dim(k, n, label, want)
+        if size is None and label in bound and bound[label][0] != n:
             notes[label] = f"{label} = {bound[label][0]} (bound by field `{bound[label][1]}`)"
-        else:
+        elif size is None:
             bound.setdefault(label, (n, f.name))
     if ok:
         return
@@ -174,7 +183,7 @@ def _check_shape(f: FieldSpec, t: torch.Tensor, origin: _Origin,
     with_ = f" with {', '.join(notes.values())}" if notes else ""
     expected = "[" + " ".join(label for label, _ in dims) + "]"
     raise ShapeError(f"{origin.subject(f)} has shape {shape_text(shape)}, expected "
-                     f"{expected}{with_} {origin.declared(f)}")
+                     f"{expected}{with_}{'; ' + first_bad if first_bad else ''} {origin.declared(f)}")
 
 
 def _refuse(f: FieldSpec, t: torch.Tensor, bad: torch.Tensor, origin: _Origin, what: str) -> None:

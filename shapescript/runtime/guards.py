@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime.data import Batch, DataSpec, batch_from_python, dense_problem
+from shapescript.runtime.data import Batch, DataSpec, batch_from_python, dense_problem, wrong_dim
 from shapescript.runtime.model import Model, dtype_name, shape_text
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
@@ -81,15 +81,17 @@ def _bind_generics(axes: tuple[AxisCheck, ...], shape: tuple[int, ...], bindings
             bindings[a.generic] = (n, source)
 
 
-def _bind(axes: tuple[AxisCheck, ...], shape: tuple[int, ...], bindings: Bindings, source: str) -> int | None:
-    """Bind bare generics, then check every axis; the index of the first bad axis, or None."""
+def _bind(axes: tuple[AxisCheck, ...], shape: tuple[int, ...], bindings: Bindings, source: str
+          ) -> tuple[int, int] | None:
+    """Bind bare generics, then check every axis; the first bad axis's index and the size it should
+    have, or None."""
     _bind_generics(axes, shape, bindings, source)
     values = {k: v for k, (v, _) in bindings.items()}
     for k, (a, n) in enumerate(zip(axes, shape)):
         want = a.size if a.size is not None else values.get(a.generic) if a.generic else (
             a.compute(values) if a.compute else None)
         if want is not None and want != n:
-            return k
+            return k, want
     return None
 
 
@@ -132,8 +134,9 @@ class TensorGuard:
                              f"{dtype_name(value.dtype)}; convert it with .to({self.dtype})")
         bad = _bind(self.axes, tuple(value.shape), bindings, f"`{self.param.name}`")
         if bad is not None:
-            raise ShapeError(f"{self.param}: expected {expected}, got shape {shape_text(value.shape)}; axis "
-                             f"{bad + 1} is {value.shape[bad]}, not {self.axes[bad].label}"
+            k, want = bad
+            raise ShapeError(f"{self.param}: expected {expected}, got shape {shape_text(value.shape)}; "
+                             f"{wrong_dim(k, value.shape[k], self.axes[k].label, want)}"
                              f"{_explain(self.axes, bindings, f'`{self.param.name}`')}")
         if self.index_bound is not None and value.numel():
             lo, hi = int(value.min()), int(value.max())
@@ -165,9 +168,16 @@ class BatchGuard:
         shape = (batch.size,) + tuple(getattr(batch, name).shape[k] for _, name, k in self.padded)
         bad = _bind(axes, shape, bindings, source)
         if bad is not None:
-            check = axes[bad]
-            raise ShapeError(f"{self.param}: {check.label} is {shape[bad]} in this batch, but "
-                             f"{bindings[check.generic][0] if check.generic else '?'} before"
+            k, want = bad
+            label = axes[k].label
+            # the batch's own axis is dim 0 of every field; a padded dim is a dim of one field
+            if k < len(self.axes):
+                held = "dim 0 of each field"
+            else:
+                _, field, dim = self.padded[k - len(self.axes)]
+                held = f"dim {dim} of field `{field}`"
+            should = f"{want} before" if axes[k].generic else f"{label} = {want}"
+            raise ShapeError(f"{self.param}: {label} is {shape[k]} in this batch ({held}), but {should}"
                              f"{_explain(axes, bindings, source)}")
         return batch
 

@@ -20,13 +20,14 @@ from typing import Any
 
 import torch
 
+from shapescript.dtypes import ELEMENTS
 from shapescript.errors import DeviceError, DomainError, ShapeError
 from shapescript.names import MEMBER_PREFIX, MODEL_RESERVED, is_reserved, reserved_text
 
+# torch's dtypes as messages name them: the language's own, and a few more a user may pass in.
 _SS_DTYPES: dict[torch.dtype, str] = {
-    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-    torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
-    torch.uint8: "u8", torch.bool: "bool",
+    **{getattr(torch, e.torch): name for name, e in ELEMENTS.items()},
+    torch.int8: "i8", torch.int16: "i16", torch.uint8: "u8",
 }
 
 # Each init's arguments and their defaults; an argument not listed is a code generator bug.
@@ -313,14 +314,6 @@ class Model:
                 parts.append(f"{member.name}: {type_text(member.shape, member.dtype)}{extra}")
         return f"{self.spec.name}({', '.join(parts)})"
 
-    def _repr_html_(self) -> str | None:
-        """A notebook's display: a table of the params and buffers (shapescript/notebook/models.py)."""
-        try:
-            from shapescript.notebook.models import model_html  # plain HTML; imports no IPython
-        except ImportError:  # inlined in a standalone build, without shapescript: the text repr
-            return None
-        return model_html(self)
-
 
 @functools.cache
 def model_class(spec: ModelSpec) -> type[Model]:
@@ -395,3 +388,9 @@ def copy_state(model: Model, state: Mapping[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, _ in leaves(model.spec):
             model._leaf(name).copy_(state[name])
+
+
+def members_text(spec: ModelSpec) -> str:
+    """`w1: [784, 256] f32, bn.mean: [64] f32 buffer`: every leaf of a model, from its spec."""
+    return ", ".join(f"{name}: {type_text(leaf.shape, leaf.dtype)}{' buffer' if leaf.kind == 'buffer' else ''}"
+                     for name, leaf in leaves(spec))

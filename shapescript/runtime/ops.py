@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from shapescript.runtime.collectives import caller_location, check_statistics_count, running_statistics
+from shapescript.runtime.collectives import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, caller_location,
+                                            check_statistics_count, running_statistics)
 from shapescript.runtime.optim import Grads
 
 
@@ -28,13 +29,13 @@ def causal(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
 
 
 def batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int) -> torch.Tensor:
-    """PyTorch's batch_norm with the channels on `axis`: batch statistics and a momentum-0.1 update
-    of the running ones in Train, the running ones in Eval."""
+    """PyTorch's batch_norm with the channels on `axis`: batch statistics and a momentum update of
+    the running ones in Train, the running ones in Eval."""
     if mode.training and x.numel() == x.shape[axis]:  # type: ignore[attr-defined]  (our error, not torch's)
         check_statistics_count(1, caller_location())
     moved = x if axis == 1 else x.movedim(axis, 1)
     out = torch.nn.functional.batch_norm(moved, *running_statistics(stats), training=mode.training,  # type: ignore
-                                         momentum=0.1, eps=1e-5)
+                                         momentum=BATCH_NORM_MOMENTUM, eps=BATCH_NORM_EPS)
     return out if axis == 1 else out.movedim(1, axis)
 
 

@@ -18,7 +18,8 @@ import torch
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.collectives import average_grads
-from shapescript.runtime.model import Model, ModelSpec, param_names, type_text
+from shapescript.names import similar
+from shapescript.runtime.model import Model, ModelSpec, leaves, param_names, type_text
 
 
 class Grads:
@@ -57,7 +58,11 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: 
 
 
 class Optimizer:
-    """A torch optimizer bound to one model; `kind` is the .ss type's name."""
+    """A torch optimizer bound to one model; `kind` is the .ss type's name.
+
+    Its torch param groups: one with every trained param, or, when `hyper["no_decay"]` names
+    some, the others first (with the optimizer's weight decay) and those second (with none), as
+    nanoGPT and most transformer recipes group them."""
 
     __slots__ = ("kind", "model", "torch_opt", "hyper")
 
@@ -68,9 +73,60 @@ class Optimizer:
         self.torch_opt = torch_opt
         self.hyper = hyper
 
+    def param_order(self) -> list[str]:
+        """The params' dotted names in torch's order: its state_dict numbers them this way."""
+        return grouped_names(self.model.spec, self.hyper.get("no_decay", ()))
+
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items())
+        args = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items() if k != "no_decay" or v)
         return f"{self.kind}[{self.model.spec.name}]({args})"
+
+
+def grouped_names(spec: ModelSpec, no_decay: Any) -> list[str]:
+    """Every param's name, those with weight decay first, in declaration order within each."""
+    names, skip = param_names(spec), set(no_decay)
+    return [n for n in names if n not in skip] + [n for n in names if n in skip]
+
+
+def no_decay_names(spec: ModelSpec, choice: Any, kind: str) -> list[str]:
+    """`no_decay=` as the names of the params it picks, in declaration order. A function is asked
+    `(name, param)` for each param, the param as a tensor on torch's meta device (its shape and
+    dtype, no values), so that the choice is the same on any device count and is made once."""
+    names = param_names(spec)
+    if choice is None:
+        return []
+    if callable(choice):
+        shapes = {name: leaf for name, leaf in leaves(spec) if leaf.kind == "param"}
+        picked = set()
+        for name in names:
+            leaf = shapes[name]
+            answer = choice(name, torch.empty(leaf.shape, dtype=leaf.dtype, device="meta"))
+            if not isinstance(answer, (bool, torch.Tensor)) or (isinstance(answer, torch.Tensor) and answer.numel() != 1):
+                raise DomainError(f"{kind.lower()}: no_decay({name!r}, p) must return True or False, "
+                                  f"not {answer!r}")
+            if bool(answer):
+                picked.add(name)
+        return [n for n in names if n in picked]
+    if isinstance(choice, str) or not isinstance(choice, (list, tuple, set, frozenset)):
+        raise DomainError(f"{kind.lower()}: no_decay must be a function (name, param) -> bool or a list of "
+                          f"param names, not {type(choice).__name__}")
+    for name in choice:
+        if name not in names:
+            hint = similar(str(name), names)
+            raise DomainError(f"{kind.lower()}: no_decay names {name!r}, which is no trained param of "
+                              f"{spec.name} (declared at {spec.where}){'; ' + hint if hint else ''}")
+    return [n for n in names if n in set(choice)]
+
+
+def torch_groups(m: Model, hyper: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The param groups torch gets for `hyper`: one, or the decayed params and the others."""
+    named = dict(m.named_params())
+    skip = set(hyper.get("no_decay", ()))
+    decay = [named[n] for n in named if n not in skip]
+    groups: list[dict[str, Any]] = [{"params": decay}] if decay else []
+    if skip:
+        groups.append({"params": [named[n] for n in named if n in skip], "weight_decay": 0.0})
+    return groups
 
 
 def _rate(value: Any) -> float:
@@ -86,6 +142,12 @@ def _betas(value: Any) -> tuple[float, float]:
     return float(value[0]), float(value[1])
 
 
+def _names(value: Any) -> list[str]:
+    if not (isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value)):
+        raise ValueError("a list of param names")
+    return list(value)
+
+
 def _flag(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError("True or False")
@@ -95,8 +157,8 @@ def _flag(value: Any) -> bool:
 # Each optimizer's settings as ss.adamw / ss.sgd take them, and what each may be: the checks both
 # those functions and a checkpoint's header go through (torch checks fewer, and some too late).
 HYPER_RULES: dict[str, dict[str, Callable[[Any], Any]]] = {
-    "AdamW": {"lr": _rate, "betas": _betas, "eps": _rate, "weight_decay": _rate},
-    "Sgd": {"lr": _rate, "momentum": _rate, "weight_decay": _rate, "nesterov": _flag},
+    "AdamW": {"lr": _rate, "betas": _betas, "eps": _rate, "weight_decay": _rate, "no_decay": _names},
+    "Sgd": {"lr": _rate, "momentum": _rate, "weight_decay": _rate, "nesterov": _flag, "no_decay": _names},
 }
 EXTRA_RULES: dict[str, Callable[[Any], Any]] = {"dampening": _rate}  # torch's own, in a param group
 
@@ -116,33 +178,44 @@ def checked_hyper(kind: str, hyper: Mapping[str, Any], where: str) -> dict[str, 
     return out
 
 
-def _make(kind: str, factory: type[torch.optim.Optimizer], m: Model,
-          hyper: dict[str, Any]) -> Optimizer:
-    hyper = checked_hyper(kind, hyper, f"{kind.lower()}: ")
-    if getattr(m, "is_remote", False):  # a model on several devices: the state is made on every worker
-        return m._make_optimizer(kind, hyper)  # type: ignore[attr-defined,no-any-return]
-    if not isinstance(m, Model):
+TORCH_KINDS: dict[str, type[torch.optim.Optimizer]] = {"AdamW": torch.optim.AdamW, "Sgd": torch.optim.SGD}
+
+
+def _make(kind: str, m: Model, hyper: dict[str, Any]) -> Optimizer:
+    remote = getattr(m, "is_remote", False)
+    if not remote and not isinstance(m, Model):
         raise TypeError(f"{kind.lower()}: expected a model, got {type(m).__name__}")
+    hyper = checked_hyper(kind, {**hyper, "no_decay": no_decay_names(m.spec, hyper["no_decay"], kind)},
+                          f"{kind.lower()}: ")
+    if remote:  # a model on several devices: the state is made on every worker
+        return m._make_optimizer(kind, hyper)  # type: ignore[attr-defined,no-any-return]
     if not m.params():
         raise DomainError(f"{kind.lower()}: model {m.spec.name} (declared at {m.spec.where}) has "
                           f"no trained params")
     try:
-        torch_opt = factory(m.params(), **hyper)
+        torch_opt = torch_optimizer(kind, m, hyper)
     except ValueError as e:  # torch checks the ranges ("Invalid learning rate: -1")
         raise DomainError(f"{kind.lower()}: {e}") from None
     return Optimizer(kind, m, torch_opt, hyper)
 
 
+def torch_optimizer(kind: str, m: Model, hyper: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """torch's optimizer of `kind` for `m`, with `hyper`'s settings and param groups."""
+    settings = {k: v for k, v in hyper.items() if k != "no_decay"}
+    return TORCH_KINDS[kind](torch_groups(m, hyper), **settings)
+
+
 def adamw(m: Model, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-          eps: float = 1e-8, weight_decay: float = 1e-2) -> Optimizer:
-    hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-    return _make("AdamW", torch.optim.AdamW, m, hyper)
+          eps: float = 1e-8, weight_decay: float = 1e-2, no_decay: Any = None) -> Optimizer:
+    hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "no_decay": no_decay}
+    return _make("AdamW", m, hyper)
 
 
 def sgd(m: Model, lr: float = 1e-3, momentum: float = 0.0, weight_decay: float = 0.0,
-        nesterov: bool = False) -> Optimizer:
-    hyper = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov}
-    return _make("Sgd", torch.optim.SGD, m, hyper)
+        nesterov: bool = False, no_decay: Any = None) -> Optimizer:
+    hyper = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
+             "no_decay": no_decay}
+    return _make("Sgd", m, hyper)
 
 
 def update(m: Model, opt: Optimizer, g: Grads) -> None:

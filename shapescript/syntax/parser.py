@@ -11,7 +11,6 @@ from .lexer import LexError, Token, describe, tokenize
 from .types import TypeGrammar
 
 ITEM_WORDS = ("devices", "dim", "data", "model", "extern", "python")
-DTYPES = ("f16", "bf16", "f32", "f64", "i32", "i64", "bool")
 
 # Binding powers: higher binds tighter.
 BINARY = {
@@ -325,12 +324,14 @@ class _Parser(TypeGrammar):
                 self.advance()
                 targets.append(self.expr())
             self.expect("=", "to assign to the names")
+            names: list[A.Name] = []
             for t in targets:
                 if not isinstance(t, A.Name):
                     raise ParseError(Diagnostic("E0105", "only names can be assigned to", t.span,
                                                 "not a name", ("bind the value to a new name",)))
+                names.append(t)
             value = self.expr()
-            node = A.Assign(self.span_from(start), targets, value)  # type: ignore[arg-type]
+            node = A.Assign(self.span_from(start), names, value)
         else:
             node = A.ExprStmt(first.span, first)
         self.expect_newline()
@@ -364,7 +365,7 @@ class _Parser(TypeGrammar):
             t = self.tok
             op = t.text if t.kind in ("OP", "KW") else None
             bp = BINARY.get(op) if op else None
-            if bp is None or bp <= power:
+            if op is None or bp is None or bp <= power:
                 return left
             self.advance()
             # `**` is right-associative: its right side may hold another `**`.
@@ -480,7 +481,7 @@ class _Parser(TypeGrammar):
         args: list[A.Arg] = []
         k = 0
         while not self.at(")", "OP"):
-            if pattern_first is not None and k == pattern_first:
+            if arrow_at is not None and k == pattern_first:
                 args.append(self.pattern(arrow_at - k + 1))
                 k = arrow_at + 1
             else:

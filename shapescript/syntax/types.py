@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import ast as A
-from .lexer import describe
+from .lexer import Token, describe
 
 
 class TypeGrammar:
@@ -21,6 +21,8 @@ class TypeGrammar:
     fail: Any
     span_from: Any
     peek: Any
+    toks: list[Token]
+    pos: int
 
     # ---- types --------------------------------------------------------------------------------
 

@@ -111,6 +111,65 @@ class Exprs:
         op, lit = self.r.choice(["+", "-", "*", "/", "**"]), self.r.choice(["2", "0.5", "1.0", "3"])
         return Ex(f"{atom(e)} {op} {lit}" if self.r.chance(0.7) else f"{lit} {op} {atom(e)}", e.ty, False)
 
+    # Plain numbers for `number_op`: none is 0, so `/` never divides by zero; bases of `**` are positive.
+    NUMBERS = ["2", "3", "1", "0.5", "1.5", "true", "-2", "-0.5", "-true"]
+    BASES = ["2", "3", "1", "0.5", "true"]
+    EXPONENTS = ["2", "-1", "0.5", "true", "-2", "0"]
+
+    def number(self, depth: int = 0) -> str:
+        """Arithmetic of plain numbers (ints, floats, bools): its type is Python's, int or float."""
+        r = self.r
+        if r.chance(0.3):
+            return f"{r.choice(self.BASES)} ** {r.choice(self.EXPONENTS)}"
+        if r.chance(0.3):
+            return f"{r.choice(self.NUMBERS)} / {r.choice(self.NUMBERS)}"
+        if depth < 2 and r.chance(0.6):
+            left, right = self.number(depth + 1), self.number(depth + 1)
+            return f"({left}) {r.choice(['+', '-', '*'])} ({right})"
+        return r.choice(self.NUMBERS)
+
+    def number_op(self, pool):
+        """A float tensor and a number computed from plain numbers."""
+        fs = self.floats(pool)
+        if not fs:
+            return None
+        e = self.r.choice(fs)
+        op = self.r.choice(["+", "-", "*"])
+        number = self.number()
+        if number == "true":  # a float tensor and a bool: torch refuses `-` (E0308)
+            number = "true + 1"
+        return Ex(f"{atom(e)} {op} ({number})", e.ty, False)
+
+    def convert_op(self, pool):
+        """A float tensor through another dtype and back (`to`), with integer, bool or float
+        arithmetic on the way: `to(to(x, i32) * 0.5, f32)`."""
+        r = self.r
+        fs = self.floats(pool)
+        if not fs:
+            return None
+        e = r.choice(fs)
+        dtype = r.choice(["i32", "i64", "bool", "f16", "bf16", "f32", "f64"])
+        inner = f"to({e.text}, {dtype})"
+        if dtype == "bool":
+            inner = r.choice([f"not {inner}", f"{inner} and ({atom(e)} > 0.5)", inner])
+        else:
+            op = r.choice(["+", "-", "*", "/", "**"])
+            numbers = ["2", "0", "true", "0.5", "(2 ** -1)"] if op == "**" else \
+                ["2", "-1", "0.5", "(2 ** -1)", "(-true)"] + ([] if op == "-" else ["true"])
+            number = r.choice(numbers)
+            inner = f"{inner} {op} {number}" if r.chance(0.7) or op == "**" else f"{number} {op} {inner}"
+        unique = unique_axes(e.ty)
+        extra = r.randint(0, 4)  # then an operation of the library, on that dtype
+        if extra == 0 and unique:
+            inner = f"cumsum({inner}, over={r.choice(unique)})"
+        elif extra == 1:
+            inner = f"clamp({inner}, {r.choice(['min=0', 'max=1.5', 'min=-1, max=2'])})"
+        elif extra == 2:
+            inner = f"where({atom(e)} > 0.5, {inner}, {r.choice(['1', 'true'])})"
+        elif extra == 3 and dtype != "bool":  # torch has no abs of bools
+            inner = f"abs({inner})"
+        return Ex(f"to({inner}, {e.ty.dtype})", e.ty, True)
+
     def operands(self, pool):
         """Two float values that broadcast together by name, in either order, and the larger's."""
         r = self.r

@@ -172,7 +172,7 @@ class ProgramGen(Library):
             self.cross_entropy, self.call, self.call, self.compare, self.negate, self.literal_op,
             self.rearrange, self.rearrange, self.reduce_pattern, self.repeat, self.einsum, self.einsum,
             self.where, self.pairwise, self.clamp, self.along, self.norm, self.one_hot, self.embedding,
-            self.dropout, self.masked_causal]
+            self.dropout, self.masked_causal, self.number_op, self.convert_op]
         for _ in range(4):
             e = r.choice(ops)(pool)
             if e is not None and len(e.text) < 400:

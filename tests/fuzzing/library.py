@@ -79,7 +79,8 @@ class Library(Exprs):
     def einsum(self, pool):
         """Two operands, one letter per dim, some dims contracted."""
         r = self.r
-        fs = [e for e in self.floats(pool) if e.ty.axes and all(plain(a) for a in e.ty.axes)]
+        fs = [e for e in self.floats(pool) if e.ty.axes and all(plain(a) for a in e.ty.axes)
+              and len(set(e.ty.axes)) == len(e.ty.axes)]  # a name names one axis of an operand (E0307)
         if not fs:
             return None
         a = r.choice(fs)
@@ -172,7 +173,8 @@ class Library(Exprs):
             return None
         e = self.r.choice(fs)
         i, j = e.ty.axes[-2:]
-        return Ex(f"masked_fill({e.text}, causal({i}, {j}), -1e9)", e.ty, True)
+        fill = "-1e4" if e.ty.dtype == "f16" else "-1e9"  # -1e9 doesn't fit f16 (E0401)
+        return Ex(f"masked_fill({e.text}, causal({i}, {j}), {fill})", e.ty, True)
 
     def statement(self, pool: list[Ex], var: str, uses_model: bool) -> tuple[str, list[Ex]] | None:
         """A statement that binds several names or loops: split, topk (and gather), blocks."""

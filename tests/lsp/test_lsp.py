@@ -155,6 +155,13 @@ def utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le")) // 2
 
 
+def axis_range(start: dict[str, int], text: str, name: str) -> dict[str, dict[str, int]]:
+    """The range of the dim `name` inside `text` (an ASCII declaration) written at `start`."""
+    column = start["character"] + text.index(f"{name}]" if f"{name}]" in text else f"{name} ")
+    return {"start": {"line": start["line"], "character": column},
+            "end": {"line": start["line"], "character": column + len(name)}}
+
+
 def fn_name_position(text: str, name: str) -> tuple[int, int]:
     """Where `name` is written in its `fn name(` line."""
     at = expected_range(text, f"fn {name}(")["start"]
@@ -171,6 +178,14 @@ def test_diagnostics_and_hovers_follow_the_edits(tmp_path: Path) -> None:
         assert diag["message"].splitlines()[0].startswith("`@` contracts [b Hd]'s last axis Hd")
         assert "Hd vs D" in diag["message"] and "help: `@` multiplies the last axis" in diag["message"]
         assert diag["codeDescription"]["href"].endswith("errors.md#e0304-matrix-product-of-mismatched-axes")
+        # The secondary labels, where each operand's axis was declared, as related information.
+        w1 = expected_range(BAD, "param w1: [D Hd]")["start"]
+        related = {(r["location"]["uri"], json.dumps(r["location"]["range"], sort_keys=True)): r["message"]
+                   for r in diag["relatedInformation"]}
+        assert related == {(uri, json.dumps(axis_range(w1, "param w1: [D Hd]", "Hd"), sort_keys=True)):
+                           "`m.w1`'s last axis is Hd here",
+                           (uri, json.dumps(axis_range(w1, "param w1: [D Hd]", "D"), sort_keys=True)):
+                           "`m.w1`'s first axis is D here"}
         forward = fn_name_position(BAD, "forward")
         assert client.hover(uri, *forward) is None  # nothing has checked cleanly yet
 

@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 import torch
+from IPython.core.formatters import DisplayFormatter
 
 import shapescript as ss
 from shapescript.check.comms_text import bytes_text, number_text, report
 from shapescript.notebook import progress
 from shapescript.notebook.device_table import DeviceTableView
 from shapescript.notebook.live import LiveSink, charts_html, svg_chart
+from shapescript.notebook.magic import _show_models
 from shapescript.notebook.models import model_html, summary
 from shapescript.notebook.session import Session
 from shapescript.notebook.cells import Cell
@@ -171,6 +173,14 @@ def test_the_notebooks_table_names_each_lines_cell() -> None:
 
 # -- a model --------------------------------------------------------------------------------------
 
+def shown_html(m: Any) -> str:
+    """What a notebook shows for a model as a cell's result: the HTML of the formatter the
+    extension registers (runtime/ and parallel/ know nothing of notebooks)."""
+    shell = types.SimpleNamespace(display_formatter=DisplayFormatter())
+    _show_models(shell)  # type: ignore[arg-type]
+    return shell.display_formatter.format(m)[0]["text/html"]
+
+
 @pytest.fixture(scope="module")
 def fit_cpu() -> ss.Program:
     return ss.load(FIT, devices="cpu", name="fit.ss")
@@ -178,7 +188,7 @@ def fit_cpu() -> ss.Program:
 
 def test_a_models_html_lists_every_param_and_buffer(fit_cpu: ss.Program) -> None:
     m = fit_cpu.Lin.init(seed=0)
-    page = m._repr_html_()
+    page = shown_html(m)
     assert '<table class="ss-model-table">' in page
     listed = rows(page, "ss-member")
     assert [r[0] for r in listed] == list(LEAVES)
@@ -215,7 +225,7 @@ def remote(program: ss.Program, seed: int = 0) -> tuple[RemoteModel, FakePool]:
 
 def test_a_remote_models_display_asks_the_workers_nothing(fit_cpu: ss.Program) -> None:
     m, pool = remote(fit_cpu)
-    page = m._repr_html_()
+    page = shown_html(m)
     listed = rows(page, "ss-member")
     assert [(r[0], r[2], r[4]) for r in listed] == [
         (name, "[" + ", ".join(map(str, dims)) + "]", "a copy on every device") for name, dims in LEAVES.items()]
@@ -416,7 +426,7 @@ def test_on_two_devices(bars: list[Bar], capsys: pytest.CaptureFixture[str]) -> 
         prog.fit(m, ss.adamw(m, lr=0.1), dataset(), sink)  # the workers load the batches: RemoteBatches
         assert [(b.total, b.n, b.closed) for b in bars] == [(3, 3, True)]
         assert len(sink.records) == 3 and len(capsys.readouterr().out.splitlines()) == 3
-        assert [r[0] for r in rows(m._repr_html_(), "ss-member")] == list(LEAVES)
+        assert [r[0] for r in rows(shown_html(m), "ss-member")] == list(LEAVES)
         box = model_widget(m)
         box.children[1].children[0].value = "w"
         box.children[1].children[1].click()

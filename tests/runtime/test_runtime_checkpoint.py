@@ -108,7 +108,7 @@ def test_file_layout_and_header(tmp_path: Path) -> None:
     assert keys == {"model.w1", "model.w2", "model.seen"} | {
         f"opt.{p}.{k}" for p in ("w1", "w2") for k in ("step", "exp_avg", "exp_avg_sq")}
     assert meta["format"] == 1 and meta["model"] == "Small" and meta["optimizer"] == "AdamW"
-    assert meta["hyper"] == {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8,
+    assert meta["hyper"] == {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "no_decay": [],
                              "weight_decay": 0.01}
     assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]  # no temp file left
 

@@ -75,7 +75,7 @@ def test_wrong_item_shape(digit: DataSpec) -> None:
     with pytest.raises(ShapeError) as info:
         check_item(digit, {"img": torch.zeros(63), "label": 1}, 3)
     assert str(info.value) == ("item 3 of the dataset: field `img` has shape [63], expected [D] "
-                               "with D = 64 (declared at digits.ss:7:5)")
+                               "with D = 64; dim 0 is 63, not D = 64 (declared at digits.ss:7:5)")
     with pytest.raises(ShapeError, match=r"field `label` has shape \[1\], expected \[\]"):
         check_item(digit, {"img": torch.zeros(64), "label": [1]}, 3)
 
@@ -109,7 +109,7 @@ def test_generic_dims_bind_across_fields(seq: DataSpec) -> None:
     with pytest.raises(ShapeError) as info:
         check_item(seq, {"tokens": [1, 2, 3], "mask": [1.0, 1.0]}, 5)
     assert str(info.value) == ("item 5 of the dataset: field `mask` has shape [2], expected [n] "
-                               "with n = 3 (bound by field `tokens`) (declared at digits.ss:4:5)")
+                               "with n = 3 (bound by field `tokens`); dim 0 is 2, not n = 3 (declared at digits.ss:4:5)")
 
 
 def test_index_error_inside_a_sequence_names_the_position(seq: DataSpec) -> None:
@@ -175,8 +175,8 @@ def test_batch_from_python_errors(digit: DataSpec, seq: DataSpec) -> None:
     where = "train.ss:14:20"
     with pytest.raises(ShapeError) as info:
         batch_from_python(digit, {"img": x[:, :63], "label": y}, where)
-    assert str(info.value) == ("batch field `img` has shape [32, 63], expected [b D] with D = 64 "
-                               "(declared at digits.ss:7:5; the batch goes to train.ss:14:20)")
+    assert str(info.value) == ("batch field `img` has shape [32, 63], expected [b D] with D = 64; "
+                               "dim 1 is 63, not D = 64 (declared at digits.ss:7:5; the batch goes to train.ss:14:20)")
     with pytest.raises(ShapeError, match=r"batch field `label` has shape \[31\], expected \[b\] "
                                          r"with b = 32 \(bound by field `img`\)"):
         batch_from_python(digit, {"img": x, "label": y[:31]}, where)

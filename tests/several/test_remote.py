@@ -168,3 +168,38 @@ def test_workers_take_the_controllers_numerical_settings() -> None:
         torch.set_flush_denormal(False)
     assert one.tolist() == [0.0, 0.0, 0.5, 0.0]  # flushed here, so the workers must flush too
     assert torch.equal(two, one)
+
+
+BIASED = PROGRAM.replace("    param w: [D C] = normal(std=0.1)\n",
+                         "    param w: [D C] = normal(std=0.1)\n    param b: [C] = normal(std=0.1)\n").replace("= x @ m.w\n", "= x @ m.w + m.b\n")
+
+
+@pytest.mark.slow
+def test_param_groups_train_alike_on_every_device_count_and_restore_their_settings(tmp_path) -> None:
+    """`no_decay=` (here: the bias) on cpu, cpu[0 1] and cpu[0 1 2]: the same params after a
+    loop; a checkpoint restored on two devices brings its settings to the controller's handle."""
+    assert "param b" in BIASED and "+ m.b" in BIASED
+    results = {}
+    for devices in ("cpu", "cpu[0 1]", "cpu[0 1 2]"):
+        prog = ss.load(BIASED, devices=devices, name="fit.ss")
+        try:
+            m = prog.Lin.init(seed=0)
+            opt = ss.adamw(m, lr=0.1, weight_decay=0.5, no_decay=lambda name, p: p.ndim < 2)
+            assert opt.hyper["no_decay"] == ["b"]
+            prog.fit(m, opt, dataset(), ss.sinks.memory())
+            results[devices] = m.state_dict()
+            if devices == "cpu[0 1]":
+                ss.save(tmp_path / "groups.safetensors", m, opt)
+                plain = ss.adamw(m, lr=0.3)
+                ss.restore(tmp_path / "groups.safetensors", m, plain)
+                assert plain.hyper["no_decay"] == ["b"] and plain.hyper["lr"] == 0.1
+        finally:
+            prog.stop()
+    for devices in ("cpu[0 1]", "cpu[0 1 2]"):
+        for name, t in results["cpu"].items():
+            torch.testing.assert_close(results[devices][name], t.detach(), atol=1e-6, rtol=0)
+    one = ss.load(BIASED, devices="cpu", name="fit.ss")
+    m = one.Lin.init(seed=0)
+    opt = ss.adamw(m, lr=0.1, weight_decay=0.5)  # every param decays: the bias ends elsewhere
+    one.fit(m, opt, dataset(), ss.sinks.memory())
+    assert not torch.allclose(m.b.detach(), results["cpu"]["b"].detach(), atol=1e-4)

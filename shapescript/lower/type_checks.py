@@ -1,0 +1,104 @@
+"""The lowering side of the debug type checks (`generate(..., check_types=True)`): each expression's
+checked type as runtime/typecheck.py's spec, and the code that checks values against it.
+
+Codegen calls this in three places only: every expression's text (`wrap`), a function's first
+lines (`prologue`: a frame for its generic dims, and its parameters checked), and a loop over
+batches (`loop`: each batch's own dims forgotten before the next).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from ..check import dims as D
+from ..check import types as T
+from ..check.program import Checked, FnInfo
+from ..syntax import ast as A
+from .guards import _formula
+from .text import literal
+
+FRAME = "_types"  # the frame's local; user names starting with `_` are renamed, so none meets it
+MODULE = "_tc"  # runtime/typecheck.py, as the module imports it
+IMPORT = f"from shapescript.runtime import typecheck as {MODULE}"
+
+
+def dim_key(d: sympy.Dummy) -> str:
+    """A generic dim's key in a frame: its name and which dim of that name (two loops' `b`s differ)."""
+    return f"{d.name}#{d.dummy_index}"
+
+
+class TypeChecks:
+    def __init__(self, checked: Checked) -> None:
+        self.c = checked
+        self.lines = checked.source.split("\n")
+
+    # ---- what codegen calls ---------------------------------------------------------------------
+
+    def wrap(self, node: A.Expr, text: str) -> str:
+        """`text`, the code of `node`, checked against `node`'s type when that type is checkable."""
+        t = self.c.types.get(id(node))
+        spec = self.spec(t) if t is not None else None
+        if spec is None:
+            return text
+        return f"{MODULE}.expect({text}, {literal(spec)}, {literal(self.where(node))}, {FRAME})"
+
+    def prologue(self, fn: FnInfo, names: list[str]) -> list[str]:
+        """A function's first lines: its frame, then each parameter (`names`: as Python names them)
+        checked, binding the generic dims it has."""
+        lines = [f"{FRAME} = {MODULE}.Frame()"]
+        for p, name in zip(fn.params, names):
+            spec = self.spec(p.ty)
+            if spec is not None:
+                where = (str(p.node.span), f"parameter {p.name}")
+                lines.append(f"{MODULE}.expect({name}, {literal(spec)}, {literal(where)}, {FRAME})")
+        return lines
+
+    def loop(self, s: A.For, iterable: str) -> str:
+        """A loop over batches: each batch's own dims (its `b`, the lengths it pads to) are new."""
+        t = self.c.types.get(id(s.var))
+        if not isinstance(t, T.BatchT):
+            return iterable
+        keys = tuple(dim_key(d) for a in t.axes for d in a.size.free_symbols if D.is_generic(d))
+        keys += tuple(dim_key(d) for _, d in t.padded if D.is_generic(d))
+        return f"{MODULE}.each({iterable}, {literal(keys)}, {FRAME})"
+
+    # ---- types as specs -------------------------------------------------------------------------
+
+    def spec(self, t: T.Ty) -> tuple | None:
+        if isinstance(t, T.TensorT):
+            index = None if t.index is None else (D.show(t.index), self.want(t.index))
+            shown = T.show_axes(t.axes) + (f" Index[{D.show(t.index)}]" if t.index is not None else f" {t.dtype}")
+            return ("tensor", shown, tuple((a.show(), self.want(a.size)) for a in t.axes), t.dtype, index)
+        if isinstance(t, T.ScalarT):
+            return ("scalar", t.kind)
+        if isinstance(t, T.TupleT):
+            items = tuple(self.spec(i) for i in t.items)
+            return ("tuple", items) if any(i is not None for i in items) else None
+        if isinstance(t, T.BatchT):
+            return ("batch", tuple((name, self.spec(t.field(name))) for name in t.data.fields))
+        return None
+
+    def want(self, size: D.Dim) -> int | str | tuple | None:
+        """An axis' size as the runtime checks it: fixed, a generic's key, or a formula of them."""
+        fixed = D.value(size, self.c.dim_values)
+        if fixed is not None:
+            return fixed
+        if D.is_generic(size):
+            return dim_key(size)
+        known = {s: self.c.dim_values[s.name] for s in size.free_symbols
+                 if not D.is_generic(s) and self.c.dim_values.get(s.name) is not None}
+        keys = {s: sympy.Symbol(dim_key(s)) for s in size.free_symbols if D.is_generic(s)}
+        try:
+            return _formula(sympy.sympify(size.xreplace({**known, **keys})))
+        except ValueError:
+            return None  # not arithmetic the runtime evaluates: left unchecked
+
+    def where(self, node: A.Node) -> tuple[str, str]:
+        """The node's .ss location and its text (the first line of it, for a long one)."""
+        s = node.span
+        if not 0 < s.line <= len(self.lines):
+            return str(s), "?"
+        line = self.lines[s.line - 1]
+        end = s.end_col if s.end_line == s.line else len(line) + 1
+        return str(s), line[s.col - 1:end - 1]
+
