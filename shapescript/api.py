@@ -19,7 +19,7 @@ import torch
 
 from .check.checker import check_source
 from .check.program import Checked, FnInfo
-from .devices import DeviceSet, parse_devices
+from .devices import DeviceSet
 from .errors import CompileError, Diagnostic, ShapeScriptError, Span
 from .lower import guards as LG
 from .lower.codegen import generate, py_name
@@ -27,6 +27,22 @@ from .lower.text import comment_text
 from .runtime import calls
 from .runtime.model import Model, require_visible
 from .syntax import ast as A
+
+def parse_devices(text: str | DeviceSet) -> DeviceSet:
+    """`"cpu"`, `"cuda[0 1 2]"`, as a program's `devices` line spells them, read by the program's
+    own grammar and checks (one spelling, one set of rules). TypeError or ValueError otherwise."""
+    if isinstance(text, DeviceSet):
+        return text
+    if not isinstance(text, str):
+        raise TypeError(f"devices is a str, as 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', not {type(text).__name__}")
+    wrong = f"devices must be written as in a program, e.g. 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', not {text!r}"
+    if "\n" in text or "\r" in text or not text.strip():
+        raise ValueError(wrong)
+    try:
+        return check_source(f"devices {text.strip()}\n", "<devices>").device_set
+    except CompileError as e:
+        raise ValueError(f"{wrong}: {e.diagnostics[0].message}") from None
+
 
 def read_program(path_or_source: str | os.PathLike[str], name: str | None = None) -> tuple[str, str]:
     """(source, file name): a path to a .ss file (a str ending in .ss, or a pathlib.Path), or the

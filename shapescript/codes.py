@@ -165,6 +165,12 @@ _ENTRIES = [
          "dim V\n\nfn f(x: [n V]) -> [n] = sum(x, over=V)\n",
          "Give the size when loading, `ss.load(path, dims={\"V\": 65})`, or on the command line, "
          "`--dim V=65`."),
+    Code("E0314", "A dim defined from itself",
+         "A dim may be defined from other dims (`dim D = H * Dh`), in any order, but not from "
+         "itself, directly or through others: its size would never be known. The error points at "
+         "the first-declared dim of the cycle and lists the cycle.",
+         "dim A = 2 * B\ndim B = A + 1\n",
+         "Give one dim of the cycle a size of its own, as `dim B = 64`."),
     Code("E0401", "Wrong kind of value",
          "A value of one kind (a model, a dataset, a number, a batch) is used where another kind "
          "is expected.",
@@ -190,6 +196,22 @@ _ENTRIES = [
          "fn halve(x: [n]) -> [n] = shrink(x * 0.5)\n\nfn shrink(x: [n]) -> [n] = halve(x)\n",
          "Repeat a step with a loop: over a stack of models (`for block in m.blocks:`) or over a "
          "dataset's batches; or write the steps out."),
+    Code("E0406", "A loop that changes a variable's type",
+         "A variable from before a loop that the loop assigns must keep its type: the loop's body "
+         "is checked once, with the types from before the loop, and every pass must agree with "
+         "them. A running total started as a number becomes a tensor on the first pass; a shape "
+         "that grows by a pass has a different type on every pass.",
+         "data Ex:\n    x: [4]\n\nfn total(data: Dataset[Ex]) -> []:\n    s = 0.0\n"
+         "    for batch in data |> batches(8):\n        s = s + sum(batch.x)\n    return s\n",
+         "Start the variable with the type the loop gives it, as `s = to(0.0, f32)`, or give the "
+         "loop's result a name of its own."),
+    Code("E0407", "An initializer argument that isn't a constant",
+         "An initializer's arguments are worked out once, when the program is built: numbers and "
+         "declared dims, with `+ - * / **`, `sqrt`, `exp` and `log` (`normal(std=0.02 / sqrt(2 * L))`). "
+         "A param, a generic dim, a name the program doesn't declare, or an expression with no "
+         "value (a division by zero, `log(0)`) is refused.",
+         "dim D = 4\n\nmodel M:\n    param w: [D] = normal(std=1.0 / n)\n",
+         "Use numbers and declared dims: `normal(std=1.0 / D)`."),
     Code("E0501", "Changing what isn't `mut`",
          "A function may change only the parameters it declares `mut`; passing anything else to "
          "a `mut` parameter is an error.",
@@ -310,6 +332,8 @@ RUN_TIME = [
      "`ValueError` naming the dim"),
     ("`dims=` (or `--dim`) replacing a size the program declares", "it is replaced, with a `UserWarning` "
      "that lists each replaced size and where it was declared"),
+    ("`dims=` (or `--dim`) giving a size to a dim defined from others (`dim D = H * Dh`), even an equal "
+     "one", "E0202 at the dim, whose help names the dims to size instead"),
     ("a folder where a program, a checkpoint or `build -o`'s output is expected; a missing file",
      "`IsADirectoryError`; `FileNotFoundError`, naming the path (the command line: one line, exit 2)"),
     ("`ss.collective_timeout(inf)`, NaN, more than 7 days; the same in "

@@ -39,7 +39,7 @@ PROGRAM = textwrap.dedent("""\
         load(path, mut m, mut opt)
 
     fn evaluate(m: Lin, data: Dataset[Ex]) -> []:
-        total = 0.0
+        total = to(0.0, f32)
         for batch in data |> batches(16):
             total = total + loss(m, batch)
         return total

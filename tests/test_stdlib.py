@@ -76,6 +76,16 @@ CASES = [
      lambda y: F.one_hot(y, 4).float()),
     ("embedding", "fn f(t: [V D] f64, ids: [b n] Index[V]) -> [b n D] f64 = embedding(t, ids)",
      lambda: (r(7, 3), idx(7, 2, 5)), lambda t, ids: F.embedding(ids, t)),
+    ("first", "fn f(t: [V D] f64, x: [b n D] f64) -> [b n D] f64 = x + first(t, n)", lambda: (r(7, 3), r(2, 5, 3)),
+     lambda t, x: x + t[:5]),
+    ("first-over", "fn f(x: [b C] f64) -> [b 2] f64 = first(x, 2, over=C)", lambda: (r(3, 4),), lambda x: x[:, :2]),
+    ("first-all", "fn f(t: [V D] f64, x: [V] f64) -> [V D] f64 = first(t, V) * first(x, V)",
+     lambda: (r(7, 3), r(7)), lambda t, x: t * x[:, None]),
+    ("positions", "fn f(x: [b n] f64) -> [n] Index[n] = positions(n)", lambda: (r(3, 5),), lambda x: torch.arange(5)),
+    ("positions-float", "fn f(x: [b n] f64) -> [b n] f64 = x * to(positions(n), f64)", lambda: (r(3, 5),),
+     lambda x: x * torch.arange(5, dtype=torch.float64)),
+    ("positions-embedding", "fn f(t: [V D] f64, x: [b n D] f64) -> [b n D] f64 = x + embedding(first(t, n), "
+     "positions(n))", lambda: (r(7, 3), r(2, 4, 3)), lambda t, x: x + F.embedding(torch.arange(4), t[:4])),
     ("rearrange", "fn f(x: [b n (H Dh)] f64) -> [b H n Dh] f64 = rearrange(x, b n (H Dh) -> b H n Dh)",
      lambda: (r(2, 5, 6),), lambda x: x.reshape(2, 5, 2, 3).permute(0, 2, 1, 3)),
     ("rearrange-merge", "fn f(x: [b H n Dh] f64) -> [b n (H Dh)] f64 = rearrange(x, b h n d -> b n (h d))",
@@ -206,6 +216,17 @@ MISUSES = [
      "fn f(x: [n D]) -> [n D] = ln(x, over=n)", "E0303"),
     ("fn f(x: [b C], m: Mode) -> [b C] = batch_norm(x, x, m, over=C)", "E0401"),
     ("fn f(x: [b C]) -> [b C] = abs(x, x)", "E0206"),
+    ("fn f(t: [V D]) -> [9 D] = first(t, 9)", "E0310"),
+    ("fn f(t: [V D]) -> [] = sum(first(t, 0))", "E0310"),
+    ("fn f(t: [V D]) -> [] = sum(first(t, 1.5))", "E0310"),
+    ("fn f(t: [V D]) -> [] = sum(first(t, k))", "E0303"),
+    ("fn f(t: [V D]) -> [] = sum(first(t, 2, over=C))", "E0303"),
+    ("fn f(t: [V D]) -> [] = sum(first(2.0, 2))", "E0401"),
+    ("fn f(t: [] f64) -> [] f64 = first(t, 1)", "E0302"),
+    ("fn f(t: [V D]) -> [] = sum(first(t))", "E0206"),
+    ("fn f(x: [b C]) -> [b] Index[b] = positions(k)", "E0303"),
+    ("fn f(x: [b C]) -> [b] Index[b] = positions(-2)", "E0310"),
+    ("fn f(x: [b C]) -> [b] Index[C] = positions(b)", "E0309"),
     ("fn f(x: [b C]) -> [b C] = sqrt(tanh(sigmoid(gelu(silu(x)))), over=C)", "E0206"),
 ]
 
@@ -250,3 +271,66 @@ def test_batch_norm_needs_its_statistics() -> None:
     with pytest.raises(CompileError) as info:
         ss.load(BATCH_NORM.replace("buffer var: [C] f64 = ones()", "buffer var: [D] f64 = ones()"), name="bn.ss")
     assert info.value.codes == ["E0401"] and "buffers `mean: [C] f64`" in str(info.value)
+
+
+FIRST = DIMS + "fn f(t: [V D] f64, x: [b n D] f64) -> [b n D] f64 = x + first(t, n)\n" \
+    "fn g(x: [m D] f64, y: [n] f64) -> [n D] f64 = first(x, n)\n"
+
+
+def test_first_checks_a_generic_count_when_it_runs() -> None:
+    """n <= V is known only when f runs: too many is a ShapeError naming the call, never torch's error."""
+    prog = ss.load(FIRST, name="first.ss")
+    f_col, g_col = (FIRST.splitlines()[k].index("first(") + 1 for k in (5, 6))
+    with pytest.raises(ss.ShapeError) as info:
+        prog.f(r(7, 3), r(2, 9, 3))
+    assert str(info.value).startswith(f"first.ss:6:{f_col}: `first` takes n = 9 entries along V, which has only 7")
+    with pytest.raises(ss.ShapeError) as info:
+        prog.g(r(3, 3), r(4))
+    assert str(info.value).startswith(f"first.ss:7:{g_col}: `first` takes n = 4 entries along m, which has only 3")
+    x = r(3, 3)
+    assert torch.equal(prog.g(x, r(3)), x) and torch.equal(prog.g(x, r(2)), x[:2])
+
+
+SEVERAL = """devices cpu[0 1]
+dim T = 8
+dim D = 3
+
+data Ex:
+    x: [n D]
+
+model M:
+    param wpe: [T D] = normal(std=0.02)
+
+"""
+
+
+@pytest.mark.parametrize("body", [
+    "fn f(m: M, batch: [b] Ex) -> [2 n D] = first(batch.x, 2, over=b)",
+    "fn f(m: M, batch: [b] Ex) -> [] = sum(first(batch.x, 1))",
+    "fn f(m: M, x: [b n D]) -> [b D] = first(m.wpe, b)\nfn g(m: M, batch: [b] Ex) -> [] = sum(f(m, batch.x))",
+    "fn f(x: [b n D]) -> [b] Index[b] = positions(b)\nfn g(batch: [b] Ex) -> [] = sum(to(f(batch.x), f32))",
+])
+def test_first_and_positions_along_the_batch_axis_are_E1801_on_several_devices(body: str) -> None:
+    """Each device holds a part of the batch: its first rows or positions are not the whole batch's."""
+    with pytest.raises(CompileError) as info:
+        ss.load(SEVERAL + body + "\n", name="split.ss")
+    assert info.value.codes == ["E1801"], str(info.value)
+    ss.load(SEVERAL + body + "\n", name="split.ss", devices="cpu")  # one device: the whole batch
+
+
+def test_first_and_positions_along_other_axes_are_per_example_on_several_devices() -> None:
+    body = ("fn f(m: M, x: [b n D]) -> [b n D] = x + first(m.wpe, n) * to(positions(n), f32)\n"
+            "fn g(m: M, batch: [b] Ex) -> [] = sum(f(m, batch.x)) + sum(first(batch.x, 2, over=n))\n")
+    prog = ss.load(SEVERAL + body, name="split.ss")
+    assert prog.g.info.placement == "workers"
+
+
+def test_positions_and_first_of_a_dim_sized_when_loading() -> None:
+    """`dim V` without a size: the program checks, and runs with the size given at load."""
+    src = "dim V\ndim D = 3\nfn f(t: [V D] f64) -> [V D] f64 = first(t, V) * to(positions(V), f64)\n"
+    with pytest.raises(CompileError) as info:  # built without V's size: E0313, not an error of positions
+        ss.load(src, name="v.ss")
+    assert info.value.codes == ["E0313"]
+    t = r(5, 3)
+    expected = t * torch.arange(5.0, dtype=torch.float64)[:, None]
+    torch.testing.assert_close(ss.load(src, name="v.ss", dims={"V": 5}).f(t), expected)

@@ -285,14 +285,18 @@ LOOP_CARRIED = textwrap.dedent("""\
     """)
 
 
-@pytest.mark.xfail(strict=True, raises=ShapeError, reason="a hole not fixed here: a variable that a loop "
-                   "rebinds is typed, at its reads in the loop, as before the loop, not as the last pass left it "
-                   "(check/bodies.py's loop); the second pass reads `s` as a tensor, `h` as [n 2]")
-@pytest.mark.parametrize("fn", ["total", "grow"])
-def test_a_variable_a_loop_rebinds_keeps_its_type(fn: str) -> None:
-    prog = ss.load(LOOP_CARRIED, name="loop.ss", check_types=True)
-    data = ss.TensorDataset(x=torch.ones(10, 2))
-    prog.total(data) if fn == "total" else prog.grow(torch.ones(3), data)
+@pytest.mark.parametrize("fn, line", [("total", 9), ("grow", 15)])
+def test_a_variable_a_loop_rebinds_keeps_its_type(fn: str, line: int) -> None:
+    """Once a hole (a second pass read `s` as a tensor, `h` as [n 2]): now E0406 at the assignment
+    that changes the type, and a total started as a tensor runs and checks clean."""
+    with pytest.raises(ss.CompileError) as info:
+        ss.load(LOOP_CARRIED, name="loop.ss")
+    found = [d for d in info.value.diagnostics if d.line == line]
+    assert [d.code for d in found] == ["E0406"] and set(info.value.codes) == {"E0406"}
+    fixed = LOOP_CARRIED.replace("s = 0.0", "s = to(0.0, f32)").split("fn grow")[0]
+    prog = ss.load(fixed, name="loop.ss", check_types=True)
+    data = ss.TensorDataset(x=torch.arange(20.0).reshape(10, 2))
+    assert prog.total(data).item() == sum(range(20))
 
 
 def test_the_debug_build_only_adds_checks() -> None:

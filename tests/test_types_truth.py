@@ -138,7 +138,10 @@ def test_to_drops_the_index_bound_and_refuses_what_is_not_a_dtype() -> None:
     assert codes("dim K = 3\n\nfn f(x: [b K]) -> [b] Index[K] = to(argmax(x, over=K), i64)\n") == ["E0309"]
     assert codes("fn f(x: [n]) -> [n] = to(x, float)\n") == ["E0401"]
     assert codes("fn f(x: [n]) -> [n] = to(x, 2)\n") == ["E0401"]
-    assert codes("fn f(x: [n]) -> [] = to(2, f32)\n") == ["E0401"]
+    assert codes('fn f(x: [n]) -> [] = to("2", f32)\n') == ["E0401"]
+    # A number becomes a [] tensor of that dtype, as torch.tensor(2, dtype=...) makes it.
+    two = ss.load("fn f(x: [n]) -> [] f64 = to(2, f64)\n", name="p.ss").f(torch.ones(3))
+    assert two.dtype == torch.float64 and two.shape == () and two.item() == 2.0
 
 
 ACCURACY = textwrap.dedent("""\

@@ -30,7 +30,7 @@ DATA = textwrap.dedent("""\
     fn score(batch: [b] Digit) -> [b] = sum(batch.img, over=D) + where(batch.label == 1, 10.0, 0.0)
 
     fn total(data: Dataset[Digit]) -> []:
-        s = 0.0
+        s = to(0.0, f32)
         for batch in data |> batches(2):
             s = s + sum(score(batch), over=b)
         return s

@@ -77,7 +77,7 @@ fn train(mut m: Gpt, mut opt: AdamW[Gpt], data: Dataset[Text], mode: Mode, log: 
         write(log, logs(loss=l))
 
 fn evaluate(m: Gpt, data: Dataset[Text]) -> []:
-    total = 0.0
+    total = to(0.0, f32)
     count = 0
     for batch in data |> batches(64):
         total = total + loss(m, batch, Eval())

@@ -36,6 +36,16 @@ def promoted(dtype: str, number: str, op: str) -> str:
     return dtype
 
 
+def same_type(a: T.Ty, b: T.Ty) -> bool:
+    """The same type, dims compared as dims (an unknown type agrees with anything: it was reported)."""
+    if a is T.UNKNOWN or b is T.UNKNOWN:
+        return True
+    if isinstance(a, T.TensorT) and isinstance(b, T.TensorT):
+        return (a.rank == b.rank and all(x.same(y) for x, y in zip(a.axes, b.axes)) and a.dtype == b.dtype
+                and (a.index is None) == (b.index is None) and (a.index is None or D.equal(a.index, b.index)))
+    return a == b
+
+
 @dataclass
 class Var:
     ty: T.Ty
@@ -163,6 +173,26 @@ class BodyChecker:
         return ""
 
     def loop(self, s: A.For) -> None:
+        before = dict(self.vars)
+        self.loop_pass(s)
+        self.loop_keeps_types(before)
+
+    def loop_keeps_types(self, before: dict[str, Var]) -> None:
+        """A variable from before a loop that the loop assigns keeps its type: the body was checked
+        with the types it had before, which a second pass would otherwise not have (a number that
+        became a tensor, a shape that grows by a pass)."""
+        for name, old in before.items():
+            new = self.vars[name]
+            if new is old or same_type(old.ty, new.ty):
+                continue
+            help = (f"start it as a tensor before the loop: `{name} = to(0.0, {new.ty.dtype})`"
+                    if isinstance(old.ty, T.ScalarT) and isinstance(new.ty, T.TensorT) and not new.ty.axes
+                    else f"give the loop's result a name of its own, or make `{name}` {old.ty.show()} again")
+            self.error("E0406", f"`{name}` is {old.ty.show()} before the loop, but a pass of the loop makes it "
+                       f"{new.ty.show()}", new.span, f"now {new.ty.show()}", help,
+                       secondary=((old.span, f"{old.ty.show()} here"),))
+
+    def loop_pass(self, s: A.For) -> None:
         t = self.expr(s.iter)
         if isinstance(t, T.StackT):  # the blocks of a model, one after another
             self.bind(s.var, t.model)

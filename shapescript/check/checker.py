@@ -16,6 +16,7 @@ from ..syntax import ast as A
 from ..syntax.parser import parse
 from . import dims as D
 from . import types as T
+from .constants import NotConstant, constant, derive_dims
 from .program import Checked, DeviceSet, FnInfo, ParamInfo
 
 INIT_ARGS = {"normal": ("mean", "std"), "uniform": ("low", "high"), "zeros": (), "ones": ()}
@@ -36,6 +37,7 @@ class Context:
         self.file = file
         self.diagnostics: list[Diagnostic] = []
         self.dim_values: dict[str, int | None] = {}
+        self.derived: dict[str, D.Dim] = {}  # `dim D = H * Dh`: D's definition in dims that aren't derived
         self.dim_override = dict(dims or {})
         self.device_override = devices
         self.data: dict[str, T.DataT] = {}
@@ -76,18 +78,19 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
     from .placement import place
 
     ctx = Context(program, file, devices, dims)
-    device_set = collect(ctx)
-    checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data,
-                      ctx.models, ctx.fns)
-    ctx.checked = checked
-    if not ctx.diagnostics:
-        check_bodies(ctx)
-        call_cycles(ctx)
-    if not ctx.diagnostics:
-        place(ctx)
-    if not ctx.diagnostics and checked.device_set.count > 1:
-        from .split import split_batches
-        split_batches(ctx)
+    with D.derived(ctx.derived):  # while checking, a derived dim equals its definition
+        device_set = collect(ctx)
+        checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data,
+                          ctx.models, ctx.fns)
+        ctx.checked = checked
+        if not ctx.diagnostics:
+            check_bodies(ctx)
+            call_cycles(ctx)
+        if not ctx.diagnostics:
+            place(ctx)
+        if not ctx.diagnostics and checked.device_set.count > 1:
+            from .split import split_batches
+            split_batches(ctx)
     if ctx.diagnostics:
         ctx.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))
         raise CompileError(ctx.diagnostics, program.source)
@@ -107,15 +110,15 @@ def collect(ctx: Context) -> DeviceSet:
         device_set = devices_of(ctx, device_items[0])
     if ctx.device_override is not None:
         device_set = ctx.device_override
-    for item in items:
-        if isinstance(item, A.Dim):
-            if define(ctx, item.name, item.name_span, "dim"):
-                value = ctx.dim_override.get(item.name, item.value)
-                if value is not None and value <= 0:
-                    ctx.error("E0310", f"dim `{item.name}` must be a positive size, not {value}",
-                              item.span, "not a size", f"pass `--dim {item.name}=SIZE` with a SIZE of 1 or more"
-                              if item.name in ctx.dim_override else f"give `{item.name}` a size of 1 or more")
-                ctx.dim_values[item.name] = value
+    dims = [i for i in items if isinstance(i, A.Dim) and define(ctx, i.name, i.name_span, "dim")]
+    for item in dims:
+        value = ctx.dim_override.get(item.name, item.value) if item.expr is None else None
+        if value is not None and value <= 0:
+            ctx.error("E0310", f"dim `{item.name}` must be a positive size, not {value}",
+                      item.span, "not a size", f"pass `--dim {item.name}=SIZE` with a SIZE of 1 or more"
+                      if item.name in ctx.dim_override else f"give `{item.name}` a size of 1 or more")
+        ctx.dim_values[item.name] = value  # a derived dim's, once its parts' are known
+    derive_dims(ctx, dims)
     for name in ctx.dim_override:
         if name not in ctx.dim_values:
             ctx.error("E0201", f"no dim `{name}` to set", ctx.program.span, "",
@@ -215,11 +218,12 @@ def members(ctx: Context, model: T.ModelT) -> None:
             ctx.error("E0308", f"param `{m.name}` has dtype {t.dtype}, but trained params are floats",
                       m.type.span, "not a float type", "make it a `buffer`, or give it a float dtype")
             continue
-        init, args = init_of(ctx, m)
+        init, args = init_of(ctx, m, {x.name: "sub-model" if x.kind == "sub" else x.kind
+                                      for x in model.node.members})
         model.members[m.name] = T.MemberT(m.kind, m.name, m, tensor=t, init=init, init_args=args)
 
 
-def init_of(ctx: Context, m: A.Member) -> tuple[str, dict[str, float]]:
+def init_of(ctx: Context, m: A.Member, members: dict[str, str]) -> tuple[str, dict[str, float]]:
     call = m.init
     assert call is not None
     name = call.func.id if isinstance(call.func, A.Name) else ""
@@ -236,13 +240,17 @@ def init_of(ctx: Context, m: A.Member) -> tuple[str, dict[str, float]]:
                       arg.span, "unexpected argument",
                       f"`{name}` takes {', '.join(allowed) or 'no arguments'}")
             continue
-        v = arg.value
-        neg = isinstance(v, A.Unary) and v.op == "-"
-        lit = v.operand if neg and isinstance(v, A.Unary) else v
-        if not isinstance(lit, (A.IntLit, A.FloatLit)):
-            ctx.error("E0401", f"`{key}` must be a number", arg.span, "not a literal number")
+        if isinstance(arg.value, A.Pattern):
+            ctx.error("E0407", f"`{key}` must be a number", arg.span, "not a number", f"write `{key}=0.02`")
             continue
-        values[key] = -float(lit.value) if neg else float(lit.value)
+        try:
+            value = constant(arg.value, ctx.dim_values, members)
+        except NotConstant as e:
+            ctx.error("E0407", f"`{key}` of `{name}` must be a constant number: {e.message}", e.node.span,
+                      e.label, e.help)
+            continue
+        if value is not None:  # None: a dim in it gets its size when loading, and the build waits for it
+            values[key] = value
     if name == "normal" and values["std"] < 0:
         ctx.error("E0310", "a normal's std can't be negative", call.span, "negative std")
     return name, values
@@ -463,8 +471,9 @@ def resolve_dim(ctx: Context, node: A.DimExpr, generics, allow_generic: bool, wh
         return None
     result = {"+": lambda: left + right, "-": lambda: left - right, "*": lambda: left * right,
               "/": lambda: left / right}[node.op]()
-    exact = sympy.sympify(result.xreplace({s: ctx.dim_values[s.name] for s in _declared(result)
-                                          if ctx.dim_values.get(s.name) is not None}))
+    expanded = D.expand_derived(result)  # `D - H*Dh` is 0 when D = H*Dh, sized or not
+    exact = sympy.sympify(expanded.xreplace({s: ctx.dim_values[s.name] for s in _declared(expanded)
+                                            if ctx.dim_values.get(s.name) is not None}))
     if result.has(sympy.zoo, sympy.nan) or (exact.is_number and (not exact.is_integer or exact <= 0)):
         ctx.error("E0310", f"the dim {D.show(result)} isn't a positive whole size"
                   + (f" (it is {exact})" if exact.is_number and exact.is_finite else ""), node.span, "not a size")

@@ -4,9 +4,19 @@ A declared dim (`dim D = 784`) is a positive integer Symbol named D; its value l
 program's dim table, not in the expression, so dims match by name, never by an accident of size.
 A generic dim (`b` in `x: [b D]`) is a Dummy: two functions' `b`s are different dims, and a call
 binds the callee's to the caller's expressions with `xreplace` (simultaneous, so swaps are safe).
+
+A derived dim (`dim D = H * Dh`) is a Symbol too, so types and messages keep its name, but while
+a program is checked `equal` reads it as its definition: `[D]` and `[(H Dh)]` are one type. The
+definitions live in a context variable that the checker sets for the length of one check, since
+every place that compares dims (an axis's `same`, the rules, the patterns) would otherwise need
+the program passed to it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import sympy
 from sympy.printing.str import StrPrinter
@@ -30,7 +40,34 @@ def is_generic(d: Dim) -> bool:
     return isinstance(d, sympy.Dummy)
 
 
+_DERIVED: ContextVar[dict[str, Dim]] = ContextVar("derived_dims", default={})
+
+
+@contextmanager
+def derived(definitions: dict[str, Dim]) -> Iterator[None]:
+    """Within the block, each derived dim named in `definitions` equals its definition there (an
+    expression of dims that aren't derived). The dict may be filled after the block starts."""
+    token = _DERIVED.set(definitions)
+    try:
+        yield
+    finally:
+        _DERIVED.reset(token)
+
+
+def expand_derived(d: Dim) -> Dim:
+    """`d` with each derived dim replaced by its definition."""
+    definitions = _DERIVED.get()
+    if not definitions:
+        return d
+    mapping = {s: definitions[s.name] for s in d.free_symbols
+               if s.name in definitions and not isinstance(s, sympy.Dummy)}
+    return d.xreplace(mapping) if mapping else d
+
+
 def equal(a: Dim, b: Dim) -> bool:
+    if a == b:
+        return True
+    a, b = expand_derived(a), expand_derived(b)
     if a == b:
         return True
     if a.is_Atom and b.is_Atom:  # two different symbols or numbers

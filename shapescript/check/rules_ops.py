@@ -133,16 +133,22 @@ def masked_fill(ck: "BodyChecker", node: A.Call) -> T.Ty:
 @rule("to")
 def to(ck: "BodyChecker", node: A.Call) -> T.Ty:
     """`to(x, f32)`: the same tensor with another dtype, value by value (torch's `.to`); an `Index`
-    bound doesn't survive, since nothing is known of the values' range after a conversion."""
+    bound doesn't survive, since nothing is known of the values' range after a conversion.
+    `to(0.0, f32)`: a number as a `[]` tensor, as a loop's running total starts."""
     args = ck.arrange(node, ["x", "dtype"], "`to`")
     if args is None:
         return _unused_args(ck, node)
-    t = tensor_arg(ck, args[0], "`to`")
+    t = ck.operand(args[0].value)  # type: ignore[union-attr]  (a tensor or a number; else reported)
+    number = isinstance(t, T.ScalarT)
     dtype = args[1].value  # type: ignore[union-attr]
     if not (isinstance(dtype, A.Name) and dtype.id in T.DTYPES):
         return ck.error("E0401", "`to` takes a dtype second, as `to(x, f32)`", args[1].span,  # type: ignore
                         "not a dtype", f"the dtypes: {', '.join(T.DTYPES)}")
-    if t is None:
+    if number:
+        ck.use("tensors", args[0].span)  # type: ignore[union-attr]
+        ck.record_call(node, "builtin", "to", [args[0].value], dtype=dtype.id, number=True)  # type: ignore
+        return T.TensorT((), dtype.id)
+    if not isinstance(t, T.TensorT):
         return T.UNKNOWN
     ck.record_call(node, "builtin", "to", [args[0].value], dtype=dtype.id)  # type: ignore[union-attr]
     return T.TensorT(t.axes, dtype.id)
@@ -154,7 +160,7 @@ def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, object] | None:
     if not isinstance(node, A.Name):
         ck.error("E0303", "expected a dim, as `causal(i, j)`", node.span, "not a dim name")
         return None
-    if ck.ctx.dim_values.get(node.id) is not None and node.id not in ck.dims:
+    if node.id in ck.ctx.dim_values and node.id not in ck.dims:  # declared: its size, or None until loaded
         return D.declared(node.id), ck.ctx.dim_values[node.id]
     dim = ck.dims.get(node.id)
     if dim is None:
@@ -184,6 +190,61 @@ def causal(ck: "BodyChecker", node: A.Call) -> T.Ty:
     ck.use("tensors", node.span)
     ck.record_call(node, "builtin", "causal", [], sizes=(i[1], j[1]))
     return T.TensorT((T.axis(i[0]), T.axis(j[0])), "bool")
+
+
+def count_source(ck: "BodyChecker", node: A.Node, what: str) -> tuple[D.Dim, object] | None:
+    """A count given as a dim (`n`, its size read as `dim_source` reads it) or as a positive literal."""
+    value = literal_number(node)
+    if value is None:
+        return dim_source(ck, node)
+    if not isinstance(node, A.IntLit) or value <= 0:
+        ck.error("E0310", f"{what} is a dim or a positive whole number, not {value}", node.span, "not a size")
+        return None
+    return D.literal(node.value), node.value
+
+
+@rule("positions")
+def positions(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    """`positions(n)`: the positions 0, 1, ..., n-1 along a dim, `[n] Index[n]` (torch.arange)."""
+    args = ck.arrange(node, ["n"], "`positions`")
+    if args is None:
+        return T.UNKNOWN
+    count = count_source(ck, args[0].value, "`positions`'s count")  # type: ignore[union-attr]
+    if count is None:
+        return T.UNKNOWN
+    ck.use("tensors", node.span)
+    ck.record_call(node, "builtin", "positions", [], sizes=(count[1],))
+    return T.TensorT((T.axis(count[0]),), "i64", count[0])
+
+
+@rule("first")
+def first(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    """`first(x, n, over=T)`: x's first n entries along its axis T (its leading axis without `over=`),
+    as a `[T D]` table of position embeddings is read for a sequence of n <= T tokens. n <= T is
+    checked here when both sizes are known, and by the lowered call when it runs otherwise."""
+    args = ck.arrange(node, ["x", "n", "over"], "`first`", required=2)
+    if args is None:
+        return T.UNKNOWN
+    t = tensor_arg(ck, args[0], "`first`")
+    count = count_source(ck, args[1].value, "`first`'s count")  # type: ignore[union-attr]
+    if t is None or count is None:
+        return T.UNKNOWN
+    if t.rank == 0:
+        return ck.error("E0302", f"`first` takes entries along an axis, and {t.show()} has none",
+                        args[0].span, f"this is {t.show()}")  # type: ignore[union-attr]
+    axis = over_axis(ck, args[2], t, "`first`") if args[2] is not None else 0
+    if axis is None:
+        return T.UNKNOWN
+    taken, (dim, source) = t.axes[axis], count
+    have, want = D.value(taken.size, ck.ctx.dim_values), D.value(dim, ck.ctx.dim_values)
+    if have is not None and want is not None and want > have:
+        counted = str(want) if dim.is_Integer else f"{D.show(dim)} = {want}"
+        return ck.error("E0310", f"`first` takes {counted} entries along {taken.show()}, which has {have}",
+                        args[1].span, "too many",  # type: ignore[union-attr]
+                        f"take at most {have}, or give {taken.show()} a size of at least {want}")
+    ck.record_call(node, "builtin", "first", [args[0].value], axis=axis, sizes=(source,),  # type: ignore[union-attr]
+                   names=(D.show(dim), taken.show()))
+    return T.TensorT(t.axes[:axis] + (T.axis(dim),) + t.axes[axis + 1:], t.dtype, t.index)
 
 
 @rule("one_hot")

@@ -241,8 +241,12 @@ class Classifier:
                     self.mark(node, "sum")
                 else:
                     self.across(node, f"`reduce` with {opts.get('op')}")
-        elif name == "causal" and any(isinstance(s, tuple) and self.is_split_param(s) for s in opts["sizes"]):
-            self.across(node, "`causal`")
+        elif name in ("causal", "positions", "first") and any(
+                isinstance(s, tuple) and self.is_split_param(s) for s in opts["sizes"]):
+            # a size of the batch axis read on a device is its part's: positions would restart at 0 on each
+            self.across(node, f"`{name}`")
+        elif name == "first" and axis in where:  # the whole batch's first entries, not each part's
+            self.across(node, "`first`")
         elif name == "batch_norm" and [k for k in where if k != axis]:
             self.mark(node, "batch_norm")
         elif name == "dropout" and where:  # draws the whole batch's mask, keeps its part's rows

@@ -28,6 +28,8 @@ REDUCE_TORCH = {"sum": "torch.sum", "mean": "torch.mean", "max": "torch.amax", "
 # reductions whose torch function needs `dim=` even to reduce everything
 NEEDS_ALL_DIMS = {"logsumexp", "max", "min"}
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
+# Built-ins given dims whose sizes they read when they run (their calls' `sizes` option).
+SIZED = ("causal", "positions", "first")
 RUNTIME_CALLS = {"update": "_rt.update", "shuffle": "_rt.shuffle", "print": "_rt.show",
                  "write": "_rt.write", "save": "_rt.save", "load": "_rt.load"}
 # Names the generated module binds itself, or calls: a user's name among them is renamed.
@@ -66,7 +68,7 @@ def generate(checked: Checked, standalone: bool = False, check_types: bool = Fal
             ("on several devices the program runs in a controller that starts the package's workers",))],
             checked.source)
     unsized = [item for item in checked.program.items
-               if isinstance(item, A.Dim) and checked.dim_values.get(item.name) is None]
+               if isinstance(item, A.Dim) and item.expr is None and checked.dim_values.get(item.name) is None]
     if unsized:
         raise CompileError([Diagnostic(
             "E0313", f"dim `{d.name}` has no size", d.span, "no size",
@@ -337,6 +339,8 @@ class _Writer:
             return f"torch.clamp({args[0]}, {', '.join(bounds)})"
         if name == "where":
             return f"torch.where({self.placed(0, opts['cond_index'], args)}, {args[1]}, {args[2]})"
+        if name == "to" and opts.get("number"):
+            return f"torch.tensor({args[0]}, dtype={specs.TORCH_DTYPES[opts['dtype']]}, device=DEVICE)"
         if name == "to":
             return f"{self.wrapped[0]}.to({specs.TORCH_DTYPES[opts['dtype']]})"
         if name == "masked_fill":
@@ -344,6 +348,11 @@ class _Writer:
         if name == "causal":
             rows, cols = (self.size_text(s) for s in opts["sizes"])
             return f"_rt.causal({rows}, {cols}, DEVICE)"
+        if name == "positions":
+            return f"torch.arange({self.size_text(opts['sizes'][0])}, device=DEVICE)"
+        if name == "first":  # the runtime checks the count against the axis, naming the call's .ss place
+            count = self.size_text(opts["sizes"][0])
+            return f"_rt.first({args[0]}, {count}, {opts['axis']}, {literal(opts['names'])}, {literal(str(node.span))})"
         if name == "norm" and opts["axis"] is None:
             return f"torch.linalg.vector_norm({args[0]})"
         if name in TEMPLATES:
@@ -355,14 +364,14 @@ class _Writer:
         return self.wrapped[k] + index_text(index) if index else args[k]
 
     def sizes_used(self, fn: A.Fn) -> list[tuple]:
-        """The generic dims' sizes a function reads off its parameters (dims as numbers, causal)."""
+        """The generic dims' sizes a function reads off its parameters (dims as numbers, SIZED built-ins)."""
         from ..check.split import iter_nodes
         found: list[tuple] = []
         for node in iter_nodes(fn):
             sources = []
             if isinstance(node, A.Name) and "size" in self.c.recipes.get(id(node), {}):
                 sources = [self.c.recipes[id(node)]["size"]]
-            elif isinstance(node, A.Call) and id(node) in self.c.calls and self.c.calls[id(node)].name == "causal":
+            elif isinstance(node, A.Call) and id(node) in self.c.calls and self.c.calls[id(node)].name in SIZED:
                 sources = list(self.c.calls[id(node)].options["sizes"])
             found += [s for s in sources if isinstance(s, tuple) and s not in found]
         return found

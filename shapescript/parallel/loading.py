@@ -15,8 +15,11 @@ from __future__ import annotations
 import itertools
 import pickle
 import warnings
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -60,19 +63,31 @@ class RemoteBatch:
         return f"RemoteBatch[{self.size}] {self.spec.name} (loaded by the workers)"
 
 
+@dataclass
+class _Sent:
+    dataset: Callable[[], Any]  # a weak reference to the dataset (or, if it takes none, a strong one)
+    handle: int
+    length: int
+    pool: Any
+
+
 class Datasets:
-    """The datasets a program's workers hold, by the dataset object's identity."""
+    """The datasets a program's workers hold, by the dataset object's identity. The controller
+    holds each only weakly: when the user's last reference goes, the workers' copy is freed with
+    the pool's next call."""
 
     def __init__(self) -> None:
-        self.sent: dict[int, tuple[Any, int, int]] = {}  # id -> (dataset, handle, length)
+        self.sent: dict[int, _Sent] = {}
         self.refused: set[int] = set()
 
     def handle(self, pool: Any, base: Any, spec: DataSpec) -> int | None:
         """The workers' handle of `base`, sending it first if need be; None if it can't be sent."""
         key = id(base)
         known = self.sent.get(key)
-        if known is not None and known[0] is base and known[2] == len(base):
-            return known[1]
+        if known is not None and known.dataset() is base and known.pool is pool:
+            if known.length == len(base):
+                return known.handle
+            pool.release(known.handle)  # it grew or shrank since: the workers get it anew
         if key in self.refused:
             return None
         reason = _why_not_sendable(base)
@@ -84,8 +99,19 @@ class Datasets:
             return None
         handle = next(_handles)
         pool.call("keep_dataset", (handle, base, spec.name), where=f"sending the dataset {type(base).__name__}")
-        self.sent[key] = (base, handle, len(base))
+        self.sent[key] = _Sent(self._reference(base, key, handle, pool), handle, len(base), pool)
         return handle
+
+    def _reference(self, base: Any, key: int, handle: int, pool: Any) -> Callable[[], Any]:
+        def gone(_: Any) -> None:  # the dataset was collected: forget it here and on the workers
+            entry = self.sent.get(key)
+            if entry is not None and entry.handle == handle:
+                del self.sent[key]
+            pool.release(handle)
+        try:
+            return weakref.ref(base, gone)
+        except TypeError:  # a type without weak references: held as long as the program
+            return lambda: base
 
 
 def _why_not_sendable(base: Any) -> str:

@@ -86,6 +86,7 @@ class WorkerPool:
         self._first: tuple[str, tuple[Any, ...], str] | None = None  # see first()
         self._lock = threading.RLock()  # one call at a time; re-entrant for the `first` call inside a call
         self._owner = os.getpid()  # the process that started the workers (set again when it does)
+        self._released: list[int] = []  # handles whose last holder in the controller is gone; see release()
 
     # -- starting ----------------------------------------------------------------------------------
 
@@ -280,7 +281,26 @@ class WorkerPool:
         rank order. `args` is one tuple for all, or a list of one tuple per worker. `where` says what
         runs, for error messages (default: the handler's name)."""
         with self._exclusive():  # the whole call, its `first` included: another thread's call waits for it
+            self._free_released()
             return self._call(handler, args, where)
+
+    def release(self, handle: int) -> None:
+        """Forget the workers' object `handle` with the next call: its last holder in the controller
+        is gone. Called by finalizers, at any time and from any thread, so it only takes note (a
+        list's append is atomic); the workers hear of it before the next message."""
+        if self._state not in ("dead", "stopped"):
+            self._released.append(handle)
+
+    def _free_released(self) -> None:
+        if not self._released or self._state not in ("running", "starting"):
+            return
+        handles, self._released = self._released, []
+        self._call("free", (handles,), "freeing what no handle holds any more")
+
+    @property
+    def released_pending(self) -> int:
+        """How many released handles the workers haven't heard of yet."""
+        return len(self._released)
 
     def _call(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str) -> list[Any]:
         if self._state == "new":

@@ -11,6 +11,7 @@ result has the batch axis.
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ class RemoteModel:
 
     def __init__(self, program: Any, spec: Any, handle: int) -> None:
         self.__dict__.update(_program=program, spec=spec, _handle=handle, _pool=program._pool)
+        _free_with(self, program._pool, handle)
 
     def _workers(self) -> Any:
         """The pool that holds this model; an error if those workers have stopped since. It never
@@ -93,9 +95,17 @@ class RemoteOptimizer:
 
     def __init__(self, model: RemoteModel, kind: str, hyper: dict[str, Any], handle: int) -> None:
         self.model, self.kind, self.hyper, self._handle = model, kind, hyper, handle
+        _free_with(self, model._pool, handle)
 
     def __repr__(self) -> str:
         return f"RemoteOptimizer {self.kind}[{self.model.spec.name}] on {self.model._program.devices}"
+
+
+def _free_with(holder: Any, pool: Any, handle: int) -> None:
+    """When `holder` is collected, its object on the workers is freed with the pool's next call.
+    The finalizer holds the pool, not the holder (a reference to it would keep it alive)."""
+    if pool is not None:
+        weakref.finalize(holder, pool.release, handle)
 
 
 def encode(value: Any) -> Any:

@@ -1,10 +1,11 @@
 """Standard-library operations that are more than one torch call: gradient norms and clipping,
-and the causal mask."""
+the causal mask, and `first` with its check of the count."""
 
 from __future__ import annotations
 
 import torch
 
+from shapescript.errors import ShapeError
 from shapescript.runtime.collectives import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, caller_location,
                                             check_statistics_count, running_statistics)
 from shapescript.runtime.optim import Grads
@@ -26,6 +27,18 @@ def clip_norm(g: Grads, max_norm: float) -> Grads:
 def causal(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
     """True where a column lies after its row: the future, which a causal model must not see."""
     return torch.ones(rows, cols, dtype=torch.bool, device=device).triu(1)
+
+
+def first(x: torch.Tensor, count: int, axis: int, names: tuple[str, str], where: str) -> torch.Tensor:
+    """x's first `count` entries along `axis`. The checker proved count <= the axis's size where it
+    knew both; a generic count is checked here, so that too many is our error and not torch's."""
+    size = x.shape[axis]
+    if count > size:
+        counted, along = names
+        counted = counted if counted == str(count) else f"{counted} = {count}"
+        raise ShapeError(f"{where}: `first` takes {counted} entries along {along}, which has only "
+                         f"{size}; pass at most {size}")
+    return x.narrow(axis, 0, count)
 
 
 def batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int) -> torch.Tensor:

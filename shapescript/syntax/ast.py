@@ -198,6 +198,7 @@ class Dim(Node):
     name: str
     name_span: Span
     value: int | None
+    expr: DimExpr | None = None  # `dim D = H * Dh`: a size computed from other dims
 
 
 @dataclass(eq=False)

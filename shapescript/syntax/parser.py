@@ -179,14 +179,19 @@ class _Parser(TypeGrammar):
     def item_dim(self) -> A.Dim:
         start = self.advance().span
         name = self.expect_name("a dim name")
-        value = None
+        value, expr = None, None
         if self.at("=", "OP"):
             self.advance()
-            if self.tok.kind != "INT":
-                raise self.fail(f"expected a whole number for dim `{name.text}`, found {describe(self.tok)}",
-                                label="a dim's value is a literal size")
-            value = int(self.advance().text)
-        node = A.Dim(self.span_from(start), name.text, name.span, value)
+            if self.tok.kind not in ("INT", "NAME") and not self.at("(", "OP"):
+                raise self.fail(f"expected a size for dim `{name.text}`, found {describe(self.tok)}",
+                                label="a dim's value is a size or other dims' arithmetic",
+                                help=f"write `dim {name.text} = 64`, or `dim {name.text} = H * Dh` from declared dims")
+            size = self.dimexpr()
+            if isinstance(size, A.DimInt):
+                value = size.value
+            else:
+                expr = size  # a derived dim: the checker computes its size
+        node = A.Dim(self.span_from(start), name.text, name.span, value, expr)
         self.expect_newline()
         return node
 

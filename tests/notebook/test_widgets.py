@@ -209,6 +209,9 @@ class FakePool:
     def __init__(self, model: ss.Model) -> None:
         self.model, self.calls = model, []  # type: ignore[var-annotated]
 
+    def release(self, handle: int) -> None:
+        """What a handle's finalizer tells the pool (nothing to free here)."""
+
     def call(self, name: str, args: tuple, where: str = "") -> list[Any]:
         self.calls.append(name)
         if name == "read":
