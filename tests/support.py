@@ -45,3 +45,18 @@ LINEAR = textwrap.dedent("""\
         for batch in data |> shuffle(seed=1) |> batches(8):
             write(log, logs(loss=step(mut m, mut opt, batch)))
     """)
+
+README_MLP_SHAPES = [(784, 256), (256, 10)]  # the README's Mlp: w1 [D Hd], w2 [Hd C]
+
+
+def param_and_adamw_bytes(shapes: list[tuple[int, ...]]) -> tuple[int, int]:
+    """The bytes of f32 params of `shapes`, and of the state torch's own AdamW keeps for them after
+    a step (two moments a param, and its step count as torch keeps it): what the workers should say
+    their models and optimizers take, computed by torch alone."""
+    import torch  # here: most tests that import support need no torch of their own
+    params = [torch.zeros(shape, requires_grad=True) for shape in shapes]
+    opt = torch.optim.AdamW(params)
+    torch.stack([p.sum() for p in params]).sum().backward()
+    opt.step()
+    state = [t for per_param in opt.state.values() for t in per_param.values() if isinstance(t, torch.Tensor)]
+    return sum(p.numel() * p.element_size() for p in params), sum(t.numel() * t.element_size() for t in state)

@@ -68,7 +68,8 @@ TAGS = {
 }
 WITH_CODE = {"ss-error", "ss-build-error"}
 NOTEBOOK_DOC = "notebook.md"
-RUN_ELSEWHERE = {"tutorial.md": "test_tutorial.py", "sharp-bits.md": "test_sharp_bits.py"}
+RUN_ELSEWHERE = {"tutorial.md": "test_tutorial.py", "sharp-bits.md": "test_sharp_bits.py",
+                 "architecture.md": "test_architecture.py"}  # it adds an op to the table: taken out again there
 # Docs whose examples start from the README's program saved as mlp.ss, by the sentence saying so.
 SETUP = {"README.md": "Saved as `mlp.ss`", "api.md": "program, saved as `mlp.ss` in the current folder"}
 

@@ -26,16 +26,11 @@ from ..errors import Span
 from ..syntax import ast as A
 from . import types as T
 from .program import Checked, FnInfo
-from .split import iter_nodes
+from .ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
+from .split import iter_nodes, split_axes
 
 DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
-WHAT = {
-    "sum": "`sum`'s partial sums, every device's part of the batch added up",
-    "mean": "`mean`'s sum and count",
-    "cross_entropy": "cross_entropy's sum and count",
-    "batch_norm": "batch_norm's sums, sums of squares and count for each channel, in f64 (under Train)",
-    "contraction": "the partial products of a contraction over the batch axis",
-}
+BATCH_NORM = "batch_norm's sums, sums of squares and count for each channel, in f64 (under Train)"
 
 
 @dataclass(frozen=True)
@@ -243,24 +238,22 @@ class _Builder:
             return None
         result = self.c.types.get(id(node))
         info = self.c.calls.get(id(node))
-        if across == "cross_entropy":
-            logits = self.c.types[id(info.args[0])]  # type: ignore[union-attr]
-            return self._make(fn, node, "cross_entropy", sympy.Integer(2), logits.dtype)  # type: ignore[union-attr]
+        op = OPS.get(info.name) if info is not None and info.kind == "builtin" else None
+        if op is not None and op.across.payload is not None:  # the op table says what it sends
+            types = self.c.types
+            view = CallView(info.options, tuple(types.get(id(a)) for a in info.args), result,  # type: ignore[union-attr]
+                            lambda t: split_axes(fn, t) if t is not None else [])
+            sent = op.across.payload(view)
+            return self._make(fn, node, sent.what, sent.values, sent.dtype)
         if across == "batch_norm":
             x = self.c.types[id(info.args[0])]  # type: ignore[union-attr]
             channels = x.axes[info.options["axis"]].size  # type: ignore[union-attr]
-            return self._make(fn, node, "batch_norm", 2 * channels + 1, "f64")
-        assert isinstance(result, T.TensorT)
-        values = numel(result)
-        if across == "mean":
-            masked = info is not None and info.options.get("mask_index") is not None
-            values = 2 * values if masked else values + 1
-            return self._make(fn, node, "mean", values, result.dtype)
-        kind = "sum" if info is not None and info.name == "sum" else "contraction"
-        return self._make(fn, node, kind, values, result.dtype)
+            return self._make(fn, node, BATCH_NORM, 2 * channels + 1, "f64")
+        assert isinstance(result, T.TensorT)  # `@`, einsum, reduce: every device's partial product, summed
+        return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), result.dtype)
 
-    def _make(self, fn: FnInfo, node: A.Node, kind: str, values: sympy.Expr, dtype: str) -> Collective:
-        return Collective("all-reduce", WHAT[kind], fn.name, node.span, self.size(values), dtype)
+    def _make(self, fn: FnInfo, node: A.Node, what: str, values: sympy.Expr, dtype: str) -> Collective:
+        return Collective("all-reduce", what, fn.name, node.span, self.size(values), dtype)
 
     def gradients(self, fn: FnInfo, node: A.Node, model_arg: A.Node) -> list[Collective]:
         """value_and_grad's all-reduce of the whole params' gradients: one per dtype."""
@@ -322,10 +315,6 @@ class _Builder:
             return Layout(name, fn.name, span, shown, "split", split[0].show(), self.size(whole),
                           self.size(whole / split[0].size))
         return Layout(name, fn.name, span, shown, "whole", bytes=self.size(whole))
-
-
-def numel(t: T.TensorT) -> sympy.Expr:
-    return sympy.Mul(*(a.size for a in t.axes))
 
 
 def params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.Integer(1)

@@ -10,7 +10,7 @@ from . import dims as D
 from . import types as T
 from .builtins import (_unused_args, broadcast, int_arg, literal_number, over_axis, placed_within, rule,
                        tensor_arg)
-from .rules import refused_dtype
+from .ops.elementwise import refused_dtype
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker

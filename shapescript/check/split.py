@@ -19,10 +19,10 @@ from ..syntax import ast as A
 from . import dims as D
 from . import types as T
 from .checker import Context
+from .ops.table import OPS, PARTIAL, CallView
 from .program import CallInfo, FnInfo
 
-ACROSS_REDUCTIONS = {"sum", "mean"}
-ALONG_AXIS = {"softmax", "log_softmax", "cumsum", "sort", "topk", "gather", "scatter"}
+ALONG_AXIS = {"topk", "gather", "scatter"}  # refused along the batch axis (those in the op table say so there)
 
 
 def iter_nodes(node: A.Node) -> Iterator[A.Node]:
@@ -203,7 +203,7 @@ class Classifier:
     def contraction(self, node: A.Node, left: A.Node) -> None:
         t = self.checked.types.get(id(left))
         if isinstance(t, T.TensorT) and t.rank and t.axes[-1].size in self.fn.split:
-            self.mark(node, "sum")
+            self.mark(node, PARTIAL)
 
     def call(self, node: A.Call) -> None:
         info = self.checked.calls[id(node)]
@@ -213,23 +213,23 @@ class Classifier:
         if info.kind != "builtin":
             return
         name, opts = info.name, info.options
+        op = OPS.get(name)
+        if op is not None:  # the op table says what the op does along the batch axis
+            across = op.across
+            if across.over_batch is not None and across.over_batch(self.view(node, info)):
+                if across.kind is None:
+                    self.across(node, f"`{name}`")
+                else:
+                    self.mark(node, across.kind)
+            return
         operand = self.checked.types.get(id(info.args[0])) if info.args else None
         where = self.split_positions(operand)
         axis = opts.get("axis")
-        if name in ("sum", "mean", "max", "min", "prod", "logsumexp", "std", "var", "argmax", "argmin",
-                    "any", "all", "norm"):
+        if name == "norm":
             if where and (axis is None or axis in where):
-                if name in ACROSS_REDUCTIONS:
-                    self.mark(node, name)
-                else:
-                    self.across(node, f"`{name}`")
-        elif name == "cross_entropy":
-            if self.split_positions(self.checked.types.get(id(info.args[1]))):
-                self.mark(node, "cross_entropy")
+                self.across(node, f"`{name}`")
         elif name in ALONG_AXIS and axis in where:
             self.across(node, f"`{name}`")
-        elif name == "matmul":
-            self.contraction(node, info.args[0])
         elif name in ("einsum", "reduce"):
             result = self.checked.types.get(id(node))
             kept = {a.size for a in result.axes} if isinstance(result, T.TensorT) else set()
@@ -238,7 +238,7 @@ class Classifier:
                        if a.size in self.fn.split and a.size not in kept}
             if dropped:
                 if name == "einsum" or opts.get("op") == "sum":
-                    self.mark(node, "sum")
+                    self.mark(node, PARTIAL)
                 else:
                     self.across(node, f"`reduce` with {opts.get('op')}")
         elif name in ("causal", "positions", "first") and any(
@@ -251,6 +251,11 @@ class Classifier:
             self.mark(node, "batch_norm")
         elif name == "dropout" and where:  # draws the whole batch's mask, keeps its part's rows
             opts["batch_axis"] = where[0]
+
+    def view(self, node: A.Call, info: CallInfo) -> CallView:
+        types = self.checked.types
+        return CallView(info.options, tuple(types.get(id(a)) for a in info.args), types.get(id(node)),
+                        self.split_positions)
 
     def extern_axes(self, node: A.Call, info: CallInfo) -> None:
         """An extern fn works on each example by itself, except along the axes it is given: given the

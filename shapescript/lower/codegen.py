@@ -10,6 +10,7 @@ from __future__ import annotations
 import keyword
 
 from ..check import types as T
+from ..check.ops import OPS, LowerCall
 from ..check.program import Checked, FnInfo
 from ..errors import CompileError, Diagnostic
 from ..names import MEMBER_PREFIX
@@ -18,15 +19,6 @@ from . import guards, specs
 from .type_checks import IMPORT as TYPE_CHECKS_IMPORT, TypeChecks
 from .text import comment_text, literal
 
-UNARY_TORCH = {"relu": "torch.relu", "exp": "torch.exp", "log": "torch.log", "sqrt": "torch.sqrt",
-               "tanh": "torch.tanh", "sigmoid": "torch.sigmoid", "abs": "torch.abs",
-               "gelu": "_F.gelu", "silu": "_F.silu"}
-REDUCE_TORCH = {"sum": "torch.sum", "mean": "torch.mean", "max": "torch.amax", "min": "torch.amin",
-                "prod": "torch.prod", "logsumexp": "torch.logsumexp", "std": "torch.std",
-                "var": "torch.var", "argmax": "torch.argmax", "argmin": "torch.argmin",
-                "any": "torch.any", "all": "torch.all"}
-# reductions whose torch function needs `dim=` even to reduce everything
-NEEDS_ALL_DIMS = {"logsumexp", "max", "min"}
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
 # Built-ins given dims whose sizes they read when they run (their calls' `sizes` option).
 SIZED = ("causal", "positions", "first")
@@ -37,8 +29,6 @@ RESERVED = {"torch", "_F", "_rt", "annotations", "types", "sys", "getattr", "tup
             "DIMS", "DEVICE", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
 # Built-ins that lower to one call: the arguments' texts by position, the call's options by name.
 TEMPLATES = {
-    "softmax": "torch.softmax({0}, dim={axis})", "log_softmax": "torch.log_softmax({0}, dim={axis})",
-    "cumsum": "torch.cumsum({0}, dim={axis})", "sort": "torch.sort({0}, dim={axis}).values",
     "topk": "tuple(torch.topk({0}, {k}, dim={axis}))", "gather": "torch.gather({0}, {axis}, {1})",
     "scatter": "torch.scatter({0}, {axis}, {1}, {2})", "norm": "torch.linalg.vector_norm({0}, dim={axis})",
     "one_hot": "_F.one_hot({0}, {classes}).to(torch.float32)", "embedding": "_F.embedding({1}, {0})",
@@ -262,28 +252,17 @@ class _Writer:
             where = f"where={literal(str(node.span))}" if self.c.device_set.count > 1 else ""  # for the workers' reports
             return f"_rt.value_and_grad({', '.join([py_name(info.name)] + args + ([where] if where else []))})"
         name, opts = info.name, info.options
-        across = self.c.recipes.get(id(node), {}).get("across")
+        recipe = self.c.recipes.get(id(node), {})
+        across = recipe.get("across")
+        op = OPS.get(name)
+        if op is not None:  # the op table's lowering, or its all-reduce on several devices
+            call = LowerCall(args, self.wrapped, opts, literal(str(node.span)),
+                             lambda k, index: self.placed(k, index, args), recipe)
+            if across:
+                return op.across.lower(call) if op.across.lower else f"_rt.all_sum({op.lower(call)}, {call.where})"
+            return op.lower(call)
         if across:
             return self.across_call(node, across, name, args, opts)
-        if name in UNARY_TORCH:
-            return f"{UNARY_TORCH[name]}({args[0]})"
-        if name in REDUCE_TORCH and opts.get("mask_index") is not None:
-            return f"_rt.masked_{name}({args[0]}, {self.placed(1, opts['mask_index'], args)}, {opts.get('axis')})"
-        if name in REDUCE_TORCH:
-            axis = opts.get("axis")
-            if axis is None and name in NEEDS_ALL_DIMS:
-                return f"{REDUCE_TORCH[name]}({args[0]}, dim={literal(tuple(range(int(opts['rank']))))})"
-            return f"{REDUCE_TORCH[name]}({args[0]}{'' if axis is None else f', dim={axis}'})"
-        if name == "matmul":
-            if self.c.recipes.get(id(node), {}).get("kind") == "tensordot":
-                return f"torch.tensordot({args[0]}, {args[1]}, dims=1)"
-            return f"{self.expr(info.args[0], True)} @ {self.expr(info.args[1], True)}"  # type: ignore
-        if name == "cross_entropy":
-            axis, rank = opts["axis"], opts["rank"]
-            logits = args[0] if axis == 1 or rank == 1 else f"{self.wrapped[0]}.movedim({axis}, 1)"
-            if opts.get("mask_index") is not None:
-                return f"_rt.masked_cross_entropy({logits}, {args[1]}, {self.placed(2, opts['mask_index'], args)})"
-            return f"_F.cross_entropy({logits}, {args[1]})"
         if name in ("rearrange", "split", "reduce", "repeat"):
             runtime = "split_parts" if name == "split" else name
             keys = {"reduce": ("split", "dims", "op", "perm", "merge"),
@@ -307,19 +286,6 @@ class _Writer:
         """An operation over the batch axis on several devices: every device's part combined by an
         all-reduce (plain on one device; see runtime/collectives.py)."""
         where = literal(str(node.span))
-        masked = opts.get("mask_index") is not None
-        if across == "mean":
-            if masked:
-                return f"_rt.all_masked_mean({args[0]}, {self.placed(1, opts['mask_index'], args)}, " \
-                       f"{opts.get('axis')}, {where})"
-            return f"_rt.all_mean({args[0]}, {opts.get('axis')}, {where})"
-        if across == "cross_entropy":
-            axis, rank = opts["axis"], opts["rank"]
-            logits = args[0] if axis == 1 or rank == 1 else f"{self.wrapped[0]}.movedim({axis}, 1)"
-            if masked:
-                return f"_rt.all_masked_cross_entropy({logits}, {args[1]}, " \
-                       f"{self.placed(2, opts['mask_index'], args)}, {where})"
-            return f"_rt.all_cross_entropy({logits}, {args[1]}, {where})"
         if across == "batch_norm":
             return f"_rt.all_batch_norm({args[0]}, {args[1]}, {args[2]}, {opts['axis']}, {where})"
         self.c.recipes[id(node)]["across"] = None  # lower the operation itself, then sum the parts

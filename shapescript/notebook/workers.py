@@ -18,8 +18,10 @@ from typing import Any
 
 from ..api import Program
 from ..errors import ShapeScriptError
+from ..parallel.loading import Datasets
 from ..parallel.pool import WorkerPool
 from ..parallel.remote import RemoteModel, RemoteOptimizer
+from .models import _size  # the model table's wording of bytes
 from .report import Rich, render_rows
 
 
@@ -30,29 +32,48 @@ def pool_of(program: Program | None) -> WorkerPool | None:
 
 @dataclass
 class Held:
-    """An object the workers keep: its handle, what it is, and the notebook's names for it."""
+    """An object the workers keep: its handle, what it is, the notebook's names for it, and the
+    bytes its tensors take on each device ("" when the workers weren't asked)."""
 
     handle: int
     what: str
     names: list[str] = field(default_factory=list)
+    size: str = ""
+
+    def label(self) -> str:
+        """`m, m2` or `handle 7`: how the notebook reaches it."""
+        return ", ".join(self.names) if self.names else f"handle {self.handle}"
 
     def __str__(self) -> str:
-        return f"{', '.join(self.names)} ({self.what})" if self.names else f"handle {self.handle} ({self.what})"
+        """`m (Mlp model, 813,056 bytes (794 KiB) per device)`: the model table's wording."""
+        size = f", {self.size} per device" if self.size else ""
+        return f"{self.label()} ({self.what}{size})"
 
 
-def _named_handles(pool: WorkerPool, user_ns: Mapping[str, Any]) -> dict[int, Held]:
-    """The notebook's variables that are handles on `pool`, by handle."""
+def _sent_handle(datasets: Datasets | None, pool: WorkerPool, value: Any) -> int | None:
+    """The workers' handle of `value` if it is a dataset sent to `pool`'s workers."""
+    entry = datasets.sent.get(id(value)) if datasets is not None else None
+    if entry is None or entry.pool is not pool or entry.dataset() is not value:
+        return None
+    return entry.handle
+
+
+def _named_handles(pool: WorkerPool, user_ns: Mapping[str, Any], datasets: Datasets | None) -> dict[int, Held]:
+    """The notebook's variables that are handles on `pool`, by handle: models, optimizers, and the
+    datasets of `datasets` (the program's) sent to its workers."""
     held: dict[int, Held] = {}
     for name, value in list(user_ns.items()):
         if name.startswith("_"):  # IPython's output history (_, _3...) repeats the user's names
             continue
         if isinstance(value, RemoteModel) and value._pool is pool:
-            what = f"{value.spec.name} model"
+            handle, what = value._handle, f"{value.spec.name} model"
         elif isinstance(value, RemoteOptimizer) and value.model._pool is pool:
-            what = f"{value.kind}[{value.model.spec.name}] optimizer"
+            handle, what = value._handle, f"{value.kind}[{value.model.spec.name}] optimizer"
+        elif (sent := _sent_handle(datasets, pool, value)) is not None:
+            handle, what = sent, f"dataset {type(value).__name__}"
         else:
             continue
-        held.setdefault(value._handle, Held(value._handle, what)).names.append(name)
+        held.setdefault(handle, Held(handle, what)).names.append(name)
     return held
 
 
@@ -67,20 +88,25 @@ def ask_workers(pool: WorkerPool) -> list[dict[str, Any]] | None:
         return None
 
 
-def held_objects(pool: WorkerPool, user_ns: Mapping[str, Any],
-                 answers: list[dict[str, Any]] | None = None) -> list[Held]:
-    """What the workers keep (every worker keeps the same), with the notebook's names for each."""
-    held = _named_handles(pool, user_ns)
+def held_objects(pool: WorkerPool, user_ns: Mapping[str, Any], answers: list[dict[str, Any]] | None = None,
+                 datasets: Datasets | None = None) -> list[Held]:
+    """What the workers keep (every worker keeps the same), with the notebook's names for each and,
+    when the workers answered, its bytes per device."""
+    held = _named_handles(pool, user_ns, datasets)
     if answers:
+        sizes = answers[0]["bytes"]
         for handle, what in answers[0]["objects"].items():
-            held.setdefault(handle, Held(handle, what))
+            size = sizes[handle]
+            held.setdefault(handle, Held(handle, what)).size = "? bytes" if size is None else _size(size)
     return [held[h] for h in sorted(held)]
 
 
 def describe_loss(pool: WorkerPool, user_ns: Mapping[str, Any], why: str) -> str:
     """What stopping `pool` loses, said before it stops."""
     held = held_objects(pool, user_ns, ask_workers(pool))
-    gone = "; gone with them: " + ", ".join(map(str, held)) if held else "; they held nothing"
+    # What and by which name, without the sizes: the message says what is lost, not how much.
+    named = ", ".join(f"{h.label()} ({h.what})" for h in held)
+    gone = f"; gone with them: {named}" if held else "; they held nothing"
     return f"Stopping the workers on {pool.devices} ({why}){gone}."
 
 
@@ -113,8 +139,8 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
         if cuda:
             row.append(_mib(answer["device_memory"]) if answer else "?")
         rows.append(row)
-    held = held_objects(pool, user_ns, answers) if state == "running" else []
-    notes = [f"Every worker holds: {', '.join(map(str, held))}." if held else "The workers hold nothing yet."]
+    held = held_objects(pool, user_ns, answers, program.datasets) if state == "running" else []
+    notes = [f"Every worker holds: {', '.join(map(str, held))}." if held else "The workers hold nothing."]
     if state == "starting":
         notes = ["The workers are starting; the next call waits for them."]
     return render_rows(f"ShapeScript workers on {pool.devices}: {state}", header, rows, notes)

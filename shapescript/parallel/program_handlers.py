@@ -11,8 +11,8 @@ import torch
 from shapescript.parallel import loading
 from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives
-from shapescript.runtime.data import Batch
-from shapescript.runtime.model import Model
+from shapescript.runtime.data import Batch, TensorDataset
+from shapescript.runtime.model import Model, leaves
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer, adamw, sgd
 
@@ -128,8 +128,10 @@ def restore(state: Any, path: str, model: int, opt: int | None) -> dict[str, Any
 
 @handler("free")
 def free(state: Any, handles: list[int]) -> None:
-    for h in handles:
-        state.objects.pop(h, None)
+    gone = [state.objects.pop(h) for h in handles if h in state.objects]
+    for key, loop in list(LOOPS.loops.items()):  # a loop over a freed dataset would keep it alive
+        if any(loop.base is obj for obj in gone):
+            LOOPS.loops.pop(key).close()
 
 
 @handler("record_collectives")
@@ -150,9 +152,29 @@ def describe(obj: Any) -> str:
     return f"dataset {type(obj).__name__}"
 
 
+def own_bytes(obj: Any) -> int | None:
+    """The bytes of the object's own tensors on this worker: a Model's params and buffers, an
+    Optimizer's state (its model has a handle of its own), a TensorDataset's fields; None for any
+    other dataset, whose items load one by one. Tensors sharing storage count it once."""
+    if isinstance(obj, Model):
+        tensors = [obj._leaf(name) for name, _ in leaves(obj.spec)]
+    elif isinstance(obj, Optimizer):
+        tensors = [t for per_param in obj.torch_opt.state.values() for t in per_param.values()
+                   if isinstance(t, torch.Tensor)]
+    elif isinstance(obj, TensorDataset):
+        tensors = list(obj.fields.values())
+    else:
+        return None
+    storages = {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
 @handler("objects")
 def objects(state: Any) -> dict[str, Any]:
-    """What this worker holds by handle, and the bytes its device's tensors take (cuda only): for
-    `%shapescript status` and anyone asking what lives on the workers."""
+    """What this worker holds by handle, the bytes each one's tensors take (None: not known), and the
+    bytes its device's tensors take (cuda only): for `%shapescript status` and anyone asking what
+    lives on the workers."""
+    held = sorted(state.objects.items())
     memory = torch.cuda.memory_allocated(state.device) if state.device.type == "cuda" else None
-    return {"objects": {h: describe(o) for h, o in sorted(state.objects.items())}, "device_memory": memory}
+    return {"objects": {h: describe(o) for h, o in held}, "bytes": {h: own_bytes(o) for h, o in held},
+            "device_memory": memory}

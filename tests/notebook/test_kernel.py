@@ -25,7 +25,7 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient.exceptions import CellExecutionError
-from support import ROOT
+from support import README_MLP_SHAPES, ROOT, param_and_adamw_bytes
 
 KERNEL = "shapescript-test"
 TIMEOUT = 120.0  # seconds for one cell: generous, for a loaded 2-core machine starting workers
@@ -218,7 +218,9 @@ def test_handles_survive_cells_on_two_devices(fresh: Kernel) -> None:
     assert step.value() == [[784, 256], True, True, [6, 10]]
     status = fresh.ok("%shapescript status").plain[0]
     assert "workers on cpu[0 1]: running" in status
-    assert "m (Mlp model)" in status and "opt (AdamW[Mlp] optimizer)" in status
+    params, state = param_and_adamw_bytes(README_MLP_SHAPES)  # each object's bytes per device, from torch
+    assert (f"Every worker holds: m (Mlp model, {params:,} bytes ({params / 2**10:.0f} KiB) per device), "
+            f"opt (AdamW[Mlp] optimizer, {state:,} bytes ({state / 2**20:.2f} MiB) per device).") in status
     assert "cpu:0" in status and "cpu:1" in status
     # Other devices: the old workers stop, saying what goes with them, and the handles say so too.
     moved = fresh.ok("%shapescript devices cpu")

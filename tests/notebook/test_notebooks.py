@@ -26,7 +26,7 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbformat import NotebookNode
-from support import ROOT
+from support import README_MLP_SHAPES, ROOT, param_and_adamw_bytes
 
 NOTEBOOKS = ROOT / "notebooks"
 NAMES = ("01_tour.ipynb", "02_several_devices.ipynb", "03_attention.ipynb")
@@ -183,7 +183,9 @@ def test_the_several_devices_notebook_trains_and_moves_a_checkpoint(ran: Callabl
     assert last < first - 0.2, (first, last)
     status = shown(cell_with(nb, "%shapescript status"))
     assert "workers on cpu[0 1]: running" in status and "cpu:0" in status and "cpu:1" in status
-    assert "m (Mlp model)" in status and "opt (AdamW[Mlp] optimizer)" in status
+    params, state = param_and_adamw_bytes(README_MLP_SHAPES)  # each object's bytes per device, from torch
+    assert (f"Every worker holds: m (Mlp model, {params:,} bytes ({params / 2**10:.0f} KiB) per device), "
+            f"opt (AdamW[Mlp] optimizer, {state:,} bytes ({state / 2**20:.2f} MiB) per device).") in status
     assert re.search(r"^same params: True$", shown(cell_with(nb, "ss.restore(")), re.M)
     assert re.search(r"^same outputs: True$", shown(cell_with(nb, "one.forward(")), re.M)
     assert "Stopping the workers on cpu[0 1]" in shown(cell_with(nb, "%shapescript stop"))

@@ -1,0 +1,48 @@
+"""Functions applied to each value by itself: relu, exp, log, ..., each one torch call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...syntax import ast as A
+from .. import types as T
+from ..builtins import tensor_arg
+from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register
+
+if TYPE_CHECKING:
+    from ..bodies import BodyChecker
+
+# What torch has no kernel for: name -> the dtypes it refuses.
+REFUSED = {"abs": ("bool",), "argmax": ("bool",), "argmin": ("bool",), "topk": ("bool",)}
+
+
+def refused_dtype(ck: "BodyChecker", name: str, arg: A.Arg, t: T.TensorT) -> bool:
+    """True, with E0308 given, where torch has no `name` for `t`'s dtype."""
+    if t.dtype not in REFUSED.get(name, ()):
+        return False
+    ck.error("E0308", f"`{name}` of a {t.dtype} tensor: torch has none", arg.span, f"this is {t.show()}",
+             "convert it first, as `to(x, i64)`")
+    return True
+
+
+def unary(name: str, torch_fn: str, floats: bool) -> Op:
+    """`name(x)`: x's type, value by value; `floats`: only for float tensors."""
+    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+        arg = args[0]
+        assert arg is not None
+        t = tensor_arg(ck, arg, f"`{name}`", floats=floats)
+        if t is None or refused_dtype(ck, name, arg, t):
+            return T.UNKNOWN
+        return Typed(T.TensorT(t.axes, t.dtype), (arg.value,))
+
+    def lower(call: LowerCall) -> str:
+        return f"{torch_fn}({call.args[0]})"
+
+    return Op(name, ("x",), 1, rule, lower, PER_EXAMPLE)
+
+
+register(*(unary(name, torch_fn, floats) for name, torch_fn, floats in (
+    ("relu", "torch.relu", True), ("exp", "torch.exp", True), ("log", "torch.log", True),
+    ("sqrt", "torch.sqrt", True), ("tanh", "torch.tanh", True), ("sigmoid", "torch.sigmoid", True),
+    ("gelu", "_F.gelu", True), ("silu", "_F.silu", True), ("abs", "torch.abs", False),
+)))

@@ -1,0 +1,118 @@
+"""cross_entropy, and `matmul` (the function form of `@`).
+
+On several devices, a cross_entropy whose labels have the batch axis is the mean over the whole
+batch: every device's sum of losses and count, added up; a product that contracts the batch axis
+is every device's partial product, added up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import sympy
+
+from ...syntax import ast as A
+from .. import types as T
+from ..builtins import matmul, over_axis, tensor_arg
+from .reductions import mask_of
+from .table import (PARTIAL, PARTIAL_PRODUCTS, Across, Args, CallView, LowerCall, Op, Payload, Typed, register,
+                    result_values)
+
+if TYPE_CHECKING:
+    from ..bodies import BodyChecker
+
+
+def cross_entropy_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+    logits_arg, labels_arg, over, mask = args
+    assert logits_arg is not None and labels_arg is not None and over is not None
+    logits = tensor_arg(ck, logits_arg, "`cross_entropy`", floats=True)
+    labels = tensor_arg(ck, labels_arg, "`cross_entropy`'s labels")
+    if logits is None or labels is None:
+        return T.UNKNOWN
+    axis = over_axis(ck, over, logits, "`cross_entropy`")
+    if axis is None:
+        return T.UNKNOWN
+    classes = logits.axes[axis]
+    rest = logits.axes[:axis] + logits.axes[axis + 1:]
+    if len(rest) != labels.rank or not all(a.same(b) for a, b in zip(rest, labels.axes)):
+        return ck.error("E0301", f"`cross_entropy`'s labels must be {T.show_axes(rest)}, the logits without "
+                        f"{classes.show()}, but are {labels.show()}", labels_arg.span,
+                        f"this is {labels.show()}", "one label per row of logits")
+    if labels.index is None:
+        return ck.error("E0309", f"`cross_entropy`'s labels must be `Index[{classes.show()}]`, "
+                        f"but are {labels.show()}", labels_arg.span,
+                        "not known to be in range", "declare the labels as `[] Index[C]`")
+    if not classes.same(T.AxisT(labels.index)):
+        return ck.error("E0309", f"labels are {labels.show()}, but the classes are {classes.show()}",
+                        labels_arg.span, "a different bound",
+                        f"declare the labels as `Index[{classes.show()}]`, the logits' classes axis")
+    mask_index = None
+    if mask is not None:
+        mask_index = mask_of(ck, mask, labels)
+        if mask_index is None:
+            return T.UNKNOWN
+    lowered = (logits_arg.value, labels_arg.value) + ((mask.value,) if mask is not None else ())
+    return Typed(T.TensorT((), logits.dtype), lowered, {"axis": axis, "rank": logits.rank, "mask_index": mask_index})
+
+
+def _logits(call: LowerCall) -> str:
+    """torch takes the classes on axis 1."""
+    axis, rank = call.options["axis"], call.options["rank"]
+    return call.args[0] if axis == 1 or rank == 1 else f"{call.wrapped[0]}.movedim({axis}, 1)"
+
+
+def cross_entropy_lower(call: LowerCall) -> str:
+    if call.options.get("mask_index") is not None:
+        return (f"_rt.masked_cross_entropy({_logits(call)}, {call.args[1]}, "
+                f"{call.place(2, call.options['mask_index'])})")
+    return f"_F.cross_entropy({_logits(call)}, {call.args[1]})"
+
+
+def all_cross_entropy(call: LowerCall) -> str:
+    if call.options.get("mask_index") is not None:
+        return (f"_rt.all_masked_cross_entropy({_logits(call)}, {call.args[1]}, "
+                f"{call.place(2, call.options['mask_index'])}, {call.where})")
+    return f"_rt.all_cross_entropy({_logits(call)}, {call.args[1]}, {call.where})"
+
+
+def labels_split(view: CallView) -> bool:
+    return bool(view.split_axes(view.arg_types[1]))
+
+
+def cross_entropy_payload(view: CallView) -> Payload:
+    """The sum of the losses and the count: two values."""
+    logits = view.arg_types[0]
+    assert isinstance(logits, T.TensorT)
+    return Payload("cross_entropy's sum and count", sympy.Integer(2), logits.dtype)
+
+
+def matmul_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+    a, b = args
+    assert a is not None and b is not None
+    left, right = ck.operand(a.value), ck.operand(b.value)
+    if T.UNKNOWN in (left, right):
+        return T.UNKNOWN
+    result = matmul(ck, node, left, right, a, b)
+    if result is T.UNKNOWN:
+        return T.UNKNOWN
+    return Typed(result, (a.value, b.value))
+
+
+def matmul_lower(call: LowerCall) -> str:
+    if call.recipe.get("kind") == "tensordot":
+        return f"torch.tensordot({call.args[0]}, {call.args[1]}, dims=1)"
+    return f"{call.wrapped[0]} @ {call.wrapped[1]}"
+
+
+def contracts_batch(view: CallView) -> bool:
+    """The left side's last axis, which `@` sums over, is the batch axis."""
+    left = view.arg_types[0]
+    return isinstance(left, T.TensorT) and left.rank > 0 and left.rank - 1 in view.split_axes(left)
+
+
+register(
+    Op("cross_entropy", ("logits", "labels", "over", "mask"), 3, cross_entropy_rule, cross_entropy_lower,
+       Across(labels_split, "cross_entropy", all_cross_entropy, cross_entropy_payload)),
+    Op("matmul", ("a", "b"), 2, matmul_rule, matmul_lower,
+       Across(contracts_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS))),
+)

@@ -1,0 +1,144 @@
+"""Reductions (sum, mean, max, ..., argmax) and operations along one axis (softmax, cumsum, sort).
+
+On several devices a reduction over the batch axis combines every device's part: `sum` by a sum of
+the parts, `mean` by a sum of the parts and of their counts; the others are refused there (E1801).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...syntax import ast as A
+from .. import types as T
+from ..builtins import over_axis, placed_within, tensor_arg
+from .elementwise import refused_dtype
+from .table import (PARTIAL, Across, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
+                    reduces_batch, register, result_values)
+
+if TYPE_CHECKING:
+    from ..bodies import BodyChecker
+
+# Sums and products of bools and i32 are i64 in torch (an i32 sum would overflow): `sum`, `prod`, `cumsum`.
+WIDENING = ("sum", "prod", "cumsum")
+
+
+def widened(name: str, dtype: str) -> str:
+    return "i64" if name in WIDENING and dtype in ("bool", "i32") else dtype
+
+
+def mask_of(ck: "BodyChecker", arg: A.Arg, t: T.TensorT) -> tuple | None:
+    """A `mask=` argument: bool, its dims among `t`'s; the index that places it."""
+    mask = tensor_arg(ck, arg, "`mask=`")
+    if mask is None:
+        return None
+    if mask.dtype != "bool":
+        ck.error("E0308", f"a mask is bool, not {mask.dtype}", arg.span, f"this is {mask.show()}",
+                 "compare it first, or use `valid(batch, n)`")
+        return None
+    return placed_within(ck, arg, t, mask, "the mask")
+
+
+def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, needs_dims: bool = False,
+              across: Across | None = None) -> Op:
+    """`name(x, over=D)`, or over everything without `over=`. `result`: the result's dtype, "same"
+    as x's (widened for sum and prod), "float" (x must be float), "bool" (x must be bool) or
+    "index" (an `Index` into the axis, which `over=` must then name). `needs_dims`: torch's
+    function needs `dim=` even to reduce everything."""
+    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+        x, over = args[0], args[1]
+        assert x is not None
+        t = tensor_arg(ck, x, f"`{name}`", floats=result == "float")
+        if t is None or refused_dtype(ck, name, x, t):
+            return T.UNKNOWN
+        if result == "bool" and t.dtype != "bool":
+            return ck.error("E0308", f"`{name}` takes a bool tensor, not {t.dtype}", x.span,
+                            f"this is {t.show()}", "compare it first, as `x > 0`")
+        axis = None
+        if over is not None:
+            axis = over_axis(ck, over, t, f"`{name}`")
+            if axis is None:
+                return T.UNKNOWN
+        elif result == "index":
+            return ck.error("E0206", f"`{name}` needs `over=`, the axis it picks from", node.span,
+                            "missing over=", f"write `{name}(x, over=C)`")
+        mask = args[2] if maskable else None
+        mask_index = None
+        if mask is not None:
+            mask_index = mask_of(ck, mask, t)
+            if mask_index is None:
+                return T.UNKNOWN
+        lowered = (x.value,) + ((mask.value,) if mask is not None else ())
+        options = {"axis": axis, "rank": t.rank, "mask_index": mask_index}
+        axes = t.axes[:axis] + t.axes[axis + 1:] if axis is not None else ()
+        if result == "index":
+            return Typed(T.TensorT(axes, "i64", t.axes[axis].size), lowered, options)  # type: ignore[index]
+        dtype = "bool" if result == "bool" else t.dtype
+        return Typed(T.TensorT(axes, widened(name, dtype)), lowered, options)
+
+    def lower(call: LowerCall) -> str:
+        axis, x = call.options.get("axis"), call.args[0]
+        if call.options.get("mask_index") is not None:
+            return f"_rt.masked_{name}({x}, {call.place(1, call.options['mask_index'])}, {axis})"
+        if axis is None and needs_dims:
+            return f"{torch_fn}({x}, dim={tuple(range(int(call.options['rank'])))!r})"
+        return f"{torch_fn}({x}{'' if axis is None else f', dim={axis}'})"
+
+    params = ("x", "over", "mask") if maskable else ("x", "over")
+    return Op(name, params, 1, rule, lower, across or Across(over_batch=reduces_batch))
+
+
+def all_mean(call: LowerCall) -> str:
+    """The mean of the whole batch: every device's sum and count, added up."""
+    axis, x = call.options.get("axis"), call.args[0]
+    if call.options.get("mask_index") is not None:
+        return f"_rt.all_masked_mean({x}, {call.place(1, call.options['mask_index'])}, {axis}, {call.where})"
+    return f"_rt.all_mean({x}, {axis}, {call.where})"
+
+
+def mean_payload(view: CallView) -> Payload:
+    """The sums and one count, or with a mask a count per value."""
+    assert isinstance(view.result, T.TensorT)
+    values = numel(view.result)
+    return Payload("`mean`'s sum and count",
+                   2 * values if view.options.get("mask_index") is not None else values + 1, view.result.dtype)
+
+
+def along_axis(name: str, template: str, floats: bool = False) -> Op:
+    """`name(x, over=D)`: x's type (cumsum widens as sum does), computed along D."""
+    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+        x, over = args
+        assert x is not None and over is not None
+        t = tensor_arg(ck, x, f"`{name}`", floats=floats)
+        if t is None:
+            return T.UNKNOWN
+        axis = over_axis(ck, over, t, f"`{name}`")
+        if axis is None:
+            return T.UNKNOWN
+        return Typed(T.TensorT(t.axes, widened(name, t.dtype)), (x.value,), {"axis": axis})
+
+    def lower(call: LowerCall) -> str:
+        return template.format(x=call.args[0], axis=call.options["axis"])
+
+    return Op(name, ("x", "over"), 2, rule, lower, Across(over_batch=along_batch))
+
+
+register(
+    reduction("sum", "torch.sum", "same", maskable=True, across=Across(
+        reduces_batch, PARTIAL, payload=result_values("`sum`'s partial sums, every device's part of the batch added up"))),
+    reduction("mean", "torch.mean", "float", maskable=True,
+              across=Across(reduces_batch, "mean", all_mean, mean_payload)),
+    reduction("max", "torch.amax", "same", needs_dims=True),
+    reduction("min", "torch.amin", "same", needs_dims=True),
+    reduction("prod", "torch.prod", "same"),
+    reduction("logsumexp", "torch.logsumexp", "float", needs_dims=True),
+    reduction("std", "torch.std", "float"),
+    reduction("var", "torch.var", "float"),
+    reduction("argmax", "torch.argmax", "index"),
+    reduction("argmin", "torch.argmin", "index"),
+    reduction("any", "torch.any", "bool"),
+    reduction("all", "torch.all", "bool"),
+    along_axis("softmax", "torch.softmax({x}, dim={axis})", floats=True),
+    along_axis("log_softmax", "torch.log_softmax({x}, dim={axis})", floats=True),
+    along_axis("cumsum", "torch.cumsum({x}, dim={axis})"),
+    along_axis("sort", "torch.sort({x}, dim={axis}).values"),
+)

@@ -1,0 +1,166 @@
+"""The op table: each built-in operation declared once, with everything every stage needs of it.
+
+An `Op` is one entry: its parameters, its typing rule (the checker), its lowering (the code
+generator prints it), what it does along the batch axis when a program runs on several devices
+(the batch split marks it, the code generator prints the all-reduce, the DeviceTable counts what
+it sends), and a slot for its layout rule (for `split H` and `shard params`, still empty). The
+stages read the table; none of them lists ops of its own.
+
+Ops not yet moved here keep their rules in check/rules_ops.py and rules_patterns.py and their
+lowerings in lower/codegen.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sympy
+
+from ...syntax import ast as A
+from .. import types as T
+from ..builtins import RULES, _unused_args
+
+if TYPE_CHECKING:
+    from ..bodies import BodyChecker
+
+Args = list[A.Arg | None]
+
+
+@dataclass(frozen=True)
+class Typed:
+    """What a typing rule found: the result's type, the arguments the lowering prints (in order),
+    and the options it reads (the axis a reduction runs over, a mask's placing index...)."""
+
+    result: T.Ty
+    args: tuple[A.Expr, ...]
+    options: Mapping[str, object] = field(default_factory=dict)
+
+
+# A typing rule gets the checker, the call and its arguments in parameter order (keywords placed,
+# absent optional ones None); it returns what it found, or an UnknownT after reporting an error.
+Rule = Callable[["BodyChecker", A.Call, Args], "Typed | T.UnknownT"]
+
+
+@dataclass(frozen=True)
+class LowerCall:
+    """A checked call as the code generator hands it to an op's lowering."""
+
+    args: list[str]  # each argument's Python text
+    wrapped: list[str]  # the same, parenthesized where an index or a method call follows it
+    options: Mapping[str, Any]
+    where: str  # the call's .ss location as a Python string literal, for run-time messages
+    place: Callable[[int, tuple | None], str]  # argument k with the index placing its axes
+    recipe: Mapping[str, Any]  # how the checker said to lower it (e.g. `@` as a tensordot)
+
+
+Lower = Callable[[LowerCall], str]
+
+
+@dataclass(frozen=True)
+class CallView:
+    """A checked call as the batch split and the DeviceTable see it."""
+
+    options: Mapping[str, Any]
+    arg_types: tuple[T.Ty | None, ...]
+    result: T.Ty | None
+    split_axes: Callable[[T.Ty | None], list[int]]  # where a type has the batch axis
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one all-reduce of the op sends: what it combines, in the DeviceTable's words, how many
+    values, of which dtype."""
+
+    what: str
+    values: sympy.Expr
+    dtype: str
+
+
+# What a sum of every device's partial results combines: `@` and einsum over the batch axis too.
+PARTIAL_PRODUCTS = "the partial products of a contraction over the batch axis"
+PARTIAL = "partial"  # the batch split's mark of a call whose devices' results are added up
+
+
+@dataclass(frozen=True)
+class Across:
+    """The op along the batch axis, split across the devices. `over_batch` says whether a call
+    works across that axis (None: never, the op works on each example alone). If it does, either
+    the op has a combined lowering (`kind`: what the batch split records, PARTIAL when the devices'
+    results are added up; `lower`: the all-reduce version, None for the op itself followed by a sum
+    of the parts; `payload`: what it sends), or it is refused (E1801)."""
+
+    over_batch: Callable[[CallView], bool] | None = None
+    kind: str | None = None
+    lower: Lower | None = None
+    payload: Callable[[CallView], Payload] | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.over_batch is not None and self.kind is None
+
+
+PER_EXAMPLE = Across()
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    params: tuple[str, ...]
+    required: int
+    rule: Rule
+    lower: Lower
+    across: Across
+    layout: None = None  # how a split along H (`split H`) and sharded params pass through it
+
+
+OPS: dict[str, Op] = {}
+
+
+def register(*ops: Op) -> None:
+    """Add ops to the table; the checker finds each one's rule by its name."""
+    for op in ops:
+        assert op.name not in OPS and op.name not in RULES, f"`{op.name}` is declared twice"
+        OPS[op.name] = op
+        RULES[op.name] = _checker(op)
+
+
+def _checker(op: Op) -> Callable[["BodyChecker", A.Call], T.Ty]:
+    """The boilerplate of every rule, written once: place the arguments (an error checks the rest
+    of them for errors of their own), run the op's rule, record what it found for the stages after."""
+    def check(ck: "BodyChecker", node: A.Call) -> T.Ty:
+        args = ck.arrange(node, list(op.params), f"`{op.name}`", op.required)
+        if args is None:
+            return _unused_args(ck, node)
+        typed = op.rule(ck, node, args)
+        if not isinstance(typed, Typed):
+            return typed
+        ck.record_call(node, "builtin", op.name, list(typed.args), **typed.options)
+        return typed.result
+    return check
+
+
+def numel(t: T.TensorT) -> sympy.Expr:
+    """How many values a tensor of type `t` holds."""
+    return sympy.Mul(*(a.size for a in t.axes))
+
+
+def result_values(what: str) -> Callable[[CallView], Payload]:
+    """A payload of the result's values (a sum of every device's partial result)."""
+    def payload(view: CallView) -> Payload:
+        assert isinstance(view.result, T.TensorT)
+        return Payload(what, numel(view.result), view.result.dtype)
+    return payload
+
+
+def reduces_batch(view: CallView) -> bool:
+    """A reduction whose operand has the batch axis, over everything or over that axis."""
+    where = view.split_axes(view.arg_types[0] if view.arg_types else None)
+    axis = view.options.get("axis")
+    return bool(where) and (axis is None or axis in where)
+
+
+def along_batch(view: CallView) -> bool:
+    """An operation along one axis (`over=`), which is the batch axis."""
+    return view.options.get("axis") in view.split_axes(view.arg_types[0] if view.arg_types else None)

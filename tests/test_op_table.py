@@ -1,0 +1,72 @@
+"""The op table (shapescript/check/ops/): each op in it is declared once, with everything the
+stages need, and the stages name none of those ops themselves."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from support import ROOT
+
+from shapescript.check.builtins import BUILTIN_NAMES, RULES
+from shapescript.check.checker import check_source
+from shapescript.check.ops import OPS, Across
+from shapescript.devices import DeviceSet
+from shapescript.errors import CompileError
+
+# The stages that once listed ops by name: the batch split, the DeviceTable, the code generator;
+# with the strings they may hold that are spelled as an op but aren't one.
+STAGES = {"shapescript/check/split.py": {"sum"},  # reduce(x, ..., sum)'s operation
+          "shapescript/check/comms.py": set(),
+          "shapescript/lower/codegen.py": {"min", "max"}}  # clamp's bounds, min= and max=
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: str) -> None:
+    op = OPS[name]
+    assert op.name == name and name in BUILTIN_NAMES and RULES[name] is not None
+    assert callable(op.rule) and callable(op.lower) and isinstance(op.across, Across)
+    assert 1 <= op.required <= len(op.params) and len(set(op.params)) == len(op.params)
+    if op.across.over_batch is None:  # works on each example alone: nothing to combine, nothing refused
+        assert op.across.kind is None and op.across.lower is None and op.across.payload is None
+    elif op.across.refused:
+        assert op.across.lower is None and op.across.payload is None
+    else:  # combined: the DeviceTable must be able to say what it sends
+        assert op.across.payload is not None
+    assert op.layout is None  # filled by the layouts of `split H` and `shard params`
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_no_stage_names_an_op_of_the_table(stage: str) -> None:
+    text = (ROOT / stage).read_text()
+    named = {name for name in OPS if re.search(rf"[\"']{re.escape(name)}[\"']", text)}
+    assert named <= STAGES[stage], f"{stage} names {sorted(named - STAGES[stage])}: read the op table instead"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_every_op_is_in_the_standard_librarys_docs(name: str) -> None:
+    assert re.search(rf"`[^`\n]*\b{name}\b[^`\n]*`", (ROOT / "docs" / "stdlib.md").read_text()), name
+
+
+BATCH = "dim C = 4\n\ndata Ex:\n    x: [C]\n    y: [] Index[C]\n\n"
+
+
+@pytest.mark.parametrize("call, sends", [
+    ("sum(batch.x)", ("`sum`'s partial sums", 1)),  # one value: the sum of a device's part
+    ("mean(batch.x)", ("`mean`'s sum and count", 2)),  # its sum and its count
+    ("cross_entropy(batch.x, batch.y, over=C)", ("cross_entropy's sum and count", 2)),
+    ("max(batch.x)", None), ("sum(softmax(batch.x, over=b))", None), ("sum(sort(batch.x, over=b))", None),
+])
+def test_the_tables_entry_decides_across_the_batch_axis(call: str, sends: tuple[str, int] | None) -> None:
+    """On two devices an op over the batch axis is combined (the DeviceTable lists what one
+    device sends, counted here by hand) or refused with E1801, as its entry says."""
+    source = BATCH + f"fn f(batch: [b] Ex) -> [] = {call}\n"
+    devices = DeviceSet("cpu", (0, 1))
+    if sends is None:
+        with pytest.raises(CompileError) as info:
+            check_source(source, "t.ss", devices)
+        assert info.value.codes == ["E1801"]
+        return
+    table = check_source(source, "t.ss", devices).devices
+    sent = [item.collective for items in table.lines.values() for item in items if item.collective]
+    assert len(sent) == 1 and sent[0].what.startswith(sends[0]) and int(sent[0].count) == sends[1]
