@@ -248,8 +248,9 @@ _ENTRIES = [
          "the batch axis needs every device's part. Sums, means, cross_entropy, batch_norm, and "
          "`@`, matmul, einsum and reduce with sum that contract the batch axis combine the parts "
          "with an all-reduce; any other reduction over the batch axis, an operation along it (such "
-         "as softmax or sort, or an extern fn given it as an `Axis[...]` argument, such as "
-         "`layer_norm(x, over=b)`), and causal with it have no such lowering yet.",
+         "as softmax, sort, topk or first, or an extern fn given it as an `Axis[...]` argument, such "
+         "as `layer_norm(x, over=b)`), and causal, positions or first counting the batch's size "
+         "have no such lowering yet.",
          "devices cpu[0 1 2]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
          "fn largest(batch: [b] Ex) -> [D]:\n    return max(batch.x, over=b)\n",
          "Compute it per example, or with an operation that has a lowering, or declare one device."),

@@ -265,7 +265,7 @@ class BodyChecker:
 
     def dim_value(self, node: A.Name) -> T.Ty:
         """A dim used as a number, as `1.0 / Dh ** 0.5`: its size, known or read off a parameter."""
-        from .rules_ops import dim_source
+        from .ops.sizes import dim_source
         found = dim_source(self, node)
         if found is None:
             return T.UNKNOWN

@@ -311,6 +311,17 @@ def int_arg(ck: "BodyChecker", arg: A.Arg | None, what: str) -> bool:
     return False
 
 
+def number_arg(ck: "BodyChecker", arg: A.Arg | None, what: str) -> bool:
+    """A plain number (int or float), or absent; E0401 otherwise."""
+    if arg is None:
+        return True
+    t = ck.expr(arg.value)
+    if t in (T.INT, T.FLOAT) or t is T.UNKNOWN:
+        return True
+    ck.error("E0401", f"{what} is a number, not {t.show()}", arg.span, f"this is {t.show()}")
+    return False
+
+
 def _unused_args(ck: "BodyChecker", node: A.Call) -> T.UnknownT:
     for a in node.args:
         if not isinstance(a.value, A.Pattern) and id(a.value) not in ck.checked.types:
@@ -318,6 +329,6 @@ def _unused_args(ck: "BodyChecker", node: A.Call) -> T.UnknownT:
     return T.UNKNOWN
 
 
-from . import ops, rules, rules_ops, rules_patterns  # noqa: E402,F401  (each registers its built-in functions' rules)
+from . import ops, rules, rules_patterns  # noqa: E402,F401  (each registers its built-in functions' rules)
 
 BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "AdamW", "Sgd", "Index", "Axis", "Grad", "Mode"}

@@ -30,7 +30,6 @@ from .ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
 from .split import iter_nodes, split_axes
 
 DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
-BATCH_NORM = "batch_norm's sums, sums of squares and count for each channel, in f64 (under Train)"
 
 
 @dataclass(frozen=True)
@@ -242,13 +241,9 @@ class _Builder:
         if op is not None and op.across.payload is not None:  # the op table says what it sends
             types = self.c.types
             view = CallView(info.options, tuple(types.get(id(a)) for a in info.args), result,  # type: ignore[union-attr]
-                            lambda t: split_axes(fn, t) if t is not None else [])
+                            lambda t: split_axes(fn, t) if t is not None else [], lambda size: False)
             sent = op.across.payload(view)
             return self._make(fn, node, sent.what, sent.values, sent.dtype)
-        if across == "batch_norm":
-            x = self.c.types[id(info.args[0])]  # type: ignore[union-attr]
-            channels = x.axes[info.options["axis"]].size  # type: ignore[union-attr]
-            return self._make(fn, node, BATCH_NORM, 2 * channels + 1, "f64")
         assert isinstance(result, T.TensorT)  # `@`, einsum, reduce: every device's partial product, summed
         return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), result.dtype)
 

@@ -1,5 +1,5 @@
-"""Rules of the built-in functions of training and of the controller's statements (tensor operations
-are in the op table, check/ops/, or in rules_ops.py and rules_patterns.py until they move there)."""
+"""Rules of the built-in functions of training, of the controller's statements and of the modes
+(tensor operations are in the op table, check/ops/, and patterns in rules_patterns.py)."""
 
 from __future__ import annotations
 
@@ -227,3 +227,46 @@ def _whole_exponent(ck: "BodyChecker", node: A.Binary, why: str) -> int | float 
 def number_negation(t: T.Ty) -> T.Ty:
     """`-x` of a plain number: Python negates a bool as the int it is (`-true` is -1)."""
     return T.INT if t == T.BOOL else t
+
+
+# ---- modes -----------------------------------------------------------------------------------
+
+@rule("Train")
+def train_mode(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    args = ck.arrange(node, ["seed"], "`Train`")
+    if args is None or not int_arg(ck, args[0], "`Train`'s seed"):
+        return T.UNKNOWN
+    ck.record_call(node, "builtin", "Train", [args[0].value])  # type: ignore[union-attr]
+    return T.MODE
+
+
+@rule("Eval")
+def eval_mode(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    if node.args:
+        return ck.error("E0206", "`Eval()` takes no arguments", node.span)
+    ck.record_call(node, "builtin", "Eval", [])
+    return T.MODE
+
+
+@rule("valid")
+def valid(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    """`valid(batch, n)`: true at the positions along `n` that hold an item's own values, false at
+    the padding the loader added to reach the batch's longest item."""
+    args = ck.arrange(node, ["batch", "dim"], "`valid`")
+    if args is None:
+        return _unused_args(ck, node)
+    batch = ck.expr(args[0].value)  # type: ignore[union-attr]
+    if not isinstance(batch, T.BatchT):
+        return batch if batch is T.UNKNOWN else ck.error(
+            "E0401", f"`valid` takes a batch, not {batch.show()}", args[0].span, f"this is {batch.show()}")  # type: ignore
+    name = args[1].value  # type: ignore[union-attr]
+    dim = ck.dims.get(name.id) if isinstance(name, A.Name) else None
+    label = next((n for n, d in batch.padded if dim is not None and d == dim), None)
+    if label is None:
+        padded = ", ".join(n for n, _ in batch.padded) or "none"
+        return ck.error("E0303", f"`valid` takes a dim the batch pads; {batch.data.name}'s are: {padded}",
+                        args[1].span, "not a padded dim",  # type: ignore[union-attr]
+                        "a data type's generic dims, as `n` in `tokens: [n]`, are padded per batch")
+    ck.use("tensors", node.span)
+    ck.record_call(node, "builtin", "valid", [args[0].value], label=label)  # type: ignore[union-attr]
+    return T.TensorT(batch.axes + (T.axis(dim),), "bool")  # type: ignore[arg-type]

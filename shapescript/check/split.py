@@ -22,7 +22,6 @@ from .checker import Context
 from .ops.table import OPS, PARTIAL, CallView
 from .program import CallInfo, FnInfo
 
-ALONG_AXIS = {"topk", "gather", "scatter"}  # refused along the batch axis (those in the op table say so there)
 
 
 def iter_nodes(node: A.Node) -> Iterator[A.Node]:
@@ -215,22 +214,16 @@ class Classifier:
         name, opts = info.name, info.options
         op = OPS.get(name)
         if op is not None:  # the op table says what the op does along the batch axis
-            across = op.across
-            if across.over_batch is not None and across.over_batch(self.view(node, info)):
+            across, view = op.across, self.view(node, info)
+            if across.over_batch is not None and across.over_batch(view):
                 if across.kind is None:
                     self.across(node, f"`{name}`")
                 else:
                     self.mark(node, across.kind)
+            if across.split_options is not None:
+                info.options.update(across.split_options(view))
             return
-        operand = self.checked.types.get(id(info.args[0])) if info.args else None
-        where = self.split_positions(operand)
-        axis = opts.get("axis")
-        if name == "norm":
-            if where and (axis is None or axis in where):
-                self.across(node, f"`{name}`")
-        elif name in ALONG_AXIS and axis in where:
-            self.across(node, f"`{name}`")
-        elif name in ("einsum", "reduce"):
+        if name in ("einsum", "reduce"):
             result = self.checked.types.get(id(node))
             kept = {a.size for a in result.axes} if isinstance(result, T.TensorT) else set()
             operands = [self.checked.types.get(id(a)) for a in info.args]
@@ -241,21 +234,11 @@ class Classifier:
                     self.mark(node, PARTIAL)
                 else:
                     self.across(node, f"`reduce` with {opts.get('op')}")
-        elif name in ("causal", "positions", "first") and any(
-                isinstance(s, tuple) and self.is_split_param(s) for s in opts["sizes"]):
-            # a size of the batch axis read on a device is its part's: positions would restart at 0 on each
-            self.across(node, f"`{name}`")
-        elif name == "first" and axis in where:  # the whole batch's first entries, not each part's
-            self.across(node, "`first`")
-        elif name == "batch_norm" and [k for k in where if k != axis]:
-            self.mark(node, "batch_norm")
-        elif name == "dropout" and where:  # draws the whole batch's mask, keeps its part's rows
-            opts["batch_axis"] = where[0]
 
     def view(self, node: A.Call, info: CallInfo) -> CallView:
         types = self.checked.types
         return CallView(info.options, tuple(types.get(id(a)) for a in info.args), types.get(id(node)),
-                        self.split_positions)
+                        self.split_positions, lambda size: isinstance(size, tuple) and self.is_split_param(size))
 
     def extern_axes(self, node: A.Call, info: CallInfo) -> None:
         """An extern fn works on each example by itself, except along the axes it is given: given the

@@ -245,6 +245,7 @@ UNKNOWN = UnknownT()
 NONE = NoneT()
 INT = ScalarT("int")
 FLOAT = ScalarT("float")
+MODE = NamedT("Mode")  # Train(seed=...) or Eval
 BOOL = ScalarT("bool")
 STR = ScalarT("str")
 SINK = NamedT("Sink")

@@ -21,21 +21,13 @@ from .text import comment_text, literal
 
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
 # Built-ins given dims whose sizes they read when they run (their calls' `sizes` option).
-SIZED = ("causal", "positions", "first")
 RUNTIME_CALLS = {"update": "_rt.update", "shuffle": "_rt.shuffle", "print": "_rt.show",
                  "write": "_rt.write", "save": "_rt.save", "load": "_rt.load"}
 # Names the generated module binds itself, or calls: a user's name among them is renamed.
 RESERVED = {"torch", "_F", "_rt", "annotations", "types", "sys", "getattr", "tuple", "float",
             "DIMS", "DEVICE", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
 # Built-ins that lower to one call: the arguments' texts by position, the call's options by name.
-TEMPLATES = {
-    "topk": "tuple(torch.topk({0}, {k}, dim={axis}))", "gather": "torch.gather({0}, {axis}, {1})",
-    "scatter": "torch.scatter({0}, {axis}, {1}, {2})", "norm": "torch.linalg.vector_norm({0}, dim={axis})",
-    "one_hot": "_F.one_hot({0}, {classes}).to(torch.float32)", "embedding": "_F.embedding({1}, {0})",
-    "valid": "_rt.valid({0}, {label!r})", "batch_norm": "_rt.batch_norm({0}, {1}, {2}, {axis})",
-    "grad_norm": "_rt.grad_norm({0})", "clip_norm": "_rt.clip_norm({0}, {1})",
-    "dropout": "_rt.dropout({0}, {1}, {2}, {batch_axis})", "Train": "_rt.Train({0})", "Eval": "_rt.Eval",
-}
+TEMPLATES = {"Train": "_rt.Train({0})", "Eval": "_rt.Eval"}
 
 
 def py_name(name: str) -> str:
@@ -257,7 +249,7 @@ class _Writer:
         op = OPS.get(name)
         if op is not None:  # the op table's lowering, or its all-reduce on several devices
             call = LowerCall(args, self.wrapped, opts, literal(str(node.span)),
-                             lambda k, index: self.placed(k, index, args), recipe)
+                             lambda k, index: self.placed(k, index, args), recipe, self.size_text, literal)
             if across:
                 return op.across.lower(call) if op.across.lower else f"_rt.all_sum({op.lower(call)}, {call.where})"
             return op.lower(call)
@@ -283,11 +275,9 @@ class _Writer:
         return self.library_call(node, name, args, opts)
 
     def across_call(self, node: A.Call, across: str, name: str, args: list[str], opts: dict) -> str:
-        """An operation over the batch axis on several devices: every device's part combined by an
-        all-reduce (plain on one device; see runtime/collectives.py)."""
+        """einsum or reduce over the batch axis on several devices (those of the op table lower through
+        it): every device's partial result, summed by an all-reduce (see runtime/collectives.py)."""
         where = literal(str(node.span))
-        if across == "batch_norm":
-            return f"_rt.all_batch_norm({args[0]}, {args[1]}, {args[2]}, {opts['axis']}, {where})"
         self.c.recipes[id(node)]["across"] = None  # lower the operation itself, then sum the parts
         try:
             return f"_rt.all_sum({self.call(node)}, {where})"
@@ -295,32 +285,7 @@ class _Writer:
             self.c.recipes[id(node)]["across"] = across
 
     def library_call(self, node: A.Call, name: str, args: list[str], opts: dict) -> str:
-        """The standard library's operations beyond arithmetic, reductions and patterns."""
-        if name in ("maximum", "minimum"):
-            recipe = self.c.recipes.get(id(node), {})
-            left, right = self.placed(0, recipe.get("left"), args), self.placed(1, recipe.get("right"), args)
-            return f"torch.{name}({left}, {right})"
-        if name == "clamp":
-            bounds = [f"{k}={self.expr(opts[k].value)}" for k in ("min", "max") if opts[k] is not None]
-            return f"torch.clamp({args[0]}, {', '.join(bounds)})"
-        if name == "where":
-            return f"torch.where({self.placed(0, opts['cond_index'], args)}, {args[1]}, {args[2]})"
-        if name == "to" and opts.get("number"):
-            return f"torch.tensor({args[0]}, dtype={specs.TORCH_DTYPES[opts['dtype']]}, device=DEVICE)"
-        if name == "to":
-            return f"{self.wrapped[0]}.to({specs.TORCH_DTYPES[opts['dtype']]})"
-        if name == "masked_fill":
-            return f"{self.wrapped[0]}.masked_fill({self.placed(1, opts['mask_index'], args)}, {args[2]})"
-        if name == "causal":
-            rows, cols = (self.size_text(s) for s in opts["sizes"])
-            return f"_rt.causal({rows}, {cols}, DEVICE)"
-        if name == "positions":
-            return f"torch.arange({self.size_text(opts['sizes'][0])}, device=DEVICE)"
-        if name == "first":  # the runtime checks the count against the axis, naming the call's .ss place
-            count = self.size_text(opts["sizes"][0])
-            return f"_rt.first({args[0]}, {count}, {opts['axis']}, {literal(opts['names'])}, {literal(str(node.span))})"
-        if name == "norm" and opts["axis"] is None:
-            return f"torch.linalg.vector_norm({args[0]})"
+        """The modes, Train(seed=...) and Eval (the op table's ops lower through it)."""
         if name in TEMPLATES:
             return TEMPLATES[name].format(*args, **opts)
         raise AssertionError(f"no lowering for built-in `{name}`")
@@ -330,14 +295,15 @@ class _Writer:
         return self.wrapped[k] + index_text(index) if index else args[k]
 
     def sizes_used(self, fn: A.Fn) -> list[tuple]:
-        """The generic dims' sizes a function reads off its parameters (dims as numbers, SIZED built-ins)."""
+        """The generic dims' sizes a function reads off its parameters (dims as numbers, and the calls
+        whose options say which `sizes` they read)."""
         from ..check.split import iter_nodes
         found: list[tuple] = []
         for node in iter_nodes(fn):
             sources = []
             if isinstance(node, A.Name) and "size" in self.c.recipes.get(id(node), {}):
                 sources = [self.c.recipes[id(node)]["size"]]
-            elif isinstance(node, A.Call) and id(node) in self.c.calls and self.c.calls[id(node)].name in SIZED:
+            elif isinstance(node, A.Call) and "sizes" in getattr(self.c.calls.get(id(node)), "options", {}):
                 sources = list(self.c.calls[id(node)].options["sizes"])
             found += [s for s in sources if isinstance(s, tuple) and s not in found]
         return found

@@ -6,8 +6,8 @@ generator prints it), what it does along the batch axis when a program runs on s
 it sends), and a slot for its layout rule (for `split H` and `shard params`, still empty). The
 stages read the table; none of them lists ops of its own.
 
-Ops not yet moved here keep their rules in check/rules_ops.py and rules_patterns.py and their
-lowerings in lower/codegen.py.
+Ops not yet moved here keep their rules in check/rules_patterns.py (patterns) and rules.py
+(training steps, the controller's statements, modes) and their lowerings in lower/codegen.py.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ class LowerCall:
     where: str  # the call's .ss location as a Python string literal, for run-time messages
     place: Callable[[int, tuple | None], str]  # argument k with the index placing its axes
     recipe: Mapping[str, Any]  # how the checker said to lower it (e.g. `@` as a tensordot)
+    size: Callable[[object], str]  # a dim's size as the function reads it (an int, or off a parameter)
+    literal: Callable[[object], str]  # a value as a Python literal (user text goes through it)
 
 
 Lower = Callable[[LowerCall], str]
@@ -66,6 +68,7 @@ class CallView:
     arg_types: tuple[T.Ty | None, ...]
     result: T.Ty | None
     split_axes: Callable[[T.Ty | None], list[int]]  # where a type has the batch axis
+    split_size: Callable[[object], bool]  # a size read off a parameter is the batch's (each device's part)
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,16 @@ class Across:
     kind: str | None = None
     lower: Lower | None = None
     payload: Callable[[CallView], Payload] | None = None
+    # Options a call takes when its operand is split: where its batch axis lies, for an op that
+    # works on its part of something drawn for the whole batch (dropout's mask).
+    split_options: Callable[[CallView], Mapping[str, Any]] | None = None
 
     @property
     def refused(self) -> bool:
         return self.over_batch is not None and self.kind is None
 
 
-PER_EXAMPLE = Across()
+PER_EXAMPLE = Across()  # each example by itself, or nothing with the batch axis
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,9 @@ class Op:
     lower: Lower
     across: Across
     layout: None = None  # how a split along H (`split H`) and sharded params pass through it
+    # After an error in the arguments' places, check each argument for errors of its own; not for
+    # ops whose arguments name dims (`causal(i, j)`), which aren't values.
+    check_rest: bool = True
 
 
 OPS: dict[str, Op] = {}
@@ -132,7 +141,7 @@ def _checker(op: Op) -> Callable[["BodyChecker", A.Call], T.Ty]:
     def check(ck: "BodyChecker", node: A.Call) -> T.Ty:
         args = ck.arrange(node, list(op.params), f"`{op.name}`", op.required)
         if args is None:
-            return _unused_args(ck, node)
+            return _unused_args(ck, node) if op.check_rest else T.UNKNOWN
         typed = op.rule(ck, node, args)
         if not isinstance(typed, Typed):
             return typed

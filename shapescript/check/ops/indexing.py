@@ -1,0 +1,90 @@
+"""Picking along one axis: topk, gather, scatter. Refused along the batch axis on several devices
+(each device would pick from its own part)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...syntax import ast as A
+from .. import dims as D
+from .. import types as T
+from ..builtins import int_arg, over_axis, tensor_arg
+from .elementwise import refused_dtype
+from .table import Across, Args, LowerCall, Op, Typed, along_batch, register
+
+if TYPE_CHECKING:
+    from ..bodies import BodyChecker
+
+REFUSED_ALONG_BATCH = Across(over_batch=along_batch)
+
+
+def topk_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+    x, k, over = args
+    assert x is not None and k is not None and over is not None
+    t = tensor_arg(ck, x, "`topk`")
+    k_node = k.value
+    if not (isinstance(k_node, A.IntLit) and k_node.value > 0):
+        int_arg(ck, k, "`topk`'s k")
+        return ck.error("E0310", "`topk`'s k is a positive literal, as `topk(x, 5, over=C)`", k.span)
+    if t is None or refused_dtype(ck, "topk", x, t):
+        return T.UNKNOWN
+    axis = over_axis(ck, over, t, "`topk`")
+    if axis is None:
+        return T.UNKNOWN
+    picked = t.axes[axis]
+    size = D.value(picked.size, ck.ctx.dim_values)
+    if size is not None and k_node.value > size:
+        return ck.error("E0310", f"`topk` of {k_node.value} from {picked.show()} = {size}", k.span, "too many")
+    axes = t.axes[:axis] + (T.axis(D.literal(k_node.value)),) + t.axes[axis + 1:]
+    result = T.TupleT((T.TensorT(axes, t.dtype), T.TensorT(axes, "i64", picked.size)))
+    return Typed(result, (x.value,), {"axis": axis, "k": k_node.value})
+
+
+def topk_lower(call: LowerCall) -> str:
+    return f"tuple(torch.topk({call.args[0]}, {call.options['k']}, dim={call.options['axis']}))"
+
+
+def picking(name: str) -> Op:
+    """gather(x, index, over=C): x's values at `index` along C; scatter(x, index, src, over=C): x
+    with `src` written at `index` along C."""
+    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+        x_arg, index_arg, over = args[0], args[1], args[-1]
+        assert x_arg is not None and index_arg is not None and over is not None
+        src_arg = args[2] if name == "scatter" else None
+        x = tensor_arg(ck, x_arg, f"`{name}`")
+        idx = tensor_arg(ck, index_arg, f"`{name}`'s index")
+        src = tensor_arg(ck, src_arg, f"`{name}`'s src") if src_arg is not None else None
+        if x is None or idx is None or (name == "scatter" and src is None):
+            return T.UNKNOWN
+        axis = over_axis(ck, over, x, f"`{name}`")
+        if axis is None:
+            return T.UNKNOWN
+        picked = x.axes[axis]
+        if idx.index is None or not D.equal(idx.index, picked.size):
+            return ck.error("E0309", f"`{name}`'s index must be `Index[{picked.show()}]`, but is {idx.show()}",
+                            index_arg.span, "not known to be in range")
+        others_x = x.axes[:axis] + x.axes[axis + 1:]
+        others_i = idx.axes[:axis] + idx.axes[axis + 1:] if idx.rank == x.rank else None
+        if others_i is None or not all(a.same(b) for a, b in zip(others_x, others_i)):
+            return ck.error("E0301", f"`{name}`'s index must be {x.show()} but for its {picked.show()} axis; it is "
+                            f"{idx.show()}", index_arg.span, f"this is {idx.show()}")
+        if src is not None and src_arg is not None and (
+                src.dtype != x.dtype or src.rank != idx.rank or not all(a.same(b) for a, b in zip(src.axes, idx.axes))):
+            return ck.error("E0301", f"`scatter`'s src must be {T.TensorT(idx.axes, x.dtype).show()}, like the index",
+                            src_arg.span, f"this is {src.show()}")
+        result = T.TensorT(idx.axes, x.dtype) if name == "gather" else T.TensorT(x.axes, x.dtype)
+        return Typed(result, tuple(a.value for a in args[:-1] if a is not None), {"axis": axis})
+
+    def lower(call: LowerCall) -> str:
+        rest = ", ".join(call.args[1:])
+        return f"torch.{name}({call.args[0]}, {call.options['axis']}, {rest})"
+
+    params = ("x", "index", "over") if name == "gather" else ("x", "index", "src", "over")
+    return Op(name, params, len(params), rule, lower, REFUSED_ALONG_BATCH)
+
+
+register(
+    Op("topk", ("x", "k", "over"), 3, topk_rule, topk_lower, REFUSED_ALONG_BATCH),
+    picking("gather"),
+    picking("scatter"),
+)
