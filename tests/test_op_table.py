@@ -16,8 +16,8 @@ from shapescript.errors import CompileError
 
 # The stages that once listed ops by name: the batch split, the DeviceTable, the code generator;
 # with the strings they may hold that are spelled as an op but aren't one.
-STAGES = {"shapescript/check/split.py": {"sum"},  # reduce(x, ..., sum)'s operation
-          "shapescript/check/comms.py": set(),
+STAGES = {"shapescript/check/split.py": set(),
+          "shapescript/check/comms.py": {"split"},  # a value's layout: "split" or "whole"
           "shapescript/lower/codegen.py": {"min", "max"}}  # clamp's bounds, min= and max=
 
 

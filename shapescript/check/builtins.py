@@ -329,6 +329,6 @@ def _unused_args(ck: "BodyChecker", node: A.Call) -> T.UnknownT:
     return T.UNKNOWN
 
 
-from . import ops, rules, rules_patterns  # noqa: E402,F401  (each registers its built-in functions' rules)
+from . import ops, rules  # noqa: E402,F401  (each registers its built-in functions' rules)
 
 BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "AdamW", "Sgd", "Index", "Axis", "Grad", "Mode"}

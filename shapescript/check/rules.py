@@ -1,5 +1,5 @@
 """Rules of the built-in functions of training, of the controller's statements and of the modes
-(tensor operations are in the op table, check/ops/, and patterns in rules_patterns.py)."""
+(tensor operations are in the op table, check/ops/)."""
 
 from __future__ import annotations
 

@@ -209,31 +209,18 @@ class Classifier:
         if info.kind == "extern":
             self.extern_axes(node, info)
             return
-        if info.kind != "builtin":
+        op = OPS.get(info.name) if info.kind == "builtin" else None
+        if op is None:  # a call of a function (the split follows it), or a training step
             return
-        name, opts = info.name, info.options
-        op = OPS.get(name)
-        if op is not None:  # the op table says what the op does along the batch axis
-            across, view = op.across, self.view(node, info)
-            if across.over_batch is not None and across.over_batch(view):
-                if across.kind is None:
-                    self.across(node, f"`{name}`")
-                else:
-                    self.mark(node, across.kind)
-            if across.split_options is not None:
-                info.options.update(across.split_options(view))
-            return
-        if name in ("einsum", "reduce"):
-            result = self.checked.types.get(id(node))
-            kept = {a.size for a in result.axes} if isinstance(result, T.TensorT) else set()
-            operands = [self.checked.types.get(id(a)) for a in info.args]
-            dropped = {a.size for t in operands if isinstance(t, T.TensorT) for a in t.axes
-                       if a.size in self.fn.split and a.size not in kept}
-            if dropped:
-                if name == "einsum" or opts.get("op") == "sum":
-                    self.mark(node, PARTIAL)
-                else:
-                    self.across(node, f"`reduce` with {opts.get('op')}")
+        across, view = op.across, self.view(node, info)  # the op table says what it does along the batch axis
+        if across.over_batch is not None and across.over_batch(view):
+            kind = across.kind_of(view)
+            if kind is None:
+                self.across(node, across.refused_as(view) if across.refused_as else f"`{op.name}`")
+            else:
+                self.mark(node, kind)
+        if across.split_options is not None:
+            info.options.update(across.split_options(view))
 
     def view(self, node: A.Call, info: CallInfo) -> CallView:
         types = self.checked.types

@@ -253,15 +253,6 @@ class _Writer:
             if across:
                 return op.across.lower(call) if op.across.lower else f"_rt.all_sum({op.lower(call)}, {call.where})"
             return op.lower(call)
-        if across:
-            return self.across_call(node, across, name, args, opts)
-        if name in ("rearrange", "split", "reduce", "repeat"):
-            runtime = "split_parts" if name == "split" else name
-            keys = {"reduce": ("split", "dims", "op", "perm", "merge"),
-                    "repeat": ("split", "perm", "view", "sizes", "merge")}.get(name, ("split", "perm", "merge"))
-            return f"_rt.{runtime}({args[0]}, {', '.join(literal(opts[k]) for k in keys)})"
-        if name == "einsum":
-            return f"torch.einsum({literal(opts['spec'])}, {', '.join(args)})"
         if name == "batches":
             return f"_rt.batches({args[0]}, {args[1]}, {spec_var(str(opts['data']))}, DEVICE)"
         if name == "logs":
@@ -273,16 +264,6 @@ class _Writer:
         if name in RUNTIME_CALLS:
             return f"{RUNTIME_CALLS[name]}({', '.join(args)})"
         return self.library_call(node, name, args, opts)
-
-    def across_call(self, node: A.Call, across: str, name: str, args: list[str], opts: dict) -> str:
-        """einsum or reduce over the batch axis on several devices (those of the op table lower through
-        it): every device's partial result, summed by an all-reduce (see runtime/collectives.py)."""
-        where = literal(str(node.span))
-        self.c.recipes[id(node)]["across"] = None  # lower the operation itself, then sum the parts
-        try:
-            return f"_rt.all_sum({self.call(node)}, {where})"
-        finally:
-            self.c.recipes[id(node)]["across"] = across
 
     def library_call(self, node: A.Call, name: str, args: list[str], opts: dict) -> str:
         """The modes, Train(seed=...) and Eval (the op table's ops lower through it)."""

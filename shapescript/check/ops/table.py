@@ -6,8 +6,8 @@ generator prints it), what it does along the batch axis when a program runs on s
 it sends), and a slot for its layout rule (for `split H` and `shard params`, still empty). The
 stages read the table; none of them lists ops of its own.
 
-Ops not yet moved here keep their rules in check/rules_patterns.py (patterns) and rules.py
-(training steps, the controller's statements, modes) and their lowerings in lower/codegen.py.
+The built-ins of training steps, of the controller's statements and the modes are not ops of the
+table yet: their rules are in check/rules.py and their lowerings in lower/codegen.py.
 """
 
 from __future__ import annotations
@@ -95,16 +95,21 @@ class Across:
     of the parts; `payload`: what it sends), or it is refused (E1801)."""
 
     over_batch: Callable[[CallView], bool] | None = None
-    kind: str | None = None
+    kind: str | Callable[[CallView], str | None] | None = None  # by the call, for one op of several kinds
     lower: Lower | None = None
     payload: Callable[[CallView], Payload] | None = None
     # Options a call takes when its operand is split: where its batch axis lies, for an op that
     # works on its part of something drawn for the whole batch (dropout's mask).
     split_options: Callable[[CallView], Mapping[str, Any]] | None = None
+    refused_as: Callable[[CallView], str] | None = None  # how E1801 names a refused call (default: the op)
 
     @property
     def refused(self) -> bool:
+        """Always refused over the batch axis (a kind decided by the call may be refused or not)."""
         return self.over_batch is not None and self.kind is None
+
+    def kind_of(self, view: CallView) -> str | None:
+        return self.kind(view) if callable(self.kind) else self.kind
 
 
 PER_EXAMPLE = Across()  # each example by itself, or nothing with the batch axis
@@ -122,6 +127,8 @@ class Op:
     # After an error in the arguments' places, check each argument for errors of its own; not for
     # ops whose arguments name dims (`causal(i, j)`), which aren't values.
     check_rest: bool = True
+    # The rule places the arguments itself (a pattern, sizes by keyword): it gets none placed.
+    own_args: bool = False
 
 
 OPS: dict[str, Op] = {}
@@ -139,7 +146,7 @@ def _checker(op: Op) -> Callable[["BodyChecker", A.Call], T.Ty]:
     """The boilerplate of every rule, written once: place the arguments (an error checks the rest
     of them for errors of their own), run the op's rule, record what it found for the stages after."""
     def check(ck: "BodyChecker", node: A.Call) -> T.Ty:
-        args = ck.arrange(node, list(op.params), f"`{op.name}`", op.required)
+        args = [] if op.own_args else ck.arrange(node, list(op.params), f"`{op.name}`", op.required)
         if args is None:
             return _unused_args(ck, node) if op.check_rest else T.UNKNOWN
         typed = op.rule(ck, node, args)

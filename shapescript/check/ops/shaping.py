@@ -1,18 +1,26 @@
-"""Rules of the operations that take a pattern: rearrange, split, repeat, reduce and einsum."""
+"""Operations that take a pattern: rearrange, split, repeat, reduce and einsum (the patterns
+themselves are checked by check/patterns.py). They place their own arguments: tensors, then the
+pattern, sizes by keyword, and reduce's operation.
+
+On several devices, reduce with sum and einsum that leave out the batch axis add up every device's
+partial result; reduce with another operation over the batch axis is refused (E1801)."""
 
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..syntax import ast as A
-from . import dims as D
-from . import types as T
-from .builtins import _unused_args, rule, tensor_arg
-from .patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
+from ...syntax import ast as A
+from .. import dims as D
+from .. import types as T
+from ..builtins import _unused_args, tensor_arg
+from ..patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
+from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register,
+                    result_values)
 
 if TYPE_CHECKING:
-    from .bodies import BodyChecker
+    from ..bodies import BodyChecker
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 
@@ -100,8 +108,7 @@ def _positions(lhs: Side, rhs: Side) -> list[int]:
     return [names.index(a.name) for a in rhs.atoms if a.name in names]
 
 
-@rule("rearrange", "split")
-def rearrange(ck: "BodyChecker", node: A.Call) -> T.Ty:
+def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     name = node.func.id  # type: ignore[union-attr]
     got = _one_tensor(ck, node, name)
     if got is None:
@@ -136,15 +143,11 @@ def rearrange(ck: "BodyChecker", node: A.Call) -> T.Ty:
             recipe = lower_recipe(lhs, rhs, keep, p, ck.ctx.dim_values)
     except PatternError as e:
         return _fail(ck, node, e)
-    ck.record_call(node, "builtin", name, [args.tensors[0].value], **recipe)
     result = T.TensorT(axes, t.dtype, t.index)
-    if name == "split":
-        return T.TupleT((result,) * count)
-    return result
+    return Typed(T.TupleT((result,) * count) if name == "split" else result, (args.tensors[0].value,), recipe)
 
 
-@rule("reduce")
-def reduce(ck: "BodyChecker", node: A.Call) -> T.Ty:
+def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     got = _one_tensor(ck, node, "reduce", takes_op=True)
     if got is None:
         return T.UNKNOWN
@@ -171,13 +174,11 @@ def reduce(ck: "BodyChecker", node: A.Call) -> T.Ty:
     except PatternError as e:
         return _fail(ck, node, e)
     recipe["perm"] = tuple(perm) if perm != sorted(perm) else None
-    ck.record_call(node, "builtin", "reduce", [args.tensors[0].value], dims=reduced, op=op.id, **recipe)
     dtype = "i64" if op.id in ("sum", "prod") and t.dtype in ("bool", "i32") else t.dtype
-    return T.TensorT(axes, dtype)
+    return Typed(T.TensorT(axes, dtype), (args.tensors[0].value,), {"dims": reduced, "op": op.id, **recipe})
 
 
-@rule("repeat")
-def repeat(ck: "BodyChecker", node: A.Call) -> T.Ty:
+def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     got = _one_tensor(ck, node, "repeat")
     if got is None:
         return T.UNKNOWN
@@ -209,13 +210,12 @@ def repeat(ck: "BodyChecker", node: A.Call) -> T.Ty:
                 sizes.append(value)
     except PatternError as e:
         return _fail(ck, node, e)
-    ck.record_call(node, "builtin", "repeat", [args.tensors[0].value], split=recipe["split"], perm=recipe["perm"],
-                   view=tuple(view), sizes=tuple(sizes), merge=recipe["merge"])
-    return T.TensorT(axes, t.dtype, t.index)
+    options = {"split": recipe["split"], "perm": recipe["perm"], "view": tuple(view), "new_sizes": tuple(sizes),
+               "merge": recipe["merge"]}
+    return Typed(T.TensorT(axes, t.dtype, t.index), (args.tensors[0].value,), options)
 
 
-@rule("einsum")
-def einsum(ck: "BodyChecker", node: A.Call) -> T.Ty:
+def einsum(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     args = pattern_args(ck, node, "einsum")
     if args is None:
         return _unused_args(ck, node)
@@ -250,5 +250,35 @@ def einsum(ck: "BodyChecker", node: A.Call) -> T.Ty:
     except PatternError as e:
         return _fail(ck, node, e)
     spec = ",".join(specs) + "->" + "".join(letters[a.name] for a in rhs.atoms)  # type: ignore[index]
-    ck.record_call(node, "builtin", "einsum", [a.value for a in args.tensors], spec=spec)
-    return T.TensorT(axes, tensors[0].dtype)  # type: ignore[union-attr]
+    return Typed(T.TensorT(axes, tensors[0].dtype), tuple(a.value for a in args.tensors), {"spec": spec})  # type: ignore
+
+
+def runtime_call(runtime: str, keys: tuple[str, ...]) -> Callable[[LowerCall], str]:
+    """A call of the runtime's pattern function with the recipe's parts, as Python literals."""
+    def lower(call: LowerCall) -> str:
+        return f"_rt.{runtime}({call.args[0]}, {', '.join(call.literal(call.options[k]) for k in keys)})"
+    return lower
+
+
+def drops_batch(view: CallView) -> bool:
+    """The batch axis of an operand is not in the result: the call sums or reduces over it."""
+    kept = {a.size for a in view.result.axes} if isinstance(view.result, T.TensorT) else set()
+    return any(t.axes[k].size not in kept for t in view.arg_types if isinstance(t, T.TensorT)
+               for k in view.split_axes(t))
+
+
+RECIPE = ("split", "perm", "merge")
+
+register(
+    Op("rearrange", ("x", "pattern"), 2, rearrange, runtime_call("rearrange", RECIPE), PER_EXAMPLE, own_args=True),
+    Op("split", ("x", "pattern"), 2, rearrange, runtime_call("split_parts", RECIPE), PER_EXAMPLE, own_args=True),
+    Op("repeat", ("x", "pattern"), 2, repeat,
+       runtime_call("repeat", ("split", "perm", "view", "new_sizes", "merge")), PER_EXAMPLE, own_args=True),
+    Op("reduce", ("x", "pattern", "op"), 3, reduce, runtime_call("reduce", ("split", "dims", "op", "perm", "merge")),
+       Across(drops_batch, lambda view: PARTIAL if view.options.get("op") == "sum" else None,
+              payload=result_values(PARTIAL_PRODUCTS),
+              refused_as=lambda view: f"`reduce` with {view.options.get('op')}"), own_args=True),
+    Op("einsum", ("tensors", "pattern"), 2, einsum,
+       lambda call: f"torch.einsum({call.literal(call.options['spec'])}, {', '.join(call.args)})",
+       Across(drops_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)), own_args=True),
+)
