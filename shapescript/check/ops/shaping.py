@@ -108,6 +108,19 @@ def _positions(lhs: Side, rhs: Side) -> list[int]:
     return [names.index(a.name) for a in rhs.atoms if a.name in names]
 
 
+def _bind_sides(ck: "BodyChecker", args: _Args, t: T.TensorT, p: A.Pattern, new_axes: bool = False
+                ) -> tuple[Side, Side, tuple[T.AxisT, ...], dict[str, T.AxisT]]:
+    """A one-operand pattern against `t`: its left side bound to t's axes, its right side built
+    from them. Sizes given by keyword size the left side's axes or, with `new_axes` (repeat), the
+    right side's new ones. Returns both sides, the result's axes and what the names are bound to."""
+    _unused_sizes(args, p)
+    known: dict[str, T.AxisT] = {}
+    lhs = bind_lhs(ck, t, p.lhs[0], known, {} if new_axes else args.sizes, p)
+    new = {k: v for k, v in args.sizes.items() if k not in known} if new_axes else {}
+    rhs, axes = build_rhs(p.rhs, known, new)
+    return lhs, rhs, axes, known
+
+
 def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     name = node.func.id  # type: ignore[union-attr]
     got = _one_tensor(ck, node, name)
@@ -117,10 +130,7 @@ def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     p = args.pattern
     assert p is not None
     try:
-        _unused_sizes(args, p)
-        known: dict[str, T.AxisT] = {}
-        lhs = bind_lhs(ck, t, p.lhs[0], known, args.sizes, p)
-        rhs, axes = build_rhs(p.rhs, known, {})
+        lhs, rhs, axes, _known = _bind_sides(ck, args, t, p)
         on_right = {a.name for a in rhs.atoms}
         dropped = [k for k, a in enumerate(lhs.atoms) if a.name not in on_right or a.name is None]
         literals = [k for k in dropped if lhs.atoms[k].name is None and lhs.atoms[k].size != 1]
@@ -162,10 +172,7 @@ def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     if op.id == "mean" and not t.is_float:
         return ck.error("E0308", "`reduce` with mean takes floats", args.tensors[0].span)
     try:
-        _unused_sizes(args, p)
-        known: dict[str, T.AxisT] = {}
-        lhs = bind_lhs(ck, t, p.lhs[0], known, args.sizes, p)
-        rhs, axes = build_rhs(p.rhs, known, {})
+        lhs, rhs, axes, _known = _bind_sides(ck, args, t, p)
         on_right = {a.name for a in rhs.atoms}
         reduced = tuple(k for k, a in enumerate(lhs.atoms) if a.name is None or a.name not in on_right)
         remaining = [a.name for k, a in enumerate(lhs.atoms) if k not in reduced]
@@ -186,11 +193,7 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     p = args.pattern
     assert p is not None
     try:
-        _unused_sizes(args, p)
-        known: dict[str, T.AxisT] = {}
-        lhs = bind_lhs(ck, t, p.lhs[0], known, {}, p)
-        new = {k: v for k, v in args.sizes.items() if k not in known}
-        rhs, axes = build_rhs(p.rhs, known, new)
+        lhs, rhs, axes, known = _bind_sides(ck, args, t, p, new_axes=True)
         lost = [a.name for a in lhs.atoms if a.name not in {b.name for b in rhs.atoms}]
         if lost:
             raise PatternError(f"`{lost[0]}` is on the left but not on the right", p, "",
