@@ -43,6 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 import shapescript as ss  # noqa: E402
 from reference import HandGpt  # noqa: E402  (examples/attention/reference.py)
 from shapescript import std  # noqa: E402
+from shapescript.api import Program, compile_program  # noqa: E402
 
 PROGRAM = ROOT / "examples" / "attention" / "gpt.ss"
 CORPUS = ROOT / "examples" / "attention" / "corpus.txt"
@@ -198,6 +199,10 @@ class Setup:
     def __init__(self, seed: int = 0) -> None:
         self.ids, self.V = corpus_ids()
         self.prog = ss.load(PROGRAM, dims={"V": self.V, **SMALL})
+        # The same program without ir/fuse.py's rewrites (torch's attention and layer_norm kernels,
+        # one causal mask per size): what the generated code was before them, to race against.
+        checked = compile_program(PROGRAM.read_text(), str(PROGRAM), None, {"V": self.V, **SMALL})
+        self.unfused = Program(checked, fused=False)
         self.g = torch.Generator().manual_seed(seed)
 
     def fresh(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,11 +211,12 @@ class Setup:
         rows = self.ids[starts[:, None] + torch.arange(T + 1)]
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
-    def ss_step(self, generated: bool = False) -> Callable[[torch.Tensor, torch.Tensor], object]:
-        m = self.prog.Gpt.init(seed=0)
+    def ss_step(self, generated: bool = False, fused: bool = True) -> Callable[[torch.Tensor, torch.Tensor], object]:
+        prog = self.prog if fused else self.unfused
+        m = prog.Gpt.init(seed=0)
         opt = ss.adamw(m, lr=LR)
         if generated:
-            raw, spec = self.prog.namespace["train_step"], self.prog.Text
+            raw, spec = prog.namespace["train_step"], prog.Text
 
             def step(x: torch.Tensor, y: torch.Tensor) -> object:
                 grad_was = torch.is_grad_enabled()
@@ -220,7 +226,7 @@ class Setup:
                 finally:
                     torch._C._set_grad_enabled(grad_was)
         else:
-            train_step = self.prog.train_step
+            train_step = prog.train_step
 
             def step(x: torch.Tensor, y: torch.Tensor) -> object:
                 return train_step(m, opt, {"tokens": x, "targets": y}, ss.Eval)
@@ -353,6 +359,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label:<34}  {s * 1e3:>7.3f} ms  {t * 1e3:>7.3f} ms  {s / t:>6.3f}  {r:>10.3f}  {reps}", flush=True)
 
     row("ShapeScript prog.train_step", setup.ss_step(), Hand(setup.V, seed=0))
+    row("ShapeScript, not fused", setup.ss_step(fused=False), Hand(setup.V, seed=0))
+    s, t, r = race(setup.ss_step(), setup.ss_step(fused=False), setup.fresh, warmup, reps)
+    print(f"{'fused / not fused':<34}  {s * 1e3:>7.3f} ms  {t * 1e3:>7.3f} ms  {s / t:>6.3f}  {r:>10.3f}  {reps}"
+          f"  (the second column: not fused)", flush=True)
     if args.breakdown:
         row("generated code alone", setup.ss_step(generated=True), Hand(setup.V, seed=0))
         extern = staticmethod(lambda x, f=setup.prog.namespace["layer_norm"]: f(x, 2))  # the generated call

@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
     for batch, warmup, blocks, size in plan:
         m2 = prog2.Mlp.init(seed=0)
         opt2 = ss.adamw(m2, lr=LR)
-        ddp.setup(batch, m2.w1, m2.w2, prog2.python_source)
+        ddp.setup(batch, m2.w1, m2.w2, prog2.worker_source)  # the module each worker runs
         progl = ss.load(loop_source(batch), devices=devices, name=f"mlp.ss with batches({batch})")
         ml = progl.Mlp.init(seed=0)
         sides = {

@@ -35,7 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import shapescript as ss  # noqa: E402
 from shapescript.api import compile_program  # noqa: E402
-from shapescript.lower.codegen import generate  # noqa: E402
+from shapescript.pipeline import python_module  # noqa: E402
 
 PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
 D, HD, C = 784, 256, 10
@@ -118,10 +118,10 @@ import sys, time
 sys.path.insert(0, {root!r})
 import torch
 from shapescript.api import compile_program
-from shapescript.lower.codegen import generate
+from shapescript.pipeline import python_module
 source = open({program!r}).read()
 t0 = time.perf_counter()
-generate(compile_program(source, {program!r}, "cpu"))
+python_module(compile_program(source, {program!r}, "cpu"))
 print(time.perf_counter() - t0)
 """
 
@@ -141,7 +141,7 @@ def time_compile(reps: int, processes: int) -> tuple[float, float]:
 
     def once() -> float:
         t0 = time.perf_counter()
-        generate(compile_program(source, str(PROGRAM), "cpu"))
+        python_module(compile_program(source, str(PROGRAM), "cpu"))
         return time.perf_counter() - t0
 
     once()

@@ -7,7 +7,6 @@ import errno
 import linecache
 import numbers
 import os
-import types
 import threading
 import traceback
 import warnings
@@ -17,12 +16,12 @@ from typing import Any
 
 import torch
 
-from .check.checker import check_source
 from .check.program import Checked, FnInfo
+from .pipeline import check_source, python_module
 from .devices import DeviceSet
 from .errors import CompileError, Diagnostic, ShapeScriptError, Span
-from .lower import guards as LG
-from .lower.codegen import generate, py_name
+from .lower.codegen import py_name
+from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
 from .runtime import calls
 from .runtime.model import Model, require_visible
@@ -147,11 +146,18 @@ def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dim
 class Program:
     """A loaded program: `prog.Mlp.init(seed=0)`, `prog.train_step(m, opt, batch)`, `prog.Digit`."""
 
-    def __init__(self, checked: Checked, check_types: bool = False) -> None:
+    def __init__(self, checked: Checked, check_types: bool = False, fused: bool = True) -> None:
+        """`fused=False` builds the program as written, without ir/fuse.py's kernels (to compare)."""
         self.checked = checked
         self._pool: Any = None
         self._workers_lock, self._lock_pid = threading.RLock(), os.getpid()  # see _pool_lock
-        self.python_source = generate(checked, check_types=check_types)
+        # The modules are exactly what runs: on several devices this process runs the controller's,
+        # whose fns on the devices are stubs calling the workers, and each worker loads the worker's.
+        several = checked.device_set.count > 1
+        target = Target.CONTROLLER if several else Target.ONE_DEVICE
+        self.python_source = python_module(checked, target, check_types=check_types, fused=fused)
+        self.worker_source = (python_module(checked, Target.WORKER, check_types=check_types, fused=fused)
+                              if several else None)
         self._module_file = f"<shapescript {comment_text(checked.file)}>"  # no NUL or line break from a name
         linecache.cache[self._module_file] = (len(self.python_source), None,
                                               self.python_source.splitlines(True), self._module_file)
@@ -164,18 +170,10 @@ class Program:
             self._members[name] = ModelType(self, namespace[f"{name}_spec"])
         for name in checked.data:
             self._members[name] = namespace[f"{name}_spec"]
-        if self.several:  # functions on the workers are called through them, from Python or the controller
-            from .parallel.loading import Datasets, RemoteBatches
-            from .parallel.remote import RemoteFunction, SplitCall
-            self.datasets = Datasets()
-            core = namespace["_rt"]
-            controller_rt = types.SimpleNamespace(**{k: getattr(core, k) for k in core.__all__})
-            controller_rt.batches = lambda ds, n, spec, device: RemoteBatches(self, core.batches(ds, n, spec, device))
-            namespace["_rt"] = controller_rt  # the workers load the controller's batches themselves
-            for fn in checked.fns.values():
-                if fn.placement == "workers" and fn.kind == "fn":
-                    plan = SplitCall(f"`{fn.name}` ({fn.span})", tuple(fn.split_params), fn.split_result)
-                    namespace[py_name(fn.name)] = RemoteFunction(self, plan, py_name(fn.name))
+        if several:
+            from .parallel.loading import Datasets
+            self.datasets = Datasets()  # what the workers hold of the datasets this program's loops read
+            namespace[WORKERS_NAME] = self  # the controller's module reaches its workers through this program
         for name, fn in checked.fns.items():
             self._members[name] = Function(self, fn)
 
@@ -232,7 +230,8 @@ class Program:
         return True
 
     def _load_args(self) -> tuple[str, str, str, str | None]:
-        return self.python_source, self._module_file, str(self.checked.device_set), calls.main_script()
+        assert self.worker_source is not None  # only a program on several devices has workers
+        return self.worker_source, self._module_file, str(self.checked.device_set), calls.main_script()
 
     def stop(self) -> None:
         """Stop the workers (on several devices); models on them are gone. A call in progress in
@@ -302,7 +301,7 @@ class Function:
         self.info = fn
         self.name = fn.name
         self._py = program.namespace[py_name(fn.name)]
-        self._guards: list[Any] | None = None  # made at the first call: some params can't come from Python
+        self._guards: tuple[Any, ...] | None = None  # read at the first call
         self._names = [p.name for p in fn.params]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -311,8 +310,7 @@ class Function:
             devices = self.program.checked.device_set
             if devices.kind == "cuda":  # at the first call, not at load: a program can be read anywhere
                 require_visible(devices.indices or (0,), str(devices), f"`{self.name}`")
-            self._guards = [LG.guard_for(self.program.checked, self.info, k, self.program.namespace)
-                            for k in range(len(self.info.params))]
+            self._guards = self.program.namespace["GUARDS"][self.name]  # printed by the built module
         bindings: dict = {}
         checked = [g(v, bindings) for g, v in zip(self._guards, values)]
         grad_was = torch.is_grad_enabled()
@@ -356,10 +354,11 @@ def _source_line(checked: Checked, span: Span) -> str:
 
 
 def build(path_or_source: str | os.PathLike[str], standalone: bool = False, devices: str | None = None,
-          dims: dict[str, int] | None = None) -> str:
-    """The Python source a program lowers to."""
+          dims: dict[str, int] | None = None, target: Target | None = None) -> str:
+    """The Python source a program lowers to: for `target` (lower/targets.py), by default one
+    device's module (on several devices, what each worker runs)."""
     source, file = read_program(path_or_source)
-    return generate(compile_program(source, file, devices, dims), standalone=standalone)
+    return python_module(compile_program(source, file, devices, dims), target, standalone=standalone)
 
 
 __all__ = ["CompileError", "Diagnostic", "Function", "ModelType", "Program", "build", "load", "parse_devices"]

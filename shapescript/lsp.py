@@ -23,7 +23,7 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
-from .check.checker import check_source
+from .pipeline import check_source
 from .check.program import Checked
 from .codes import CODES
 from .errors import CompileError, Diagnostic, Span

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,31 +19,6 @@ def assert_golden(text: str, path: Path, update: bool = UPDATE_GOLDEN) -> None:
                              f"it, then review it")
     assert text == path.read_text(), f"the output differs from {path}"
 
-# A small program on several devices: a linear classifier, its step and a loop over a dataset.
-LINEAR = textwrap.dedent("""\
-    dim D = 4
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    model Lin:
-        param w: [D C] = normal(std=0.1)
-
-    fn scores(m: Lin, x: [b D]) -> [b C] = x @ m.w
-
-    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
-
-    fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
-        l, g = value_and_grad(loss, m, batch)
-        update(mut m, mut opt, g)
-        return l
-
-    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
-        for batch in data |> shuffle(seed=1) |> batches(8):
-            write(log, logs(loss=step(mut m, mut opt, batch)))
-    """)
 
 README_MLP_SHAPES = [(784, 256), (256, 10)]  # the README's Mlp: w1 [D Hd], w2 [Hd C]
 

@@ -7,20 +7,13 @@ import textwrap
 
 import pytest
 import torch
+from programs import LIN_HEADER
 from support import ROOT
 
 import shapescript as ss
 
-PROGRAM = textwrap.dedent("""\
-    dim D = 4
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    model Lin:
-        param w: [D C] = normal(std=0.1)
+# LIN_HEADER's Lin with a buffer too: the first line below is one more member of it.
+PROGRAM = LIN_HEADER + textwrap.dedent("""\
         buffer seen: [] i64 = zeros()
 
     fn logits(m: Lin, x: [b D]) -> [b C] = x @ m.w

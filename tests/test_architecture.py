@@ -14,7 +14,7 @@ from support import ROOT
 
 import shapescript as ss
 from shapescript.check.builtins import RULES
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.check.ops import OPS, Op
 from shapescript.devices import DeviceSet
 

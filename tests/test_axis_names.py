@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import shapescript as ss
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.errors import CompileError, ShapeError
 
 SIZES = {"P": 2, "Q": 3, "R": 5, "Z": 7}

@@ -17,7 +17,7 @@ import torch
 import shapescript as ss
 from shapescript import cli
 from shapescript.api import parse_devices
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.errors import CompileError, DeviceError, ShapeError
 from shapescript.parallel import pool as pool_mod
 from shapescript.parallel.pool import WorkerPool, collective_timeout, current_collective_timeout

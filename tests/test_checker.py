@@ -9,7 +9,7 @@ import torch
 
 import shapescript as ss
 from shapescript.check import types as T
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
 from support import ROOT
 

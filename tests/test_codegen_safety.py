@@ -32,7 +32,7 @@ from support import ROOT
 import shapescript as ss
 from shapescript.api import compile_program
 from shapescript.cli import main as cli_main
-from shapescript.lower.codegen import generate
+from shapescript.pipeline import python_module
 from shapescript.lower.specs import STANDALONE_MODULES
 
 # Run as code, this leaves a mark in `sys` and a file in the working directory.
@@ -289,7 +289,7 @@ def test_the_standalone_runtime_defines_each_name_once() -> None:
 
 def test_a_wrong_result_is_a_shape_error_in_a_standalone_build(sandbox: Path, tmp_path: Path) -> None:
     path = tmp_path / "res_standalone.py"
-    path.write_text(generate(compile_program(result_checks("cpu"), "res.ss"), standalone=True))
+    path.write_text(python_module(compile_program(result_checks("cpu"), "res.ss"), standalone=True))
     spec = importlib.util.spec_from_file_location("res_standalone", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     try:

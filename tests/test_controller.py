@@ -9,24 +9,9 @@ import pytest
 import torch
 
 import shapescript as ss
+from programs import LIN_HEADER, LIN_LOSS, LIN_STEP
 
-PROGRAM = textwrap.dedent("""\
-    dim D = 4
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    model Lin:
-        param w: [D C] = normal(std=0.1)
-
-    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(batch.x @ m.w, batch.y, over=C)
-
-    fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
-        l, g = value_and_grad(loss, m, batch)
-        update(mut m, mut opt, g)
-        return l
+PROGRAM = LIN_HEADER + "\n" + LIN_LOSS + "\n" + LIN_STEP + textwrap.dedent("""\
 
     fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink, path: str):
         for batch in data |> shuffle(seed=1) |> batches(8):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.codes import CODES
 from shapescript.errors import CompileError, Diagnostic, ShapeError, Span
 from shapescript.runtime.data import DataSpec, FieldSpec, batch_from_python, check_item

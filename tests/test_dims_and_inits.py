@@ -16,9 +16,9 @@ import torch
 from support import ROOT
 
 import shapescript as ss
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
-from shapescript.lower.codegen import generate
+from shapescript.pipeline import python_module
 
 HEADS = textwrap.dedent("""\
     dim D = H * Dh
@@ -82,7 +82,7 @@ def test_the_relation_is_symbolic_even_without_sizes() -> None:
     checked = check_source(source, "t.ss")
     assert checked.dim_values["D"] is None
     with pytest.raises(CompileError) as info:
-        generate(checked)
+        python_module(checked)
     assert [d.message for d in info.value.diagnostics] == ["dim `H` has no size", "dim `Dh` has no size"]
 
 

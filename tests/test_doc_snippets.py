@@ -44,11 +44,11 @@ from support import ROOT
 from test_docs import readme_program
 
 import shapescript as ss
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.cli import main as cli_main
 from shapescript.codes import BUILD_ONLY, CODES
 from shapescript.errors import CompileError
-from shapescript.lower.codegen import generate
+from shapescript.pipeline import python_module
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TAGS = {
@@ -157,7 +157,7 @@ def test_the_error_index_examples_are_tagged_with_their_codes() -> None:
 def test_build_error_blocks_fail_with_their_code_when_built(block: Block) -> None:
     checked = check_source(block.text, "doc.ss")  # it checks...
     with pytest.raises(CompileError) as info:  # ...and fails to build
-        generate(checked, standalone=True)
+        python_module(checked, standalone=True)
     assert set(info.value.codes) == {block.argument}, str(info.value)
 
 

@@ -7,9 +7,9 @@ import re
 import pytest
 from support import ROOT
 
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
-from shapescript.lower.codegen import generate
+from shapescript.pipeline import python_module
 
 BLOCK = re.compile(r"^```(ss(?:-error (E\d{4}))?)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
@@ -26,7 +26,7 @@ def blocks() -> list:
 def test_doc_block(source: str, code: str | None) -> None:
     if code is None:
         checked = check_source(source, "doc.ss")
-        compile(generate(checked), "<doc>", "exec")
+        compile(python_module(checked), "<doc>", "exec")
     else:
         with pytest.raises(CompileError) as info:
             check_source(source, "doc.ss")

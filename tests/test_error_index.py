@@ -8,10 +8,10 @@ import sys
 import pytest
 from support import ROOT, assert_golden
 
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.codes import BUILD_ONLY, CODES, explain, markdown
 from shapescript.errors import CompileError
-from shapescript.lower.codegen import generate
+from shapescript.pipeline import python_module
 
 GOLDEN = ROOT / "tests" / "golden"
 
@@ -21,7 +21,7 @@ def compile_example(code: str) -> CompileError:
     with pytest.raises(CompileError) as info:
         checked = check_source(example, f"{code}.ss")
         if code in BUILD_ONLY:
-            generate(checked, standalone=True)
+            python_module(checked, standalone=True)
     return info.value
 
 

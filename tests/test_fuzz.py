@@ -68,10 +68,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from shapescript.check.checker import check_source  # noqa: E402
+from shapescript.pipeline import check_source  # noqa: E402
 from shapescript.codes import CODES  # noqa: E402
 from shapescript.errors import CompileError  # noqa: E402
-from shapescript.lower.codegen import generate  # noqa: E402
+from shapescript.pipeline import python_module  # noqa: E402
 
 from fuzzing.grammar import KINDS, grammar_program  # noqa: E402
 from fuzzing.mutations import CHARS, OWN_SEEDS, SEEDS  # noqa: E402
@@ -146,7 +146,7 @@ def compile_program(source: str) -> str:
                 return "syntax" if all(c.startswith("E01") for c in err.codes) else "check"
             stage = "generate"
             try:  # lowering may refuse a program too (E0313, a dim without a size), with diagnostics
-                python = generate(checked)
+                python = python_module(checked)
             except CompileError as err:
                 check_diagnostics(err, source)
                 return "check"

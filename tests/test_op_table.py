@@ -9,7 +9,7 @@ import pytest
 from support import ROOT
 
 from shapescript.check.builtins import BUILTIN_NAMES, RULES
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.check.ops import OPS, Across
 from shapescript.devices import DeviceSet
 from shapescript.errors import CompileError
@@ -18,7 +18,14 @@ from shapescript.errors import CompileError
 # with the strings they may hold that are spelled as an op but aren't one.
 STAGES = {"shapescript/check/split.py": set(),
           "shapescript/check/comms.py": {"split"},  # a value's layout: "split" or "whole"
-          "shapescript/lower/codegen.py": {"min", "max"}}  # clamp's bounds, min= and max=
+          "shapescript/lower/codegen.py": {"min", "max"},  # clamp's bounds, min= and max=
+          # The IR's printer: value_and_grad's calls are the IR's GradCalls, lowered by its entry.
+          "shapescript/lower/printer.py": {"value_and_grad"}}
+
+
+# value_and_grad's all-reduce sends the gradients of every param, one all-reduce per dtype, which
+# comms.py's `gradients` counts (a payload is one dtype's values).
+SENDS_COUNTED_BY_COMMS = {"value_and_grad"}
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -26,11 +33,15 @@ def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: st
     op = OPS[name]
     assert op.name == name and name in BUILTIN_NAMES and RULES[name] is not None
     assert callable(op.rule) and callable(op.lower) and isinstance(op.across, Across)
-    assert 1 <= op.required <= len(op.params) and len(set(op.params)) == len(op.params)
+    assert 0 <= op.required <= len(op.params) and len(set(op.params)) == len(op.params)
+    # Only a rule that places its own arguments takes any number of them (print) or none (Eval).
+    assert op.required >= 1 or op.own_args
     if op.across.over_batch is None:  # works on each example alone: nothing to combine, nothing refused
         assert op.across.kind is None and op.across.lower is None and op.across.payload is None
     elif op.across.refused:
         assert op.across.lower is None and op.across.payload is None
+    elif name in SENDS_COUNTED_BY_COMMS:
+        assert op.across.lower is not None and op.across.payload is None
     else:  # combined: the DeviceTable must be able to say what it sends
         assert op.across.payload is not None
     assert op.layout is None  # filled by the layouts of `split H` and `shard params`
@@ -39,13 +50,18 @@ def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: st
 @pytest.mark.parametrize("stage", STAGES)
 def test_no_stage_names_an_op_of_the_table(stage: str) -> None:
     text = (ROOT / stage).read_text()
-    named = {name for name in OPS if re.search(rf"[\"']{re.escape(name)}[\"']", text)}
+    # A string of the op's name, with the same quote on either side (not `"""value_and_grad's`).
+    named = {name for name in OPS if re.search(rf"([\"']){re.escape(name)}\1", text)}
     assert named <= STAGES[stage], f"{stage} names {sorted(named - STAGES[stage])}: read the op table instead"
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_every_op_is_in_the_standard_librarys_docs(name: str) -> None:
-    assert re.search(rf"`[^`\n]*\b{name}\b[^`\n]*`", (ROOT / "docs" / "stdlib.md").read_text()), name
+    """In the library's docs, or called in the language's section on the controller (its loops,
+    logs and checkpoints)."""
+    stdlib = (ROOT / "docs" / "stdlib.md").read_text()
+    controller = (ROOT / "docs" / "language.md").read_text().split("## The controller", 1)[1].split("\n## ", 1)[0]
+    assert re.search(rf"`[^`\n]*\b{name}\b[^`\n]*`", stdlib) or re.search(rf"\b{name}\(", controller), name
 
 
 BATCH = "dim C = 4\n\ndata Ex:\n    x: [C]\n    y: [] Index[C]\n\n"
@@ -70,3 +86,14 @@ def test_the_tables_entry_decides_across_the_batch_axis(call: str, sends: tuple[
     table = check_source(source, "t.ss", devices).devices
     sent = [item.collective for items in table.lines.values() for item in items if item.collective]
     assert len(sent) == 1 and sent[0].what.startswith(sends[0]) and int(sent[0].count) == sends[1]
+
+
+@pytest.mark.parametrize("call", ["relu(mut x)", "sum(mut x, over=n)", "rearrange(mut x, n -> n)",
+                                  "masked_fill(x, mut m, 0.0)"])
+def test_mut_on_an_argument_of_an_op_is_refused(call: str) -> None:
+    """No op of the table changes its arguments (update and load check `mut` themselves)."""
+    source = f"fn f(x: [n], m: [n] bool) -> [n] = {call}\n".replace("-> [n] = sum", "-> [] = sum")
+    with pytest.raises(CompileError) as info:
+        check_source(source, "mut.ss")
+    assert info.value.codes == ["E0503"]
+    assert "doesn't change" in info.value.diagnostics[0].message

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import shapescript as ss
+from programs import LIN_HEADER
 from shapescript.check import types as T
-from shapescript.check.checker import check_source
+from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
 
 SS_DTYPES = {"bool": torch.bool, "i32": torch.int32, "i64": torch.int64, "f16": torch.float16,
@@ -144,16 +145,7 @@ def test_to_drops_the_index_bound_and_refuses_what_is_not_a_dtype() -> None:
     assert two.dtype == torch.float64 and two.shape == () and two.item() == 2.0
 
 
-ACCURACY = textwrap.dedent("""\
-    dim D = 4
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    model Lin:
-        param w: [D C] = normal(std=1.0)
+ACCURACY = LIN_HEADER.replace("std=0.1", "std=1.0") + textwrap.dedent("""\
 
     fn accuracy(m: Lin, batch: [b] Ex) -> [] = mean(to(argmax(batch.x @ m.w, over=C) == batch.y, f32))
 

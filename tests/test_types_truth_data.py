@@ -16,7 +16,7 @@ import torch
 
 import shapescript as ss
 from shapescript.api import compile_program
-from shapescript.lower.codegen import generate
+from shapescript.pipeline import python_module
 
 DATA = textwrap.dedent("""\
     devices DEVICES
@@ -160,7 +160,7 @@ def test_a_batch_argument_binds_its_size_for_the_result(helper: None) -> None:
 
 def test_a_result_is_checked_against_its_arguments_in_a_standalone_build(helper: None, tmp_path: Path) -> None:
     path = tmp_path / "res_truth_standalone.py"
-    path.write_text(generate(compile_program(RESULTS.replace("DEVICES", "cpu"), "res.ss"), standalone=True))
+    path.write_text(python_module(compile_program(RESULTS.replace("DEVICES", "cpu"), "res.ss"), standalone=True))
     spec = importlib.util.spec_from_file_location("res_truth_standalone", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     try:

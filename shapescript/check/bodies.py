@@ -42,8 +42,15 @@ def same_type(a: T.Ty, b: T.Ty) -> bool:
         return True
     if isinstance(a, T.TensorT) and isinstance(b, T.TensorT):
         return (a.rank == b.rank and all(x.same(y) for x, y in zip(a.axes, b.axes)) and a.dtype == b.dtype
-                and (a.index is None) == (b.index is None) and (a.index is None or D.equal(a.index, b.index)))
+                and _same_bound(a.index, b.index))
     return a == b
+
+
+def _same_bound(a: D.Dim | None, b: D.Dim | None) -> bool:
+    """Two `Index` bounds (None: no bound) are the same."""
+    if a is None or b is None:
+        return a is None and b is None
+    return D.equal(a, b)
 
 
 @dataclass
@@ -67,7 +74,7 @@ class BodyChecker:
         self.vars: dict[str, Var] = {p.name: Var(p.ty, p.mut, p.node.span) for p in fn.params}
         self.dims: dict[str, D.Dim] = dict(fn.generics)
         self.returned = False
-        self.mapping: dict = {}  # the last call's binding of the callee's generic dims
+        self.mapping: dict[D.Dim, D.Dim] = {}  # the last call's binding of the callee's generic dims
 
     def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
               secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
@@ -86,9 +93,10 @@ class BodyChecker:
                 self.use("dataset", p.node.span)
             if p.ty == T.SINK:
                 self.use("sink", p.node.span)
-        self.stmts(self.fn.node.body)
+        node = self.fn.node
+        assert isinstance(node, A.Fn)  # check_bodies checks the bodies of `fn`s only
+        self.stmts(node.body)
         if self.fn.ret != T.NONE and not self.returned and self.fn.ret is not T.UNKNOWN:
-            node = self.fn.node
             self.error("E0305", f"`{self.fn.name}` must return {self.fn.ret.show()}, but has no `return`",
                        node.name_span, "never returns", "end the body with `return ...`")
 
@@ -286,9 +294,10 @@ class BodyChecker:
                 return self.error("E0203", f"model `{t.name}` has no member `{node.name}`", node.name_span,
                                   "unknown member", similar(node.name, list(t.members))
                                   or f"its members: {', '.join(t.members)}")
-            if member.count is not None:
-                return T.StackT(member.count, member.model)  # type: ignore[arg-type]
-            return member.tensor if member.tensor is not None else member.model  # type: ignore[return-value]
+            if member.model is not None:  # a sub-model, or a stack of them
+                return T.StackT(member.count, member.model) if member.count is not None else member.model
+            assert member.tensor is not None  # a param or a buffer
+            return member.tensor
         if t is T.UNKNOWN:
             return t
         return self.error("E0203", f"{t.show()} has no fields", node.name_span, "no field here")
@@ -452,6 +461,15 @@ class BodyChecker:
             ok = False
         return out if ok else None
 
+    def arrange_all(self, node: A.Call, names: list[str], what: str) -> list[A.Arg] | None:
+        """`arrange` where every parameter is required: each place holds its argument."""
+        args = self.arrange(node, names, what)
+        if args is None:
+            return None
+        given = [a for a in args if a is not None]
+        assert len(given) == len(args)  # a missing argument is an error of `arrange`
+        return given
+
     def check_mut(self, arg: A.Arg, param_mut: bool, param: str, what: str, callee: FnInfo | None = None) -> None:
         if arg.mut and not param_mut and callee is not None and passes_mut(callee, param):
             return  # the callee changes it without declaring it `mut`: its own E0501 says to add `mut`
@@ -464,7 +482,7 @@ class BodyChecker:
         elif param_mut:
             target = arg.value
             var = self.vars.get(target.id) if isinstance(target, A.Name) else None
-            if var is None:
+            if var is None or not isinstance(target, A.Name):
                 self.error("E0501", f"only a `mut` parameter can be changed; this is an expression",
                            arg.span, "not a mut parameter", "pass a parameter declared with `mut`")
             elif not var.mutable:
@@ -474,20 +492,20 @@ class BodyChecker:
 
     def call_fn(self, node: A.Call, fn: FnInfo) -> T.Ty:
         what = f"`{fn.name}`"
-        args = self.arrange(node, [p.name for p in fn.params], what)
+        args = self.arrange_all(node, [p.name for p in fn.params], what)
         if args is None:
             for a in node.args:
                 if not isinstance(a.value, A.Pattern):
                     self.expr(a.value)
             return T.UNKNOWN
-        arg_types = [self.axis_arg(a) if isinstance(p.ty, T.AxisArgT) else self.expr(a.value)  # type: ignore
+        arg_types = [self.axis_arg(a) if isinstance(p.ty, T.AxisArgT) else self.expr(a.expr)
                      for a, p in zip(args, fn.params)]
         for a, p in zip(args, fn.params):
-            self.check_mut(a, p.mut, p.name, what, fn)  # type: ignore[arg-type]
-        self.record_call(node, fn.kind, fn.name, [a.value for a in args])  # type: ignore[union-attr]
+            self.check_mut(a, p.mut, p.name, what, fn)
+        self.record_call(node, fn.kind, fn.name, [a.value for a in args])
         if fn.kind == "python":
             self.use("python", node.span)
-        result = self.instantiate(fn, fn.params, args, arg_types, fn.ret)  # type: ignore[arg-type]
+        result = self.instantiate(fn, fn.params, args, arg_types, fn.ret)
         self.checked.calls[id(node)].options["mapping"] = self.mapping  # read by the batch split
         if any(isinstance(p.ty, T.AxisArgT) for p in fn.params) and result is not T.UNKNOWN:
             self.axis_indices(node, fn, arg_types)
@@ -520,14 +538,15 @@ class BodyChecker:
             found[k] = index
         self.checked.calls[id(node)].options["axis_args"] = found
 
-    def record_call(self, node: A.Call, kind: str, name: str, args: list, **options: object) -> None:
+    def record_call(self, node: A.Call, kind: str, name: str, args: list[A.Expr | A.Pattern],
+                    **options: object) -> None:
         self.checked.calls[id(node)] = CallInfo(kind, name, args, dict(options))
 
     def instantiate(self, fn: FnInfo, params: list[ParamInfo], args: list[A.Arg], arg_types: list[T.Ty],
                     ret: T.Ty) -> T.Ty:
         """Bind the callee's generic dims from the arguments, check each, return the result's type."""
-        mapping: dict = {}
-        bound_by: dict = {}
+        mapping: dict[D.Dim, D.Dim] = {}
+        bound_by: dict[D.Dim, str] = {}  # each generic dim bound: the parameter that bound it
         self.mapping = mapping
         for p, a, t in zip(params, args, arg_types):
             B.bind_generics(p.ty, t, mapping, bound_by, p.name)

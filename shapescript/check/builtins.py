@@ -7,7 +7,8 @@ result's type.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ..errors import Span
 from ..syntax import ast as A
@@ -20,20 +21,13 @@ if TYPE_CHECKING:
     from .program import FnInfo, ParamInfo
 
 Rule = Callable[["BodyChecker", A.Call], T.Ty]
-RULES: dict[str, Rule] = {}
-
-
-def rule(*names: str):
-    def register(f: Rule) -> Rule:
-        for n in names:
-            RULES[n] = f
-        return f
-    return register
+RULES: dict[str, Rule] = {}  # each built-in function's, by its name: the op table's (check/ops/)
 
 
 # ---- binding generic dims at a call ----------------------------------------------------------
 
-def bind_generics(param: T.Ty, arg: T.Ty, mapping: dict, bound_by: dict, pname: str) -> None:
+def bind_generics(param: T.Ty, arg: T.Ty, mapping: dict[D.Dim, D.Dim], bound_by: dict[D.Dim, str],
+                  pname: str) -> None:
     """First pass of a call: each bare generic dim of the callee takes the argument's axis."""
     if isinstance(param, T.TensorT) and isinstance(arg, T.TensorT):
         pairs = list(zip(param.axes, arg.axes)) if param.rank == arg.rank else []
@@ -58,13 +52,13 @@ def bind_generics(param: T.Ty, arg: T.Ty, mapping: dict, bound_by: dict, pname: 
             _bind(p.size, a.size, mapping, bound_by, pname)
 
 
-def _bind(p: D.Dim, a: D.Dim, mapping: dict, bound_by: dict, pname: str) -> None:
+def _bind(p: D.Dim, a: D.Dim, mapping: dict[D.Dim, D.Dim], bound_by: dict[D.Dim, str], pname: str) -> None:
     if D.is_generic(p) and p not in mapping:
         mapping[p] = a
         bound_by[p] = pname
 
 
-def substitute(t: T.Ty, mapping: dict) -> T.Ty:
+def substitute(t: T.Ty, mapping: Mapping[D.Dim, D.Dim]) -> T.Ty:
     if isinstance(t, (T.TensorT, T.BatchT)):
         return t.subs(mapping)
     if isinstance(t, T.AxisArgT):
@@ -74,8 +68,9 @@ def substitute(t: T.Ty, mapping: dict) -> T.Ty:
     return t
 
 
-def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, t: T.Ty, mapping: dict,
-                   bound_by: dict, arg_spans: dict[str, Span] | None = None) -> bool:
+def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, t: T.Ty,
+                   mapping: Mapping[D.Dim, D.Dim], bound_by: Mapping[D.Dim, str],
+                   arg_spans: dict[str, Span] | None = None) -> bool:
     """Second pass: the argument against the parameter's type with every generic bound.
     `arg_spans`: each parameter's argument, by the parameter's name, to point at the one that bound
     a generic dim."""
@@ -87,11 +82,12 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
     if isinstance(expected, T.TensorT) and isinstance(t, T.ScalarT) and not expected.axes:
         if t.kind in ("int", "float") and (expected.is_float or t.kind == "int"):
             return True
-    if isinstance(expected, (T.TensorT, T.BatchT)) and type(t) is type(expected):
-        if isinstance(expected, T.BatchT) and expected.data is not t.data:  # type: ignore[union-attr]
+    if isinstance(expected, (T.TensorT, T.BatchT)) and isinstance(t, (T.TensorT, T.BatchT)) \
+            and type(t) is type(expected):
+        if isinstance(expected, T.BatchT) and isinstance(t, T.BatchT) and expected.data is not t.data:
             ck.error("E0401", f"{where} is {p.ty.show()}, but this is {t.show()}", span, f"this is {t.show()}")
             return False
-        e_axes, a_axes = expected.axes, t.axes  # type: ignore[union-attr]
+        e_axes, a_axes = expected.axes, t.axes
         if len(e_axes) != len(a_axes):
             ck.error("E0302", f"{where} has {len(e_axes)} axes, {p.ty.show()}, but this has {len(a_axes)}",
                      span, f"this is {t.show()}{ck.ctx.dim_note(t)}",
@@ -101,8 +97,9 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
         for k, (e, a) in enumerate(zip(e_axes, a_axes)):
             if e.same(a):
                 continue
-            raw = p.ty.axes[k]  # type: ignore[union-attr]
-            earlier = [s for s in raw.size.free_symbols if s in bound_by and bound_by[s] != p.name]
+            declared = p.ty
+            assert isinstance(declared, (T.TensorT, T.BatchT))  # `expected` is it with the generics bound
+            earlier = [s for s in D.symbols(declared.axes[k].size) if s in bound_by and bound_by[s] != p.name]
             if earlier:
                 s = earlier[0]
                 bound_at = (arg_spans or {}).get(bound_by[s])
@@ -119,8 +116,8 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
                          "dims match by name, never by size" if _same_value(ck, e, a) else "",
                          misspelled_dim(expected, t), secondary=_declared_axis(p, k))
             return False
-        if isinstance(expected, T.TensorT):
-            return _check_element(ck, where, expected, t, span)  # type: ignore[arg-type]
+        if isinstance(expected, T.TensorT) and isinstance(t, T.TensorT):
+            return _check_element(ck, where, expected, t, span)
         return True
     if isinstance(expected, T.AxisArgT) and isinstance(t, T.AxisArgT):
         if D.equal(expected.dim, t.dim):
@@ -147,7 +144,7 @@ def _declared_axis(p: "ParamInfo", k: int) -> tuple[tuple[Span, str], ...]:
     return ((written.span, f"`{p.name}` is declared {declared.show()} here"),)
 
 
-def _check_element(ck: "BodyChecker", where: str, expected: T.TensorT, t: T.TensorT, span) -> bool:
+def _check_element(ck: "BodyChecker", where: str, expected: T.TensorT, t: T.TensorT, span: Span) -> bool:
     if expected.dtype != t.dtype:
         from .bodies import cast_help  # the body checker imports this module
         ck.error("E0308", f"{where} is {expected.dtype}, but this is {t.dtype}", span,
@@ -172,7 +169,7 @@ def _same_value(ck: "BodyChecker", a: T.AxisT, b: T.AxisT) -> bool:
 
 # ---- operators -------------------------------------------------------------------------------
 
-def broadcast(ck: "BodyChecker", node: A.Node, left: T.TensorT, right: T.TensorT) -> tuple | None:
+def broadcast(ck: "BodyChecker", node: A.Node, left: T.TensorT, right: T.TensorT) -> tuple[T.AxisT, ...] | None:
     """Axes of an elementwise result. Dims match by name: the smaller operand's axes must appear,
     in order, among the larger's; the recipe says where to insert its missing axes."""
     if left.rank == right.rank and all(a.same(b) for a, b in zip(left.axes, right.axes)):
@@ -197,7 +194,8 @@ def broadcast(ck: "BodyChecker", node: A.Node, left: T.TensorT, right: T.TensorT
     return big.axes
 
 
-def placed_within(ck: "BodyChecker", node: A.Node, big: T.TensorT, small: T.TensorT, what: str) -> tuple | None:
+def placed_within(ck: "BodyChecker", node: A.Node, big: T.TensorT, small: T.TensorT, what: str
+                  ) -> tuple[str | None, ...] | None:
     """Where `small`'s axes sit in `big`'s (by name, in order): the index to lower it with ('()' when
     torch's own broadcasting places it), or None after an error."""
     if small.rank == big.rank and all(a.same(b) for a, b in zip(small.axes, big.axes)):
@@ -251,7 +249,7 @@ def matmul(ck: "BodyChecker", node: A.Node, left: T.Ty, right: T.Ty, lnode: A.No
 def tensor_arg(ck: "BodyChecker", arg: A.Arg | None, what: str, floats: bool = False) -> T.TensorT | None:
     if arg is None:
         return None
-    t = ck.expr(arg.value)
+    t = ck.expr(arg.expr)
     if isinstance(t, T.TensorT):
         ck.use("tensors", arg.span)
         if floats and not t.is_float:
@@ -292,6 +290,12 @@ def over_axis(ck: "BodyChecker", arg: A.Arg, t: T.TensorT, what: str) -> int | N
     return hits[0]
 
 
+def called_name(node: A.Call) -> str:
+    """The name a built-in was called by: the body checker looks up a rule only for a call of a name."""
+    assert isinstance(node.func, A.Name)
+    return node.func.id
+
+
 def literal_number(node: A.Node) -> int | float | None:
     """The value of a literal number, negated ones included (`-1` parses as a unary minus)."""
     if isinstance(node, (A.IntLit, A.FloatLit)):
@@ -304,7 +308,7 @@ def literal_number(node: A.Node) -> int | float | None:
 def int_arg(ck: "BodyChecker", arg: A.Arg | None, what: str) -> bool:
     if arg is None:
         return True
-    t = ck.expr(arg.value)
+    t = ck.expr(arg.expr)
     if t == T.INT or t is T.UNKNOWN:
         return True
     ck.error("E0401", f"{what} is a whole number, not {t.show()}", arg.span, f"this is {t.show()}")
@@ -315,7 +319,7 @@ def number_arg(ck: "BodyChecker", arg: A.Arg | None, what: str) -> bool:
     """A plain number (int or float), or absent; E0401 otherwise."""
     if arg is None:
         return True
-    t = ck.expr(arg.value)
+    t = ck.expr(arg.expr)
     if t in (T.INT, T.FLOAT) or t is T.UNKNOWN:
         return True
     ck.error("E0401", f"{what} is a number, not {t.show()}", arg.span, f"this is {t.show()}")
@@ -329,6 +333,6 @@ def _unused_args(ck: "BodyChecker", node: A.Call) -> T.UnknownT:
     return T.UNKNOWN
 
 
-from . import ops, rules  # noqa: E402,F401  (each registers its built-in functions' rules)
+from . import ops  # noqa: E402,F401  (registers every built-in function's rule)
 
 BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "AdamW", "Sgd", "Index", "Axis", "Grad", "Mode"}

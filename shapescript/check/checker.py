@@ -6,6 +6,7 @@ silences the errors that would follow from it) and returns a `Checked` or raises
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import sympy
@@ -13,7 +14,6 @@ import sympy
 from ..errors import CompileError, Diagnostic, Span
 from ..names import DATA_RESERVED, MODEL_RESERVED, is_reserved, reserved_text, similar
 from ..syntax import ast as A
-from ..syntax.parser import parse
 from . import dims as D
 from . import types as T
 from .constants import NotConstant, constant, derive_dims
@@ -43,8 +43,18 @@ class Context:
         self.data: dict[str, T.DataT] = {}
         self.models: dict[str, T.ModelT] = {}
         self.fns: dict[str, FnInfo] = {}
-        self.checked: Checked | None = None
+        self._checked: Checked | None = None
         self.defined: dict[str, Span] = {}
+
+    @property
+    def checked(self) -> Checked:
+        """The tables the bodies fill: made once the items are collected, before anything reads them."""
+        assert self._checked is not None, "read before the items were collected"
+        return self._checked
+
+    @checked.setter
+    def checked(self, checked: Checked) -> None:
+        self._checked = checked
 
     def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
               secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
@@ -55,21 +65,7 @@ class Context:
 
     def dim_note(self, t: T.Ty) -> str:
         """`with D = 784, C = 10` for the declared dims in a type, to say what sizes it means."""
-        if not isinstance(t, T.TensorT):
-            return ""
-        seen: dict[str, int] = {}
-        for a in t.axes:
-            for s in sorted(a.size.free_symbols, key=lambda s: s.name):
-                v = self.dim_values.get(s.name)
-                if v is not None and not D.is_generic(s):
-                    seen[s.name] = v
-        return (" with " + ", ".join(f"{k} = {v}" for k, v in seen.items())) if seen else ""
-
-
-def check_source(source: str, file: str = "<input>", devices: DeviceSet | None = None,
-                 dims: dict[str, int] | None = None) -> Checked:
-    program = parse(source, file)
-    return check_program(program, file, devices, dims)
+        return T.dims_note(t, self.dim_values)
 
 
 def check_program(program: A.Program, file: str, devices: DeviceSet | None = None,
@@ -90,7 +86,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
             place(ctx)
         if not ctx.diagnostics and checked.device_set.count > 1:
             from .split import split_batches
-            split_batches(ctx)
+            checked = dataclasses.replace(checked, split=split_batches(ctx))
     if ctx.diagnostics:
         ctx.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))
         raise CompileError(ctx.diagnostics, program.source)
@@ -111,13 +107,13 @@ def collect(ctx: Context) -> DeviceSet:
     if ctx.device_override is not None:
         device_set = ctx.device_override
     dims = [i for i in items if isinstance(i, A.Dim) and define(ctx, i.name, i.name_span, "dim")]
-    for item in dims:
-        value = ctx.dim_override.get(item.name, item.value) if item.expr is None else None
+    for dim in dims:
+        value = ctx.dim_override.get(dim.name, dim.value) if dim.expr is None else None
         if value is not None and value <= 0:
-            ctx.error("E0310", f"dim `{item.name}` must be a positive size, not {value}",
-                      item.span, "not a size", f"pass `--dim {item.name}=SIZE` with a SIZE of 1 or more"
-                      if item.name in ctx.dim_override else f"give `{item.name}` a size of 1 or more")
-        ctx.dim_values[item.name] = value  # a derived dim's, once its parts' are known
+            ctx.error("E0310", f"dim `{dim.name}` must be a positive size, not {value}",
+                      dim.span, "not a size", f"pass `--dim {dim.name}=SIZE` with a SIZE of 1 or more"
+                      if dim.name in ctx.dim_override else f"give `{dim.name}` a size of 1 or more")
+        ctx.dim_values[dim.name] = value  # a derived dim's, once its parts' are known
     derive_dims(ctx, dims)
     for name in ctx.dim_override:
         if name not in ctx.dim_values:
@@ -334,10 +330,10 @@ def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
     if isinstance(node, A.Extern) and not _PYTHON_TARGET.match(node.target):
         ctx.error("E0205", f'"{node.target}" isn\'t the name of a Python function', node.target_span,
                   "expected module.function", 'write it as "package.module.function"')
-    for p in params:
-        if isinstance(p.ty, T.AxisArgT) and kind != "extern":
+    for info in params:
+        if isinstance(info.ty, T.AxisArgT) and kind != "extern":
             ctx.error("E0401", f"an `Axis[...]` parameter belongs to an extern fn, not to a {kind} fn",
-                      p.node.type.span, "not allowed here", "use `over=` with the built-in operations")
+                      info.node.type.span, "not allowed here", "use `over=` with the built-in operations")
     return FnInfo(node.name, kind, node, params, ret, generics)
 
 
@@ -421,28 +417,31 @@ def describe_names(ctx: Context, wrapper: str) -> str:
     return f"{kind}: {', '.join(names)}" if names else f"no {kind}"
 
 
-def index_bound(ctx: Context, node: A.NamedType, generics, allow_generic, what) -> D.Dim | None:
+def index_bound(ctx: Context, node: A.NamedType, generics: dict[str, D.Dim], allow_generic: bool,
+                what: str) -> D.Dim | None:
     arg = node.args[0] if len(node.args) == 1 else None
     if arg is None or isinstance(arg, A.ShapeType) or (isinstance(arg, A.NamedType) and arg.args):
         ctx.error("E0204", f"`{node.name}` takes one dim, as `{node.name}[C]`", node.span, f"expected {node.name}[C]")
         return None
-    arg = node.args[0]
     if isinstance(arg, A.NamedType):
         arg = A.DimName(arg.span, arg.name)
     return resolve_dim(ctx, arg, generics, allow_generic, what)
 
 
-def resolve_axis(ctx: Context, node: A.Axis, generics, allow_generic, what) -> T.AxisT | None:
+def resolve_axis(ctx: Context, node: A.Axis, generics: dict[str, D.Dim], allow_generic: bool,
+                 what: str) -> T.AxisT | None:
     if isinstance(node, A.GroupAxis):
-        parts = [resolve_dim(ctx, p, generics, allow_generic, what) for p in node.parts]
-        if any(p is None for p in parts):
+        resolved = [resolve_dim(ctx, p, generics, allow_generic, what) for p in node.parts]
+        parts = tuple(p for p in resolved if p is not None)
+        if len(parts) != len(resolved):
             return None
-        return T.group(tuple(parts))  # type: ignore[arg-type]
+        return T.group(parts)
     d = resolve_dim(ctx, node, generics, allow_generic, what)
     return T.axis(d) if d is not None else None
 
 
-def resolve_dim(ctx: Context, node: A.DimExpr, generics, allow_generic: bool, what: str) -> D.Dim | None:
+def resolve_dim(ctx: Context, node: A.DimExpr, generics: dict[str, D.Dim], allow_generic: bool,
+                what: str) -> D.Dim | None:
     if isinstance(node, A.DimInt):
         if node.value <= 0:
             ctx.error("E0310", f"a dim must be a positive size, not {node.value}", node.span, "not a size")
@@ -481,8 +480,8 @@ def resolve_dim(ctx: Context, node: A.DimExpr, generics, allow_generic: bool, wh
     return result
 
 
-def _declared(d: D.Dim) -> set:
-    return {s for s in d.free_symbols if not D.is_generic(s)}
+def _declared(d: D.Dim) -> set[sympy.Symbol]:
+    return {s for s in D.symbols(d) if not D.is_generic(s)}
 
 
 def show_type_expr(node: A.TypeExpr) -> str:
@@ -495,8 +494,8 @@ def misspelled_dim(expected: T.Ty, actual: T.Ty) -> str:
     if not (isinstance(expected, T.TensorT) and isinstance(actual, T.TensorT)):
         return ""
     for e, a in zip(expected.axes, actual.axes):
-        sizes = (e.size, a.size)
-        if e.same(a) or not all(isinstance(d, sympy.Symbol) for d in sizes):
+        sizes = [d for d in (e.size, a.size) if isinstance(d, sympy.Symbol)]
+        if e.same(a) or len(sizes) != 2:  # two dims of a name each
             continue
         generic = [d for d in sizes if D.is_generic(d)]
         fixed = [d for d in sizes if not D.is_generic(d)]

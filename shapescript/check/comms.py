@@ -173,10 +173,9 @@ class _Builder:
     def _batch_size(self) -> tuple[int | None, Span | None]:
         for node in iter_nodes(self.c.program):
             info = self.c.calls.get(id(node))
-            if info is not None and info.kind == "builtin" and info.name == "batches" and len(info.args) > 1:
-                n = info.args[1]
-                if isinstance(n, A.IntLit):
-                    return n.value, node.span
+            size = info.options.get("batch_size") if info is not None and info.kind == "builtin" else None
+            if isinstance(size, int):  # `batches(n)` with n written as a number
+                return size, node.span
         return None, None
 
     def _differentiated(self) -> set[str]:
@@ -232,20 +231,25 @@ class _Builder:
                                differentiated=differentiated or info.kind == "grad")
 
     def collective(self, fn: FnInfo, node: A.Node) -> Collective | None:
-        across = self.c.recipes.get(id(node), {}).get("across")
+        across = self.c.split.across.get(id(node))
         if not across:
             return None
         result = self.c.types.get(id(node))
         info = self.c.calls.get(id(node))
         op = OPS.get(info.name) if info is not None and info.kind == "builtin" else None
-        if op is not None and op.across.payload is not None:  # the op table says what it sends
+        if op is not None and op.across.payload is not None and info is not None:  # the op table says what it sends
             types = self.c.types
-            view = CallView(info.options, tuple(types.get(id(a)) for a in info.args), result,  # type: ignore[union-attr]
-                            lambda t: split_axes(fn, t) if t is not None else [], lambda size: False)
+            dims = self.split_dims(fn)
+            view = CallView(info.options, tuple(types.get(id(a)) for a in info.args), result,
+                            lambda t: split_axes(dims, t) if t is not None else [], lambda size: False)
             sent = op.across.payload(view)
             return self._make(fn, node, sent.what, sent.values, sent.dtype)
         assert isinstance(result, T.TensorT)  # `@`, einsum, reduce: every device's partial product, summed
         return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), result.dtype)
+
+    def split_dims(self, fn: FnInfo) -> frozenset:
+        split = self.c.split_of(fn.name)
+        return split.dims if split is not None else frozenset()
 
     def _make(self, fn: FnInfo, node: A.Node, what: str, values: sympy.Expr, dtype: str) -> Collective:
         return Collective("all-reduce", what, fn.name, node.span, self.size(values), dtype)
@@ -300,7 +304,8 @@ class _Builder:
         axes, per_example = value_axes(ty)
         if axes is None:
             return Layout(name, fn.name, span, shown, "controller" if fn.placement == "controller" else "whole")
-        split = [a for a in axes if a.size in fn.split] if self.count > 1 else []
+        dims = self.split_dims(fn)
+        split = [a for a in axes if a.size in dims] if self.count > 1 else []
         whole = sympy.Mul(*(a.size for a in axes)) * per_example
         if isinstance(ty, T.BatchT) and (split or fn.placement == "controller"):
             first = ty.axes[0]

@@ -64,7 +64,8 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
     if table.count == 1:
         return f"{head}, on {table.devices}" + (f": {bytes_text(v.bytes)}" if v.bytes is not None else "")
     if v.kind == "model":
-        return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"  # type: ignore
+        assert v.bytes is not None  # a model's size is always known
+        return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"
     if v.kind == "optimizer":
         state = f": {bytes_text(v.bytes)} of state each (two moments per param value)" if v.bytes is not None else ""
         return f"{head}, on every device, beside each copy of the model{state}"

@@ -70,9 +70,9 @@ def derive_dims(ctx: "Context", items: list[A.Dim]) -> None:
 def _define(ctx: "Context", node: A.Dim) -> bool:
     assert node.expr is not None
     written = _sympy(node.expr)
-    definition = sympy.expand(written.xreplace({s: ctx.derived[s.name] for s in written.free_symbols
+    definition = sympy.expand(written.xreplace({s: ctx.derived[s.name] for s in D.symbols(written)
                                                 if s.name in ctx.derived}))
-    known = {s: ctx.dim_values[s.name] for s in definition.free_symbols if ctx.dim_values.get(s.name) is not None}
+    known = {s: ctx.dim_values[s.name] for s in D.symbols(definition) if ctx.dim_values.get(s.name) is not None}
     size = sympy.sympify(definition.xreplace(known))
     if size.is_number and (not size.is_integer or size <= 0):
         given = ", ".join(f"{s.name} = {v}" for s, v in sorted(known.items(), key=lambda kv: kv[0].name))

@@ -14,14 +14,15 @@ the program passed to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TypeAlias
 
 import sympy
 from sympy.printing.str import StrPrinter
 
-Dim = sympy.Expr
+Dim: TypeAlias = sympy.Expr
 
 
 def declared(name: str) -> sympy.Symbol:
@@ -36,8 +37,14 @@ def literal(value: int) -> sympy.Integer:
     return sympy.Integer(value)
 
 
-def is_generic(d: Dim) -> bool:
+def is_generic(d: sympy.Basic) -> bool:
     return isinstance(d, sympy.Dummy)
+
+
+def symbols(d: Dim) -> list[sympy.Symbol]:
+    """The dims `d` is made of, in sympy's order of its free symbols (each one a Symbol: declared,
+    or a generic Dummy)."""
+    return [s for s in d.free_symbols if isinstance(s, sympy.Symbol)]
 
 
 _DERIVED: ContextVar[dict[str, Dim]] = ContextVar("derived_dims", default={})
@@ -59,7 +66,7 @@ def expand_derived(d: Dim) -> Dim:
     definitions = _DERIVED.get()
     if not definitions:
         return d
-    mapping = {s: definitions[s.name] for s in d.free_symbols
+    mapping = {s: definitions[s.name] for s in symbols(d)
                if s.name in definitions and not isinstance(s, sympy.Dummy)}
     return d.xreplace(mapping) if mapping else d
 
@@ -77,19 +84,20 @@ def equal(a: Dim, b: Dim) -> bool:
     return bool(sympy.expand(a) == sympy.expand(b))
 
 
-def substitute(d: Dim, mapping: dict) -> Dim:
+def substitute(d: Dim, mapping: Mapping[Dim, Dim]) -> Dim:
     return d.xreplace(mapping) if mapping else d
 
 
-def value(d: Dim, values: dict[str, int]) -> int | None:
+def value(d: Dim, values: Mapping[str, int | None]) -> int | None:
     """The size when every symbol in `d` has a value, else None."""
     if isinstance(d, sympy.Integer):
         return int(d)
     subs = {}
-    for s in d.free_symbols:
-        if values.get(s.name) is None or isinstance(s, sympy.Dummy):
+    for s in symbols(d):
+        size = values.get(s.name)
+        if size is None or isinstance(s, sympy.Dummy):
             return None
-        subs[s] = values[s.name]
+        subs[s] = size
     v = sympy.sympify(d.xreplace(subs))
     return int(v) if v.is_Integer else None
 
@@ -115,4 +123,4 @@ def show(d: Dim) -> str:
 
 
 def names(d: Dim) -> set[str]:
-    return {s.name for s in d.free_symbols}
+    return {s.name for s in symbols(d)}

@@ -139,9 +139,9 @@ def _split(ck: "BodyChecker", ax: A.PatAxis, members: list[A.PatAxis], axis: T.A
     if any(m.size is not None and m.size <= 0 for m in members):
         raise PatternError("a part's size must be positive", ax, "not a size")
     if unknown:
-        given[unknown[0]] = sympy.simplify(axis.size / product)
-        inferred = sympy.sympify(given[unknown[0]].xreplace(
-            {s: v for s in given[unknown[0]].free_symbols if (v := ck.ctx.dim_values.get(s.name)) is not None}))
+        part = given[unknown[0]] = sympy.simplify(axis.size / product)
+        inferred = sympy.sympify(part.xreplace(
+            {s: v for s in D.symbols(part) if (v := ck.ctx.dim_values.get(s.name)) is not None}))
         if inferred.is_number and (not inferred.is_integer or inferred <= 0):
             raise PatternError(f"{axis.show()} doesn't split evenly into this group: a part would be {inferred}",
                                ax, "doesn't divide")
@@ -201,23 +201,24 @@ def _flat_parts(atom: Atom) -> D.Dim:
     return atom.size
 
 
-def lower_recipe(lhs: Side, rhs: Side, keep: list[int], node: A.Node, values: dict[str, int | None]) -> dict:
+def lower_recipe(lhs: Side, rhs: Side, keep: list[int], node: A.Node, values: dict[str, int | None]
+                 ) -> dict[str, object]:
     """How to get from the operand to the result: split its axes into atoms, permute the atoms
     that survive (`keep`, in the right side's order), and merge them into the result's axes.
 
     A split size is an int, ("axis", k) for the size of the operand's k-th axis, or -1 for the one
     part of a group left to be inferred; everything else is known at compile time.
     """
-    whole = {}
+    whole: dict[D.Dim, int] = {}  # the size of an operand axis that is one atom -> its index
     for k, group in enumerate(lhs.groups):
         if len(group) == 1:
             whole.setdefault(lhs.atoms[group[0]].size, k)
-    split = []
+    split: list[tuple[int | tuple[str, int], ...] | None] = []
     for group in lhs.groups:
         if len(group) == 1:
             split.append(None)
             continue
-        sizes: list = []
+        sizes: list[int | tuple[str, int]] = []
         for k in group:
             size = lhs.atoms[k].size
             value = D.value(size, values)

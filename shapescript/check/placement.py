@@ -72,7 +72,11 @@ def report_device_work(ctx: Context, fn: FnInfo) -> None:
                       "and call it from the loop")
         return
     thing = MOVABLE_USES[use] if use is not None else f"the call of `{callee}`"
-    span = fn.uses[use] if use is not None else fn.calls[callee]  # type: ignore[index]
+    if use is not None:
+        span = fn.uses[use]
+    else:
+        assert callee is not None  # one of the two, or the loop above returned
+        span = fn.calls[callee]
     reason = (f"{CONTROLLER_USES[use]}, so it runs in the controller" if use is not None
               else f"calls `{callee}`, which runs in the controller")
     notes = tuple(f"`{what}` at {where} is device work, which runs on the workers" for what, where in fn.device_work)

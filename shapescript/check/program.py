@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..devices import DeviceSet
 from ..errors import Span
@@ -38,11 +40,6 @@ class FnInfo:
     uses: dict[str, Span] = field(default_factory=dict)
     device_work: list[tuple[str, Span]] = field(default_factory=list)  # value_and_grad, update
     calls: dict[str, Span] = field(default_factory=dict)  # user functions it calls
-    # On several devices (check/split.py): the generic dims that are the batch axis here, and where
-    # each parameter and the result have it (None: whole on every device).
-    split: set = field(default_factory=set)
-    split_params: list[int | None] = field(default_factory=list)
-    split_result: int | None = None
 
     @property
     def span(self) -> Span:
@@ -58,7 +55,28 @@ class CallInfo:
     options: dict[str, object] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
+class BatchSplit:
+    """How a function on the workers takes the batch (check/split.py): which generic dims are split
+    across the devices, and the split axis of each parameter and of the result (None: whole)."""
+    dims: frozenset[Any]
+    params: tuple[int | None, ...]
+    result: int | None
+
+
+@dataclass(frozen=True)
+class SplitFacts:
+    """What the batch split found: each function's split, the operations whose devices' results
+    combine (by node: how), and the options a call takes when its operand is split."""
+    fns: Mapping[str, BatchSplit]
+    across: Mapping[int, str]
+    options: Mapping[int, Mapping[str, Any]]
+
+
+NO_SPLIT = SplitFacts({}, {}, {})
+
+
+@dataclass(frozen=True)
 class Checked:
     program: A.Program
     file: str
@@ -71,16 +89,18 @@ class Checked:
     types: dict[int, Ty] = field(default_factory=dict)  # id(expr) -> type
     calls: dict[int, CallInfo] = field(default_factory=dict)  # id(call) -> resolution
     recipes: dict[int, dict] = field(default_factory=dict)  # id(expr) -> how to lower it
-    _table: object = field(default=None, repr=False)
+    split: SplitFacts = NO_SPLIT  # on several devices, what the batch split found
 
-    @property
+    @functools.cached_property
     def devices(self) -> "DeviceTable":
         """How values are laid out over the devices and what every line sends between them (worked
         out when first asked for: a one-device build never needs it)."""
-        if self._table is None:
-            from .comms import DeviceTable
-            self._table = DeviceTable.of(self)
-        return self._table  # type: ignore[return-value]
+        from .comms import DeviceTable
+        return DeviceTable.of(self)
+
+    def split_of(self, fn: str) -> BatchSplit | None:
+        """How function `fn` takes the batch on several devices (None: it isn't split)."""
+        return self.split.fns.get(fn)
 
     def type_of(self, node: A.Node) -> Ty:
         return self.types[id(node)]

@@ -12,7 +12,7 @@ call or at none (E1804), and Python calls never get split data (E1901).
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..errors import Span
 from ..syntax import ast as A
@@ -20,8 +20,9 @@ from . import dims as D
 from . import types as T
 from .checker import Context
 from .ops.table import OPS, PARTIAL, CallView
-from .program import CallInfo, FnInfo
+from .program import BatchSplit, CallInfo, FnInfo, SplitFacts
 
+SplitDims = set[Any]  # a function's generic dims that are the batch axis
 
 
 def iter_nodes(node: A.Node) -> Iterator[A.Node]:
@@ -39,27 +40,29 @@ def iter_nodes(node: A.Node) -> Iterator[A.Node]:
                 yield from iter_nodes(item)
 
 
-def split_batches(ctx: Context) -> None:
+def split_batches(ctx: Context) -> SplitFacts:
+    """The pass: each function's split, and each operation's combining across the devices."""
     checked = ctx.checked
     assert checked is not None
     fns = [f for f in ctx.fns.values() if f.kind == "fn"]
-    for fn in fns:
-        fn.split = seeds(ctx, fn)
-    propagate(ctx, fns)
+    dims = {fn.name: seeds(ctx, fn) for fn in fns}
+    propagate(ctx, fns, dims)
+    across: dict[int, str] = {}
+    options: dict[int, dict[str, Any]] = {}
     for fn in fns:
         if fn.placement == "workers":
-            Classifier(ctx, fn).run()
+            Classifier(ctx, fn, dims[fn.name], across, options).run()
         elif fn.placement == "controller":
-            python_calls(ctx, fn)
-        layout(fn)
+            python_calls(ctx, fn, dims[fn.name])
+    return SplitFacts({fn.name: layout(fn, dims[fn.name]) for fn in fns}, across, options)
 
 
-def seeds(ctx: Context, fn: FnInfo) -> set:
+def seeds(ctx: Context, fn: FnInfo) -> SplitDims:
     """The batch axes a function has by its own types: its batches' and its loops' batches'."""
-    out: set = set()
+    out: SplitDims = set()
     batches = [p.ty for p in fn.params if isinstance(p.ty, T.BatchT)]
     batches += [t for node in iter_nodes(fn.node) if isinstance(node, A.For)
-                for t in [ctx.checked.types.get(id(node.var))] if isinstance(t, T.BatchT)]  # type: ignore
+                for t in [ctx.checked.types.get(id(node.var))] if isinstance(t, T.BatchT)]
     for t in batches:
         for axis in t.axes[:1]:
             if D.is_generic(axis.size):
@@ -67,7 +70,7 @@ def seeds(ctx: Context, fn: FnInfo) -> set:
             elif fn.placement != "controller":
                 node = next(p.node for p in fn.params if p.ty is t)
                 ctx.error("E1802", f"a batch of a fixed size, {t.show()}, can't be split across "
-                          f"{ctx.checked.device_set.count} devices", node.span, "a fixed batch size",  # type: ignore
+                          f"{ctx.checked.device_set.count} devices", node.span, "a fixed batch size",
                           "give the batch a generic size, as `[b] Digit`")
     return out
 
@@ -77,12 +80,14 @@ def call_sites(ctx: Context, fns: list[FnInfo]) -> Iterator[tuple[FnInfo, A.Call
     by_name = {f.name: f for f in fns}
     for fn in fns:
         for node in iter_nodes(fn.node):
-            info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None  # type: ignore
+            info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None
             if info is not None and info.kind in ("fn", "grad") and info.name in by_name:
-                yield fn, node, by_name[info.name], info.options.get("mapping", {})  # type: ignore[misc]
+                mapping = info.options.get("mapping", {})
+                assert isinstance(node, A.Call) and isinstance(mapping, dict)
+                yield fn, node, by_name[info.name], mapping
 
 
-def propagate(ctx: Context, fns: list[FnInfo]) -> None:
+def propagate(ctx: Context, fns: list[FnInfo], dims: dict[str, SplitDims]) -> None:
     """Carry the split into the functions that split values are passed to, to a fixed point; then
     every call must agree with the callee's split (E1804)."""
     changed = True
@@ -90,21 +95,22 @@ def propagate(ctx: Context, fns: list[FnInfo]) -> None:
         changed = False
         for caller, _, callee, mapping in call_sites(ctx, fns):
             for generic, dim in mapping.items():
-                if dim in caller.split and generic not in callee.split:
-                    callee.split.add(generic)
+                if dim in dims[caller.name] and generic not in dims[callee.name]:
+                    dims[callee.name].add(generic)
                     changed = True
     first_split: dict[tuple[str, object], Span] = {}
     sites = list(call_sites(ctx, fns))
     for caller, node, callee, mapping in sites:
         for generic, dim in mapping.items():
-            if dim in caller.split:
+            if dim in dims[caller.name]:
                 first_split.setdefault((callee.name, generic), node.span)
     reported: set = set()
     for caller, node, callee, mapping in sites:
         for generic, dim in mapping.items():
             key = (callee.name, generic)
-            if dim in caller.split or generic not in callee.split:
-                if dim not in caller.split and any(s in caller.split for s in dim.free_symbols):
+            caller_dims = dims[caller.name]
+            if dim in caller_dims or generic not in dims[callee.name]:
+                if dim not in caller_dims and any(s in caller_dims for s in dim.free_symbols):
                     ctx.error("E1802", f"the batch axis as part of {D.show(dim)} can't stay split", node.span,
                               "the batch axis in arithmetic", "keep the batch axis apart")
                 continue
@@ -119,25 +125,28 @@ def propagate(ctx: Context, fns: list[FnInfo]) -> None:
                       "call a function of its own for whole values")
 
 
-def split_axes(fn: FnInfo, t: T.Ty) -> list[int]:
+def split_axes(dims: SplitDims | frozenset[Any], t: T.Ty) -> list[int]:
+    """The axes of a value of type `t` that are split, in a function whose split dims are `dims`."""
     axes = t.axes if isinstance(t, (T.TensorT, T.BatchT)) else ()
-    return [k for k, a in enumerate(axes) if a.size in fn.split]
+    return [k for k, a in enumerate(axes) if a.size in dims]
 
 
-def layout(fn: FnInfo) -> None:
-    fn.split_params = [(split_axes(fn, p.ty) or [None])[0] for p in fn.params]
-    fn.split_result = (split_axes(fn, fn.ret) or [None])[0]
+def layout(fn: FnInfo, dims: SplitDims) -> BatchSplit:
+    def first(t: T.Ty) -> int | None:
+        axes = split_axes(dims, t)
+        return axes[0] if axes else None
+    return BatchSplit(frozenset(dims), tuple(first(p.ty) for p in fn.params), first(fn.ret))
 
 
-def python_calls(ctx: Context, fn: FnInfo) -> None:
+def python_calls(ctx: Context, fn: FnInfo, dims: SplitDims) -> None:
     """E1901: a Python call in the controller given a batch, or a value with its batch axis."""
     for node in iter_nodes(fn.node):
-        info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None  # type: ignore
+        info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None
         if info is None or info.kind != "python":
             continue
         for arg in info.args:
-            t = ctx.checked.types.get(id(arg))  # type: ignore
-            if isinstance(t, T.BatchT) or (t is not None and split_axes(fn, t)):
+            t = ctx.checked.types.get(id(arg))
+            if isinstance(t, T.BatchT) or (t is not None and split_axes(dims, t)):
                 ctx.error("E1901", f"the Python function `{info.name}` would get split data: every device's "
                           f"part would have to come through the controller at each step", arg.span,
                           f"this is {t.show()}, split across the devices",
@@ -148,15 +157,16 @@ def python_calls(ctx: Context, fn: FnInfo) -> None:
 class Classifier:
     """Marks each operation of a function on the workers that works across the batch axis."""
 
-    def __init__(self, ctx: Context, fn: FnInfo) -> None:
-        self.ctx, self.fn, self.checked = ctx, fn, ctx.checked
-        self.n = ctx.checked.device_set.count  # type: ignore[union-attr]
+    def __init__(self, ctx: Context, fn: FnInfo, dims: SplitDims, across: dict[int, str],
+                 options: dict[int, dict[str, Any]]) -> None:
+        self.ctx, self.fn, self.checked, self.dims = ctx, fn, ctx.checked, dims
+        self.marks, self.options = across, options  # what the pass finds, by node
 
     def error(self, code: str, message: str, span: Span, label: str, *help: str) -> None:
         self.ctx.error(code, message, span, label, *help)
 
     def run(self) -> None:
-        if not self.fn.split:
+        if not self.dims:
             return
         for node in iter_nodes(self.fn.node):
             t = self.checked.types.get(id(node))
@@ -170,9 +180,9 @@ class Classifier:
                 self.call(node)
 
     def check_type(self, node: A.Node, t: T.TensorT) -> None:
-        split = [a for a in t.axes if a.size in self.fn.split]
-        grouped = [a for a in t.axes if a.size not in self.fn.split
-                   and any(s in self.fn.split for s in a.size.free_symbols)]
+        split = [a for a in t.axes if a.size in self.dims]
+        grouped = [a for a in t.axes if a.size not in self.dims
+                   and any(s in self.dims for s in a.size.free_symbols)]
         if grouped:
             self.error("E1802", f"the batch axis is grouped with another in {t.show()}, so it can't stay split "
                        f"across the devices", node.span, f"this is {t.show()}",
@@ -183,15 +193,15 @@ class Classifier:
 
     def size_of_batch(self, node: A.Name) -> None:
         dim = self.fn.generics.get(node.id)
-        if dim is not None and dim in self.fn.split:
+        if dim is not None and dim in self.dims:
             self.error("E1802", f"`{node.id}`, the batch's size, as a number would be each device's part's size",
                        node.span, "the batch's size", "use mean rather than a sum divided by the batch's size")
 
     def split_positions(self, t: T.Ty | None) -> list[int]:
-        return split_axes(self.fn, t) if t is not None else []
+        return split_axes(self.dims, t) if t is not None else []
 
     def mark(self, node: A.Node, kind: str) -> None:
-        self.checked.recipes.setdefault(id(node), {})["across"] = kind
+        self.marks[id(node)] = kind
 
     def across(self, node: A.Node, what: str) -> None:
         self.error("E1801", f"{what} across the batch axis has no lowering for several devices", node.span,
@@ -201,7 +211,7 @@ class Classifier:
 
     def contraction(self, node: A.Node, left: A.Node) -> None:
         t = self.checked.types.get(id(left))
-        if isinstance(t, T.TensorT) and t.rank and t.axes[-1].size in self.fn.split:
+        if isinstance(t, T.TensorT) and t.rank and t.axes[-1].size in self.dims:
             self.mark(node, PARTIAL)
 
     def call(self, node: A.Call) -> None:
@@ -220,7 +230,7 @@ class Classifier:
             else:
                 self.mark(node, kind)
         if across.split_options is not None:
-            info.options.update(across.split_options(view))
+            self.options[id(node)] = dict(across.split_options(view))
 
     def view(self, node: A.Call, info: CallInfo) -> CallView:
         types = self.checked.types
@@ -232,8 +242,8 @@ class Classifier:
         batch axis, it would see only each device's part of it."""
         for arg in info.args:
             t = self.checked.types.get(id(arg))
-            if isinstance(t, T.AxisArgT) and (t.dim in self.fn.split
-                                               or any(s in self.fn.split for s in t.dim.free_symbols)):
+            if isinstance(t, T.AxisArgT) and (t.dim in self.dims
+                                               or any(s in self.dims for s in t.dim.free_symbols)):
                 self.error("E1801", f"`{info.name}` along the batch axis has no lowering for several devices: "
                            f"each device would see only its part of the batch", arg.span,
                            "the batch axis, split across the devices",
@@ -244,4 +254,6 @@ class Classifier:
         p = next(p for p in self.fn.params if p.name == param)
         if axis == "size":
             return True
-        return p.ty.axes[axis].size in self.fn.split  # type: ignore[union-attr]
+        t = p.ty
+        assert isinstance(t, (T.TensorT, T.BatchT)) and isinstance(axis, int)
+        return t.axes[axis].size in self.dims

@@ -3,6 +3,7 @@ its dtype, and for `Index[C]` the bound its values lie under."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..dtypes import DTYPES, FLOAT_DTYPES, INT_DTYPES  # noqa: F401  (the checker's names for them)
@@ -28,7 +29,7 @@ class AxisT:
     def same(self, other: "AxisT") -> bool:
         return D.equal(self.size, other.size)
 
-    def subs(self, mapping: dict) -> "AxisT":
+    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> "AxisT":
         if not mapping:
             return self
         parts = tuple(D.substitute(p, mapping) for p in self.parts) if self.parts else None
@@ -73,7 +74,7 @@ class TensorT(Ty):
     def with_axes(self, axes: tuple[AxisT, ...]) -> "TensorT":
         return TensorT(tuple(axes), self.dtype, self.index)
 
-    def subs(self, mapping: dict) -> "TensorT":
+    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> "TensorT":
         if not mapping:
             return self
         index = D.substitute(self.index, mapping) if self.index is not None else None
@@ -112,7 +113,7 @@ class BatchT(Ty):
             t = t.subs({g: own[n] for n, g in self.data.generics.items() if n in own})
         return t.with_axes(self.axes + t.axes)
 
-    def subs(self, mapping: dict) -> "BatchT":
+    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> "BatchT":
         padded = tuple((n, D.substitute(d, mapping)) for n, d in self.padded)
         return BatchT(tuple(a.subs(mapping) for a in self.axes), self.data, padded)
 
@@ -187,7 +188,7 @@ class DatasetT(Ty):
 class BatchesT(Ty):
     """What `batches(n)` gives: an iterable of `[b] T` with a fresh `b` per loop."""
     data: DataT
-    size: int | None
+    size: int | float | None  # the literal size, if given (a float one is an error, E0401)
 
     def show(self) -> str:
         return f"Batches[{self.data.name}]"
@@ -254,3 +255,17 @@ LOGS = NamedT("Logs")
 
 def scalar_tensor(dtype: str = "f32") -> TensorT:
     return TensorT((), dtype)
+
+
+def dims_note(t: Ty, values: Mapping[str, int | None]) -> str:
+    """`with D = 784, C = 10`: the declared dims in a tensor type with their sizes, to say what
+    sizes it means (in a diagnostic, and in the guards' run-time errors)."""
+    if not isinstance(t, TensorT):
+        return ""
+    seen: dict[str, int] = {}
+    for a in t.axes:
+        for s in sorted(D.symbols(a.size), key=lambda s: s.name):
+            v = values.get(s.name)
+            if v is not None and not D.is_generic(s):
+                seen[s.name] = v
+    return (" with " + ", ".join(f"{k} = {v}" for k, v in seen.items())) if seen else ""

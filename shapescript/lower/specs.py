@@ -17,6 +17,11 @@ from .text import literal
 TORCH_DTYPES = {name: f"torch.{e.torch}" for name, e in ELEMENTS.items()}  # as the module writes them
 
 
+def spec_var(name: str) -> str:
+    """The module's variable holding a data or model type's spec (a .ss name is an identifier)."""
+    return f"{name}_spec"
+
+
 def axis_sizes(c: Checked, t: T.TensorT, fixed: bool) -> list[tuple[str, int | None]]:
     out = []
     for a in t.axes:

@@ -8,58 +8,64 @@ batches (`loop`: each batch's own dims forgotten before the next).
 
 from __future__ import annotations
 
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
 import sympy
 
 from ..check import dims as D
 from ..check import types as T
-from ..check.program import Checked, FnInfo
-from ..syntax import ast as A
+from ..check.program import Checked
+from ..errors import Span
 from .guards import _formula
 from .text import literal
+
+if TYPE_CHECKING:
+    from ..ir.nodes import Param
 
 FRAME = "_types"  # the frame's local; user names starting with `_` are renamed, so none meets it
 MODULE = "_tc"  # runtime/typecheck.py, as the module imports it
 IMPORT = f"from shapescript.runtime import typecheck as {MODULE}"
 
 
-def dim_key(d: sympy.Dummy) -> str:
-    """A generic dim's key in a frame: its name and which dim of that name (two loops' `b`s differ)."""
-    return f"{d.name}#{d.dummy_index}"
-
-
 class TypeChecks:
     def __init__(self, checked: Checked) -> None:
         self.c = checked
         self.lines = checked.source.split("\n")
+        self.numbers: dict[sympy.Dummy, int] = {}  # each generic dim's number, in the order first met
+
+    def dim_key(self, d: sympy.Dummy) -> str:
+        """A generic dim's key in a frame: its name and which dim of that name (two loops' `b`s
+        differ), numbered in the module's order so that a build prints the same text every time."""
+        return f"{d.name}#{self.numbers.setdefault(d, len(self.numbers) + 1)}"
 
     # ---- what codegen calls ---------------------------------------------------------------------
 
-    def wrap(self, node: A.Expr, text: str) -> str:
-        """`text`, the code of `node`, checked against `node`'s type when that type is checkable."""
-        t = self.c.types.get(id(node))
-        spec = self.spec(t) if t is not None else None
+    def wrap(self, ty: T.Ty, span: Span, text: str) -> str:
+        """`text`, the code of an expression, checked against its type when that type is checkable."""
+        spec = self.spec(ty)
         if spec is None:
             return text
-        return f"{MODULE}.expect({text}, {literal(spec)}, {literal(self.where(node))}, {FRAME})"
+        return f"{MODULE}.expect({text}, {literal(spec)}, {literal(self.where(span))}, {FRAME})"
 
-    def prologue(self, fn: FnInfo, names: list[str]) -> list[str]:
+    def prologue(self, params: tuple[Param, ...], names: list[str]) -> list[str]:
         """A function's first lines: its frame, then each parameter (`names`: as Python names them)
         checked, binding the generic dims it has."""
         lines = [f"{FRAME} = {MODULE}.Frame()"]
-        for p, name in zip(fn.params, names):
+        for p, name in zip(params, names):
             spec = self.spec(p.ty)
             if spec is not None:
-                where = (str(p.node.span), f"parameter {p.name}")
+                where = (str(p.span), f"parameter {p.name}")
                 lines.append(f"{MODULE}.expect({name}, {literal(spec)}, {literal(where)}, {FRAME})")
         return lines
 
-    def loop(self, s: A.For, iterable: str) -> str:
-        """A loop over batches: each batch's own dims (its `b`, the lengths it pads to) are new."""
-        t = self.c.types.get(id(s.var))
+    def loop(self, t: T.Ty, iterable: str) -> str:
+        """A loop over batches (`t`: the loop variable's type): each batch's own dims (its `b`, the
+        lengths it pads to) are new."""
         if not isinstance(t, T.BatchT):
             return iterable
-        keys = tuple(dim_key(d) for a in t.axes for d in a.size.free_symbols if D.is_generic(d))
-        keys += tuple(dim_key(d) for _, d in t.padded if D.is_generic(d))
+        keys = tuple(self.dim_key(d) for a in t.axes for d in generics(a.size))
+        keys += tuple(self.dim_key(d) for _, d in t.padded if isinstance(d, sympy.Dummy))
         return f"{MODULE}.each({iterable}, {literal(keys)}, {FRAME})"
 
     # ---- types as specs -------------------------------------------------------------------------
@@ -83,22 +89,25 @@ class TypeChecks:
         fixed = D.value(size, self.c.dim_values)
         if fixed is not None:
             return fixed
-        if D.is_generic(size):
-            return dim_key(size)
-        known = {s: self.c.dim_values[s.name] for s in size.free_symbols
+        if isinstance(size, sympy.Dummy):
+            return self.dim_key(size)
+        known = {s: self.c.dim_values[s.name] for s in D.symbols(size)
                  if not D.is_generic(s) and self.c.dim_values.get(s.name) is not None}
-        keys = {s: sympy.Symbol(dim_key(s)) for s in size.free_symbols if D.is_generic(s)}
+        keys = {s: sympy.Symbol(self.dim_key(s)) for s in generics(size)}
         try:
             return _formula(sympy.sympify(size.xreplace({**known, **keys})))
         except ValueError:
             return None  # not arithmetic the runtime evaluates: left unchecked
 
-    def where(self, node: A.Node) -> tuple[str, str]:
-        """The node's .ss location and its text (the first line of it, for a long one)."""
-        s = node.span
+    def where(self, s: Span) -> tuple[str, str]:
+        """An expression's .ss location and its text (the first line of it, for a long one)."""
         if not 0 < s.line <= len(self.lines):
             return str(s), "?"
         line = self.lines[s.line - 1]
         end = s.end_col if s.end_line == s.line else len(line) + 1
         return str(s), line[s.col - 1:end - 1]
 
+
+def generics(size: D.Dim) -> list[sympy.Dummy]:
+    """The generic dims in a size, in the order they were made (a set's order changes run to run)."""
+    return sorted((s for s in size.free_symbols if isinstance(s, sympy.Dummy)), key=attrgetter("dummy_index"))

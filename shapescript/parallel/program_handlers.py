@@ -19,6 +19,8 @@ from shapescript.runtime.optim import Optimizer, adamw, sgd
 
 @handler("load_program")
 def load_program(state: Any, source: str, module_file: str, device_name: str, script: str | None) -> None:
+    """Run the program's worker module (lower/targets.py's WORKER target, one device's module) as
+    printed; only the device it runs on is this worker's own."""
     namespace: dict[str, Any] = {"__name__": "shapescript_worker_program"}
     exec(compile(source, module_file, "exec"), namespace)  # our own compiled code, from the controller
     namespace["DEVICE"] = str(state.device)

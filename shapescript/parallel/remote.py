@@ -11,7 +11,9 @@ result has the batch axis.
 from __future__ import annotations
 
 import itertools
+import types
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,7 @@ import torch
 from shapescript.devices import shares
 from shapescript.errors import ShapeError, WorkerError
 from shapescript.names import MEMBER_PREFIX
+from shapescript.parallel.loading import RemoteBatches
 from shapescript.runtime.data import Batch, batch_fields
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.model import members_text, refuse_change
@@ -161,16 +164,18 @@ class SplitCall:
 
 
 class RemoteFunction:
-    """A function on the workers, as the controller calls it: one message per worker, one answer each."""
+    """A function on the workers, as the controller calls it: one message per worker, one answer each.
+    The controller's module prints one for each fn placed on the devices (lower/targets.py); `link`
+    gives its program (whatever has `workers()`), looked up at each call."""
 
-    def __init__(self, program: Any, plan: SplitCall, name: str) -> None:
-        self.program, self.plan, self.name = program, plan, name
+    def __init__(self, link: Callable[[], Any], plan: SplitCall, name: str) -> None:
+        self.link, self.plan, self.name = link, plan, name
         self.where = plan.where
 
     def __call__(self, *args: Any) -> Any:
         for a in args:  # before workers(), which would start a new pool for a stale handle's call
             check_handle(a)
-        workers = self.program.workers()
+        workers = linked(self.link, self.where).workers()
         split = [(a, k) for a, k in zip(args, self.plan.params) if k is not None]
         if not split:
             replies = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
@@ -190,3 +195,21 @@ class RemoteFunction:
         if self.plan.result is not None:
             return torch.cat(results, dim=self.plan.result)
         return results[0]
+
+
+def linked(link: Callable[[], Any], where: str) -> Any:
+    """The program a controller's module is linked to; a WorkerError if whoever ran the module set none."""
+    program = link()
+    if program is None:
+        raise WorkerError(f"{where} runs on the workers, and this controller's module has none: whoever runs it "
+                          f"sets its `_workers` (api.Program does; `ss.load` the program to run it)")
+    return program
+
+
+def controller_runtime(core: Any, link: Callable[[], Any]) -> types.SimpleNamespace:
+    """The runtime as a controller's module uses it: `core`'s names, but the batches of its loops are
+    loaded by the workers, each its own part (parallel/loading.py). A copy of the names, not a proxy:
+    the controller's loops read them at every step."""
+    def batches(dataset: Any, n: Any, spec: Any, device: Any) -> RemoteBatches:
+        return RemoteBatches(linked(link, "a loop over batches"), core.batches(dataset, n, spec, device))
+    return types.SimpleNamespace(**{**{name: getattr(core, name) for name in core.__all__}, "batches": batches})

@@ -211,6 +211,17 @@ class ResultGuard:
 
 
 @dataclass(frozen=True)
+class NotFromPython:
+    """A parameter of a type no Python value has (gradients, a model's stack): refused at the call."""
+    param: Param
+    type_text: str
+
+    def __call__(self, value: Any, bindings: Bindings) -> Any:
+        raise ValueError(f"`{self.param.fn}`'s parameter `{self.param.name}` of type {self.type_text} can't be "
+                         f"passed from Python")
+
+
+@dataclass(frozen=True)
 class KindGuard:
     """Models, optimizers, datasets, sinks and plain values: checked by kind and type name."""
     param: Param

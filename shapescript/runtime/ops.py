@@ -3,6 +3,8 @@ the causal mask, and `first` with its check of the count."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from shapescript.errors import ShapeError
@@ -27,6 +29,15 @@ def clip_norm(g: Grads, max_norm: float) -> Grads:
 def causal(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
     """True where a column lies after its row: the future, which a causal model must not see."""
     return torch.ones(rows, cols, dtype=torch.bool, device=device).triu(1)
+
+
+@functools.lru_cache(maxsize=64)
+def causal_mask(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
+    """`causal`, made once per size and device: the generated code calls this only where the mask
+    is read as a mask and goes nowhere else, so that no one can change the shared tensor. Made
+    outside inference mode, so that autograd can save it when a training step reads it."""
+    with torch.inference_mode(False):
+        return causal(rows, cols, device)
 
 
 def first(x: torch.Tensor, count: int, axis: int, names: tuple[str, str], where: str) -> torch.Tensor:

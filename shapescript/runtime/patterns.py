@@ -2,6 +2,10 @@
 
 A recipe holds only what the shapes can't say until the program runs: which sizes to read off the
 operand. Everything else (the permutation, which axes merge) was fixed when the program compiled.
+
+The generated code prints each recipe as torch method calls (check/ops/shaping.py) and calls these
+functions only for a recipe that reads a size off the shape of an operand that isn't a name; they
+are also what the tests compare the printed lines with.
 """
 
 from __future__ import annotations
@@ -38,18 +42,25 @@ def _merge(x: torch.Tensor, merge: tuple[int, ...] | None) -> torch.Tensor:
     return x.reshape(shape)
 
 
-def rearrange(x: torch.Tensor, split: Split, perm: tuple[int, ...] | None,
-              merge: tuple[int, ...] | None) -> torch.Tensor:
-    x = _split(x, split)
+def _arrange(x: torch.Tensor, perm: tuple[int, ...] | None, drop: tuple[int, ...]) -> torch.Tensor:
+    """Squeeze the atoms `drop` names (a pattern's literal 1s, which `perm` leaves out), then permute:
+    the atoms left count from 0 again."""
+    if drop:
+        x = x.squeeze(drop)
     if perm is not None:
-        x = x.permute(perm)
-    return _merge(x, merge)
+        x = x.permute([sorted(perm).index(k) for k in perm])
+    return x
+
+
+def rearrange(x: torch.Tensor, split: Split, perm: tuple[int, ...] | None,
+              merge: tuple[int, ...] | None, drop: tuple[int, ...] = ()) -> torch.Tensor:
+    return _merge(_arrange(_split(x, split), perm, drop), merge)
 
 
 def split_parts(x: torch.Tensor, split: Split, perm: tuple[int, ...],
-                merge: tuple[int, ...] | None) -> tuple[torch.Tensor, ...]:
+                merge: tuple[int, ...] | None, drop: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
     """`q, k, v = split(...)`: the literal-sized atom goes first, then each part is rearranged."""
-    x = _split(x, split).permute(perm)
+    x = _arrange(_split(x, split), perm, drop)
     return tuple(_merge(part, merge) for part in x.unbind(0))
 
 

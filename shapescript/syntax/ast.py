@@ -139,6 +139,13 @@ class Arg(Node):
     keyword: str | None = None
     mut: bool = False
 
+    @property
+    def expr(self) -> "Expr":
+        """The value where only an expression can be: the parser gives a pattern no keyword and no
+        `mut`, and a call that takes no pattern refuses one before it reads its arguments."""
+        assert not isinstance(self.value, Pattern), "a pattern where an expression was expected"
+        return self.value
+
 
 @dataclass(eq=False)
 class Call(Node):

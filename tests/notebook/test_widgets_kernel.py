@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from support import LINEAR
+from programs import LINEAR
 from test_kernel import MLP, Kernel, Run, cell, fresh, kernel  # noqa: F401  (the fixtures)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

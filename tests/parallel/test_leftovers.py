@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 from shapescript.parallel.pool import sweep_stale_folders
 from shapescript.parallel.worker import WAITING, read_status
 from shapescript.runtime.leftovers import owner_tag
-from support import LINEAR, ROOT
+from programs import LINEAR
+from support import ROOT
 
 # Starts the workers of a small program, says where they are, then waits (or keeps them busy: worker 0
 # blocked in a Gloo all-reduce that worker 1, asleep, never joins) until it is killed.

@@ -3,45 +3,13 @@ on one device, up to the order of floating-point additions."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
 
 import shapescript as ss
-from support import ROOT
+from programs import BATCH_NORM, GPT, GPT_DIMS, README
 
 DEVICES = ["cpu[0 1]", "cpu[0 1 2]"]
-README = (ROOT / "examples" / "readme" / "mlp.ss").read_text()
-GPT = (ROOT / "examples" / "attention" / "gpt.ss").read_text()
-GPT_DIMS = {"V": 11, "T": 8, "D": 16, "H": 2, "Dh": 8, "F": 32, "L": 2}
-BATCH_NORM = textwrap.dedent("""\
-    dim D = 6
-    dim Hd = 8
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    model Stats:
-        buffer mean: [Hd] = zeros()
-        buffer var: [Hd] = ones()
-
-    model Net:
-        param w1: [D Hd] = normal(std=0.3)
-        norm: Stats
-        param w2: [Hd C] = normal(std=0.3)
-
-    fn loss(m: Net, batch: [b] Ex, mode: Mode) -> []:
-        h = relu(batch_norm(batch.x @ m.w1, m.norm, mode, over=Hd))
-        return cross_entropy(h @ m.w2, batch.y, over=C)
-
-    fn train_step(mut m: Net, mut opt: AdamW[Net], batch: [b] Ex, mode: Mode) -> []:
-        l, g = value_and_grad(loss, m, batch, mode)
-        update(mut m, mut opt, g)
-        return l
-    """)
 
 
 def run(source: str, devices: str, model: str, batches: list[dict], extra: tuple = (), dims=None):

@@ -14,7 +14,8 @@ import torch
 
 import shapescript as ss
 from shapescript.notebook.workers import status_table
-from support import LINEAR, param_and_adamw_bytes
+from programs import LINEAR
+from support import param_and_adamw_bytes
 
 
 def held(prog: ss.Program) -> list[dict]:

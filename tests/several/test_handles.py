@@ -20,7 +20,7 @@ from shapescript.parallel.loading import RemoteBatch
 from shapescript.parallel.remote import RemoteModel, RemoteOptimizer
 from shapescript.runtime.data import Batch
 from shapescript.runtime.model import Model
-from support import LINEAR
+from programs import LINEAR
 
 # Members and fields named as the handles' attributes were before they kept them out of the way.
 CLASHES = textwrap.dedent("""\

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import shapescript as ss
-from support import LINEAR
+from programs import LINEAR
 
 PROGRAM = LINEAR
 

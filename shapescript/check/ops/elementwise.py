@@ -33,7 +33,7 @@ def unary(name: str, torch_fn: str, floats: bool) -> Op:
         t = tensor_arg(ck, arg, f"`{name}`", floats=floats)
         if t is None or refused_dtype(ck, name, arg, t):
             return T.UNKNOWN
-        return Typed(T.TensorT(t.axes, t.dtype), (arg.value,))
+        return Typed(T.TensorT(t.axes, t.dtype), (arg.expr,))
 
     def lower(call: LowerCall) -> str:
         return f"{torch_fn}({call.args[0]})"

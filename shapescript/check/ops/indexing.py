@@ -37,7 +37,7 @@ def topk_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
         return ck.error("E0310", f"`topk` of {k_node.value} from {picked.show()} = {size}", k.span, "too many")
     axes = t.axes[:axis] + (T.axis(D.literal(k_node.value)),) + t.axes[axis + 1:]
     result = T.TupleT((T.TensorT(axes, t.dtype), T.TensorT(axes, "i64", picked.size)))
-    return Typed(result, (x.value,), {"axis": axis, "k": k_node.value})
+    return Typed(result, (x.expr,), {"axis": axis, "k": k_node.value})
 
 
 def topk_lower(call: LowerCall) -> str:
@@ -73,7 +73,7 @@ def picking(name: str) -> Op:
             return ck.error("E0301", f"`scatter`'s src must be {T.TensorT(idx.axes, x.dtype).show()}, like the index",
                             src_arg.span, f"this is {src.show()}")
         result = T.TensorT(idx.axes, x.dtype) if name == "gather" else T.TensorT(x.axes, x.dtype)
-        return Typed(result, tuple(a.value for a in args[:-1] if a is not None), {"axis": axis})
+        return Typed(result, tuple(a.expr for a in args[:-1] if a is not None), {"axis": axis})
 
     def lower(call: LowerCall) -> str:
         rest = ", ".join(call.args[1:])

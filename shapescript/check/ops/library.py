@@ -38,7 +38,7 @@ def pairwise(name: str) -> Op:
         axes = broadcast(ck, node, a, b)
         if axes is None:
             return T.UNKNOWN
-        return Typed(T.TensorT(axes, a.dtype), tuple(x.value for x in args if x is not None))
+        return Typed(T.TensorT(axes, a.dtype), tuple(x.expr for x in args if x is not None))
 
     def lower(call: LowerCall) -> str:
         return f"torch.{name}({call.place(0, call.recipe.get('left'))}, {call.place(1, call.recipe.get('right'))})"
@@ -57,7 +57,7 @@ def clamp_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
         return ck.error("E0206", "`clamp` needs `min=`, `max=` or both", node.span, "no bounds")
     given = [(name, a) for name, a in (("min", low), ("max", high)) if a is not None]
     bounds = [ck.checked.types[id(a.value)] for _, a in given]
-    return Typed(T.TensorT(t.axes, _with_numbers(t.dtype, bounds)), (x.value,) + tuple(a.value for _, a in given),
+    return Typed(T.TensorT(t.axes, _with_numbers(t.dtype, bounds)), (x.expr,) + tuple(a.expr for _, a in given),
                  {"bounds": tuple(name for name, _ in given)})
 
 
@@ -70,13 +70,13 @@ def where_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
     cond_arg, a_arg, b_arg = args
     assert cond_arg is not None and a_arg is not None and b_arg is not None
     cond = tensor_arg(ck, cond_arg, "`where`'s condition")
-    a, b = ck.operand(a_arg.value), ck.operand(b_arg.value)
+    a, b = ck.operand(a_arg.expr), ck.operand(b_arg.expr)
     if cond is None or T.UNKNOWN in (a, b):
         return T.UNKNOWN
     if cond.dtype != "bool":
         return ck.error("E0308", f"`where`'s condition must be bool, not {cond.dtype}", cond_arg.span,
                         f"this is {cond.show()}", "compare it first, as `x > 0`")
-    values = (cond_arg.value, a_arg.value, b_arg.value)
+    values = (cond_arg.expr, a_arg.expr, b_arg.expr)
     tensors = [t for t in (a, b) if isinstance(t, T.TensorT)]
     if not tensors:  # two numbers: a tensor of the condition's shape
         dtype = "f32" if T.FLOAT in (a, b) else "bool" if a == b == T.BOOL else "i64"
@@ -116,7 +116,7 @@ def masked_fill_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.U
     index = placed_within(ck, mask_arg, x, mask, "the mask")
     if index is None:
         return T.UNKNOWN
-    return Typed(T.TensorT(x.axes, x.dtype), (x_arg.value, mask_arg.value, value.value), {"mask_index": index})
+    return Typed(T.TensorT(x.axes, x.dtype), (x_arg.expr, mask_arg.expr, value.expr), {"mask_index": index})
 
 
 def masked_fill_lower(call: LowerCall) -> str:
@@ -129,17 +129,17 @@ def to_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
     `to(0.0, f32)`: a number as a `[]` tensor, as a loop's running total starts."""
     x, dtype_arg = args
     assert x is not None and dtype_arg is not None
-    t = ck.operand(x.value)  # a tensor or a number; anything else is reported
+    t = ck.operand(x.expr)  # a tensor or a number; anything else is reported
     dtype = dtype_arg.value
     if not (isinstance(dtype, A.Name) and dtype.id in T.DTYPES):
         return ck.error("E0401", "`to` takes a dtype second, as `to(x, f32)`", dtype_arg.span,
                         "not a dtype", f"the dtypes: {', '.join(T.DTYPES)}")
     if isinstance(t, T.ScalarT):
         ck.use("tensors", x.span)
-        return Typed(T.TensorT((), dtype.id), (x.value,), {"dtype": dtype.id, "number": True})
+        return Typed(T.TensorT((), dtype.id), (x.expr,), {"dtype": dtype.id, "number": True})
     if not isinstance(t, T.TensorT):
         return T.UNKNOWN
-    return Typed(T.TensorT(t.axes, dtype.id), (x.value,), {"dtype": dtype.id})
+    return Typed(T.TensorT(t.axes, dtype.id), (x.expr,), {"dtype": dtype.id})
 
 
 def to_lower(call: LowerCall) -> str:
@@ -159,7 +159,7 @@ def one_hot_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unkno
     if count is None or t.index is None:
         return ck.error("E0309", f"`one_hot` takes labels typed `Index[C]` with a declared C, not {t.show()}",
                         labels.span, "no known bound")
-    return Typed(T.TensorT(t.axes + (T.axis(t.index),), "f32"), (labels.value,), {"classes": count})
+    return Typed(T.TensorT(t.axes + (T.axis(t.index),), "f32"), (labels.expr,), {"classes": count})
 
 
 def embedding_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -174,7 +174,7 @@ def embedding_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unk
     if ids.index is None or not D.equal(ids.index, table.axes[0].size):
         return ck.error("E0309", f"the ids must be `Index[{table.axes[0].show()}]`, the table's rows, but are "
                         f"{ids.show()}", ids_arg.span, "not known to be in range")
-    return Typed(T.TensorT(ids.axes + table.axes[1:], table.dtype), (table_arg.value, ids_arg.value))
+    return Typed(T.TensorT(ids.axes + table.axes[1:], table.dtype), (table_arg.expr, ids_arg.expr))
 
 
 def valid_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -182,7 +182,7 @@ def valid_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
     the padding the loader added to reach the batch's longest item."""
     batch_arg, dim_arg = args
     assert batch_arg is not None and dim_arg is not None
-    batch = ck.expr(batch_arg.value)
+    batch = ck.expr(batch_arg.expr)
     if not isinstance(batch, T.BatchT):
         return batch if batch is T.UNKNOWN else ck.error(
             "E0401", f"`valid` takes a batch, not {batch.show()}", batch_arg.span, f"this is {batch.show()}")
@@ -195,7 +195,7 @@ def valid_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
                         dim_arg.span, "not a padded dim",
                         "a data type's generic dims, as `n` in `tokens: [n]`, are padded per batch")
     ck.use("tensors", node.span)
-    return Typed(T.TensorT(batch.axes + (T.axis(dim),), "bool"), (batch_arg.value,), {"label": label})
+    return Typed(T.TensorT(batch.axes + (T.axis(dim),), "bool"), (batch_arg.expr,), {"label": label})
 
 
 register(

@@ -51,7 +51,7 @@ def cross_entropy_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T
         mask_index = mask_of(ck, mask, labels)
         if mask_index is None:
             return T.UNKNOWN
-    lowered = (logits_arg.value, labels_arg.value) + ((mask.value,) if mask is not None else ())
+    lowered = (logits_arg.expr, labels_arg.expr) + ((mask.expr,) if mask is not None else ())
     return Typed(T.TensorT((), logits.dtype), lowered, {"axis": axis, "rank": logits.rank, "mask_index": mask_index})
 
 
@@ -89,13 +89,13 @@ def cross_entropy_payload(view: CallView) -> Payload:
 def matmul_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
     a, b = args
     assert a is not None and b is not None
-    left, right = ck.operand(a.value), ck.operand(b.value)
+    left, right = ck.operand(a.expr), ck.operand(b.expr)
     if T.UNKNOWN in (left, right):
         return T.UNKNOWN
     result = matmul(ck, node, left, right, a, b)
     if result is T.UNKNOWN:
         return T.UNKNOWN
-    return Typed(result, (a.value, b.value))
+    return Typed(result, (a.expr, b.expr))
 
 
 def matmul_lower(call: LowerCall) -> str:

@@ -67,11 +67,12 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
             mask_index = mask_of(ck, mask, t)
             if mask_index is None:
                 return T.UNKNOWN
-        lowered = (x.value,) + ((mask.value,) if mask is not None else ())
+        lowered = (x.expr,) + ((mask.expr,) if mask is not None else ())
         options = {"axis": axis, "rank": t.rank, "mask_index": mask_index}
         axes = t.axes[:axis] + t.axes[axis + 1:] if axis is not None else ()
         if result == "index":
-            return Typed(T.TensorT(axes, "i64", t.axes[axis].size), lowered, options)  # type: ignore[index]
+            assert axis is not None  # refused above without `over=`
+            return Typed(T.TensorT(axes, "i64", t.axes[axis].size), lowered, options)
         dtype = "bool" if result == "bool" else t.dtype
         return Typed(T.TensorT(axes, widened(name, dtype)), lowered, options)
 
@@ -114,7 +115,7 @@ def along_axis(name: str, template: str, floats: bool = False) -> Op:
         axis = over_axis(ck, over, t, f"`{name}`")
         if axis is None:
             return T.UNKNOWN
-        return Typed(T.TensorT(t.axes, widened(name, t.dtype)), (x.value,), {"axis": axis})
+        return Typed(T.TensorT(t.axes, widened(name, t.dtype)), (x.expr,), {"axis": axis})
 
     def lower(call: LowerCall) -> str:
         return template.format(x=call.args[0], axis=call.options["axis"])

@@ -1,6 +1,7 @@
 """Operations that take a pattern: rearrange, split, repeat, reduce and einsum (the patterns
 themselves are checked by check/patterns.py). They place their own arguments: tensors, then the
-pattern, sizes by keyword, and reduce's operation.
+pattern, sizes by keyword, and reduce's operation. A pattern is checked once into a recipe, which
+prints as torch method calls, as `x.unflatten(2, (3, 12, 64)).permute(2, 0, 3, 1, 4).unbind(0)`.
 
 On several devices, reduce with sum and einsum that leave out the batch axis add up every device's
 partial result; reduce with another operation over the batch axis is refused (E1801)."""
@@ -8,16 +9,17 @@ partial result; reduce with another operation over the batch axis is refused (E1
 from __future__ import annotations
 
 import string
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ...syntax import ast as A
 from .. import dims as D
 from .. import types as T
-from ..builtins import _unused_args, tensor_arg
+from ..builtins import _unused_args, called_name, tensor_arg
 from ..patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
-from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register,
-                    result_values)
+from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Args, CallView, Lower, LowerCall, Op, Typed,
+                    register, result_values)
 
 if TYPE_CHECKING:
     from ..bodies import BodyChecker
@@ -25,39 +27,42 @@ if TYPE_CHECKING:
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 
 
+@dataclass(frozen=True)
 class _Args:
-    def __init__(self) -> None:
-        self.tensors: list[A.Arg] = []
-        self.pattern: A.Pattern | None = None
-        self.sizes: dict[str, D.Dim] = {}
-        self.op: A.Arg | None = None
+    tensors: list[A.Arg]
+    pattern: A.Pattern
+    sizes: dict[str, D.Dim]
+    op: A.Arg | None
 
 
 def pattern_args(ck: "BodyChecker", node: A.Call, name: str, takes_op: bool = False) -> _Args | None:
     """Split a pattern call's arguments: tensors, the pattern, keyword sizes (and an op)."""
-    out = _Args()
+    tensors: list[A.Arg] = []
+    pattern: A.Pattern | None = None
+    sizes: dict[str, D.Dim] = {}
+    op: A.Arg | None = None
     for arg in node.args:
         if isinstance(arg.value, A.Pattern):
-            if out.pattern is not None:
+            if pattern is not None:
                 ck.error("E0307", f"`{name}` takes one pattern", arg.span, "a second pattern")
                 return None
-            out.pattern = arg.value
-        elif takes_op and (arg.keyword == "op" or (arg.keyword is None and out.pattern is not None)):
-            out.op = arg
+            pattern = arg.value
+        elif takes_op and (arg.keyword == "op" or (arg.keyword is None and pattern is not None)):
+            op = arg
         elif arg.keyword is not None:
             size = _size_value(ck, arg)
             if size is None:
                 return None
-            out.sizes[arg.keyword] = size
-        elif out.pattern is not None:
+            sizes[arg.keyword] = size
+        elif pattern is not None:
             ck.error("E0206", f"`{name}`'s tensors come before its pattern", arg.span, "after the pattern")
             return None
         else:
-            out.tensors.append(arg)
-    if out.pattern is None:
+            tensors.append(arg)
+    if pattern is None:
         ck.error("E0307", f"`{name}` needs a pattern, as `{name}(x, b d -> d b)`", node.span, "no pattern")
         return None
-    return out
+    return _Args(tensors, pattern, sizes, op)
 
 
 def _size_value(ck: "BodyChecker", arg: A.Arg) -> D.Dim | None:
@@ -97,8 +102,8 @@ def _one_tensor(ck: "BodyChecker", node: A.Call, name: str, takes_op: bool = Fal
     t = tensor_arg(ck, args.tensors[0], f"`{name}`")
     if t is None:
         return None
-    if len(args.pattern.lhs) != 1:  # type: ignore[union-attr]
-        ck.error("E0307", f"`{name}`'s pattern has one operand on its left side", args.pattern.span)  # type: ignore
+    if len(args.pattern.lhs) != 1:
+        ck.error("E0307", f"`{name}`'s pattern has one operand on its left side", args.pattern.span)
         return None
     return args, t
 
@@ -122,13 +127,12 @@ def _bind_sides(ck: "BodyChecker", args: _Args, t: T.TensorT, p: A.Pattern, new_
 
 
 def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
-    name = node.func.id  # type: ignore[union-attr]
+    name = called_name(node)
     got = _one_tensor(ck, node, name)
     if got is None:
         return T.UNKNOWN
     args, t = got
     p = args.pattern
-    assert p is not None
     try:
         lhs, rhs, axes, _known = _bind_sides(ck, args, t, p)
         on_right = {a.name for a in rhs.atoms}
@@ -151,10 +155,11 @@ def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
                 raise PatternError("a literal size on the left of `rearrange` must stay: to cut an axis into "
                                    "parts use `split`", p, "")
             recipe = lower_recipe(lhs, rhs, keep, p, ck.ctx.dim_values)
+        recipe["drop"] = tuple(k for k in dropped if k not in literals)  # the literal 1s: squeezed away
     except PatternError as e:
         return _fail(ck, node, e)
     result = T.TensorT(axes, t.dtype, t.index)
-    return Typed(T.TupleT((result,) * count) if name == "split" else result, (args.tensors[0].value,), recipe)
+    return Typed(T.TupleT((result,) * count) if name == "split" else result, (args.tensors[0].expr,), recipe)
 
 
 def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
@@ -163,11 +168,10 @@ def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
         return T.UNKNOWN
     args, t = got
     p = args.pattern
-    assert p is not None
     op = args.op.value if args.op is not None else None
     if not (isinstance(op, A.Name) and op.id in REDUCE_OPS):
         return ck.error("E0307", f"`reduce` needs an operation: {', '.join(REDUCE_OPS)}",
-                        args.op.span if args.op else node.span, "not a reduction",  # type: ignore[union-attr]
+                        args.op.span if args.op else node.span, "not a reduction",
                         "write `reduce(x, b d -> b, sum)`")
     if op.id == "mean" and not t.is_float:
         return ck.error("E0308", "`reduce` with mean takes floats", args.tensors[0].span)
@@ -182,7 +186,7 @@ def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
         return _fail(ck, node, e)
     recipe["perm"] = tuple(perm) if perm != sorted(perm) else None
     dtype = "i64" if op.id in ("sum", "prod") and t.dtype in ("bool", "i32") else t.dtype
-    return Typed(T.TensorT(axes, dtype), (args.tensors[0].value,), {"dims": reduced, "op": op.id, **recipe})
+    return Typed(T.TensorT(axes, dtype), (args.tensors[0].expr,), {"dims": reduced, "op": op.id, **recipe})
 
 
 def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
@@ -191,7 +195,6 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
         return T.UNKNOWN
     args, t = got
     p = args.pattern
-    assert p is not None
     try:
         lhs, rhs, axes, known = _bind_sides(ck, args, t, p, new_axes=True)
         lost = [a.name for a in lhs.atoms if a.name not in {b.name for b in rhs.atoms}]
@@ -200,7 +203,8 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
                                "`repeat` keeps every axis and adds new ones")
         keep = _positions(lhs, rhs)
         recipe = lower_recipe(lhs, rhs, keep, p, ck.ctx.dim_values)
-        view, sizes = [], []
+        view: list[int | None] = []  # None: an atom of the operand; 1: a new axis, expanded to its size
+        sizes: list[int | None] = []
         for a in rhs.atoms:
             if a.name in known:
                 view.append(None)
@@ -215,7 +219,7 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
         return _fail(ck, node, e)
     options = {"split": recipe["split"], "perm": recipe["perm"], "view": tuple(view), "new_sizes": tuple(sizes),
                "merge": recipe["merge"]}
-    return Typed(T.TensorT(axes, t.dtype, t.index), (args.tensors[0].value,), options)
+    return Typed(T.TensorT(axes, t.dtype, t.index), (args.tensors[0].expr,), options)
 
 
 def einsum(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
@@ -223,43 +227,173 @@ def einsum(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     if args is None:
         return _unused_args(ck, node)
     p = args.pattern
-    assert p is not None
-    tensors = [tensor_arg(ck, a, "`einsum`", floats=True) for a in args.tensors]
-    if any(t is None for t in tensors):
+    typed = [tensor_arg(ck, a, "`einsum`", floats=True) for a in args.tensors]
+    tensors = [t for t in typed if t is not None]
+    if len(tensors) != len(typed):
         return T.UNKNOWN
     if len(p.lhs) != len(tensors):
         return ck.error("E0307", f"`einsum` has {len(tensors)} tensors but its pattern has {len(p.lhs)} operands",
                         p.span, "", "write one operand per tensor: `einsum(a, b, i k, k j -> i j)`")
-    dtypes = {t.dtype for t in tensors}  # type: ignore[union-attr]
+    dtypes = {t.dtype for t in tensors}
     if len(dtypes) > 1:
         return ck.error("E0308", f"`einsum` of {' and '.join(sorted(dtypes))}", node.span, "different dtypes")
     known: dict[str, T.AxisT] = {}
     letters: dict[str, str] = {}
-    specs = []
+    specs: list[str] = []
     try:
         _unused_sizes(args, p)
         for side, t in zip(p.lhs, tensors):
             if any(ax.group is not None or ax.size is not None for ax in side):
                 raise PatternError("`einsum`'s pattern takes names only", p, "",
                                    "rearrange groups apart first")
-            bind_lhs(ck, t, side, known, {}, p)  # type: ignore[arg-type]
+            bind_lhs(ck, t, side, known, {}, p)
             if len(set(letters) | {ax.name for ax in side}) > len(string.ascii_letters):
                 raise PatternError(f"`einsum` takes at most {len(string.ascii_letters)} names", p, "too many names")
-            specs.append("".join(letters.setdefault(ax.name, string.ascii_letters[len(letters)])  # type: ignore
+            specs.append("".join(letters.setdefault(_named(ax.name), string.ascii_letters[len(letters)])
                                  for ax in side))
         rhs, axes = build_rhs(p.rhs, known, {})
         if any(ax.group is not None for ax in p.rhs):
             raise PatternError("`einsum`'s result takes names only", p, "", "rearrange it afterwards")
     except PatternError as e:
         return _fail(ck, node, e)
-    spec = ",".join(specs) + "->" + "".join(letters[a.name] for a in rhs.atoms)  # type: ignore[index]
-    return Typed(T.TensorT(axes, tensors[0].dtype), tuple(a.value for a in args.tensors), {"spec": spec})  # type: ignore
+    spec = ",".join(specs) + "->" + "".join(letters[_named(a.name)] for a in rhs.atoms)
+    return Typed(T.TensorT(axes, tensors[0].dtype), tuple(a.expr for a in args.tensors), {"spec": spec})
 
 
-def runtime_call(runtime: str, keys: tuple[str, ...]) -> Callable[[LowerCall], str]:
+def _named(name: str | None) -> str:
+    """A name of einsum's pattern, which has names only: its literal sizes and groups are refused
+    before any name is read."""
+    assert name is not None
+    return name
+
+
+RECIPE = ("split", "perm", "merge", "drop")  # the recipes' parts, as the runtime's functions take them
+REPEAT = ("split", "perm", "view", "new_sizes", "merge")
+REDUCE = ("split", "dims", "op", "perm", "merge")
+
+
+def runtime_call(runtime: str, keys: tuple[str, ...]) -> Lower:
     """A call of the runtime's pattern function with the recipe's parts, as Python literals."""
     def lower(call: LowerCall) -> str:
         return f"_rt.{runtime}({call.args[0]}, {', '.join(call.literal(call.options[k]) for k in keys)})"
+    return lower
+
+
+# ---- lowering: a recipe printed as torch ---------------------------------------------------------
+# Each recipe step of runtime/patterns.py becomes a method call after the operand, and a step that
+# changes nothing prints nothing: the line reads as the PyTorch one would, and nothing interprets the
+# recipe when it runs.
+
+Steps = list[str]  # method calls (or an index) printed after the operand, in order
+REDUCE_METHODS = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin"}  # prod: one dim a call
+
+
+def _ints(values: Sequence[int]) -> str:
+    """Dims as torch takes them: `1` for one, `(1, 2)` for several."""
+    return str(values[0]) if len(values) == 1 else f"({', '.join(map(str, values))})"
+
+
+def _chain(call: LowerCall, steps: Steps) -> str:
+    """The operand with the steps after it; parenthesized even with none, as the call's result is
+    printed as one term (`rearrange(a + b, i j -> i j) @ w` is `(a + b) @ w`)."""
+    return call.wrapped[0] + "".join(steps)
+
+
+def _read_twice(text: str) -> bool:
+    """A name or a member (`x`, `m._m_w`): its shape can be read without evaluating anything twice."""
+    return all(part.isidentifier() for part in text.split("."))
+
+
+def _split_steps(call: LowerCall) -> Steps | None:
+    """`.unflatten(k, sizes)` for each operand axis the pattern splits, k counting the atoms before it.
+    A part's size is a number, -1 (inferred) or ("axis", j), the size of the operand's whole axis j:
+    as the parts multiply to the axis, one ("axis", j) of a group without a -1 becomes the -1. Any
+    other is `x.shape[j]`, which only an operand that is a name gives without evaluating it twice:
+    None for the others, whose runtime call reads the shape of the value it is given."""
+    operand, steps, at = call.args[0], [], 0
+    for parts in call.options["split"] or ():
+        if parts is None:
+            at += 1
+            continue
+        sizes = list(parts)
+        read = [k for k, size in enumerate(sizes) if isinstance(size, tuple)]
+        if read and -1 not in sizes:
+            sizes[read.pop(0)] = -1
+        if read and not _read_twice(operand):
+            return None
+        text = [f"{operand}.shape[{size[1]}]" if isinstance(size, tuple) else str(size) for size in sizes]
+        steps.append(f".unflatten({at}, ({', '.join(text)}))")
+        at += len(parts)
+    return steps
+
+
+def _perm_steps(perm: tuple[int, ...] | None, drop: tuple[int, ...] = ()) -> Steps:
+    """`.squeeze(...)` of the literal 1s the pattern drops, then `.permute(...)` unless the order stays
+    (the atoms left after squeezing count from 0 again)."""
+    steps = [f".squeeze({_ints(drop)})"] if drop else []
+    if perm is not None:
+        order = [sorted(perm).index(k) for k in perm]
+        if order != sorted(order):
+            steps.append(f".permute({', '.join(map(str, order))})")
+    return steps
+
+
+def _merge_steps(merge: tuple[int, ...] | None, first: int = 0) -> Steps:
+    """`.flatten(start, end)` for each result axis that merges several atoms, after `first` axes."""
+    steps, at = [], first
+    for count in merge or ():
+        if count > 1:
+            steps.append(f".flatten({at}, {at + count - 1})")
+        at += 1
+    return steps
+
+
+def _reduce_steps(op: str, dims: tuple[int, ...]) -> Steps:
+    """The reduction over the atoms that aren't on the right; none when every atom stays (torch would
+    reduce over every axis given no dims)."""
+    if not dims:
+        return []
+    if op == "prod":  # torch.prod takes one dim at a time: the last first, so the others keep their place
+        return [f".prod(dim={d})" for d in sorted(dims, reverse=True)]
+    return [f".{REDUCE_METHODS[op]}(dim={_ints(dims)})"]
+
+
+def _new_axes_steps(view: tuple[int | None, ...], sizes: tuple[int | None, ...]) -> Steps:
+    """repeat's new axes: an index adds each as an axis of 1 (`[:, None]`), `.expand` sizes it."""
+    if all(v is None for v in view):
+        return []
+    index = [":" if v is None else "None" for v in view]
+    while index[-1] == ":":
+        index.pop()
+    return [f"[{', '.join(index)}]", f".expand({', '.join('-1' if s is None else str(s) for s in sizes)})"]
+
+
+def _rearranged(o: Mapping[str, Any]) -> Steps:
+    return _perm_steps(o["perm"], o["drop"]) + _merge_steps(o["merge"])
+
+
+def _parts(o: Mapping[str, Any]) -> Steps:
+    """split's parts' axis comes first: each part's merge is one on the whole, after that axis."""
+    return _perm_steps(o["perm"], o["drop"]) + _merge_steps(o["merge"], first=1) + [".unbind(0)"]
+
+
+def _reduced(o: Mapping[str, Any]) -> Steps:
+    return _reduce_steps(o["op"], o["dims"]) + _perm_steps(o["perm"]) + _merge_steps(o["merge"])
+
+
+def _repeated(o: Mapping[str, Any]) -> Steps:
+    return _perm_steps(o["perm"]) + _new_axes_steps(o["view"], o["new_sizes"]) + _merge_steps(o["merge"])
+
+
+def printed(runtime: str, keys: tuple[str, ...], steps: Callable[[Mapping[str, Any]], Steps]) -> Lower:
+    """The recipe as torch: its split, then `steps` of its options. The runtime's function `runtime`,
+    given the recipe's `keys`, only where the split can't be printed: a size read off the shape of an
+    operand that isn't a name (see _split_steps)."""
+    fallback = runtime_call(runtime, keys)
+
+    def lower(call: LowerCall) -> str:
+        split = _split_steps(call)
+        return fallback(call) if split is None else _chain(call, split + steps(call.options))
     return lower
 
 
@@ -270,14 +404,12 @@ def drops_batch(view: CallView) -> bool:
                for k in view.split_axes(t))
 
 
-RECIPE = ("split", "perm", "merge")
-
 register(
-    Op("rearrange", ("x", "pattern"), 2, rearrange, runtime_call("rearrange", RECIPE), PER_EXAMPLE, own_args=True),
-    Op("split", ("x", "pattern"), 2, rearrange, runtime_call("split_parts", RECIPE), PER_EXAMPLE, own_args=True),
-    Op("repeat", ("x", "pattern"), 2, repeat,
-       runtime_call("repeat", ("split", "perm", "view", "new_sizes", "merge")), PER_EXAMPLE, own_args=True),
-    Op("reduce", ("x", "pattern", "op"), 3, reduce, runtime_call("reduce", ("split", "dims", "op", "perm", "merge")),
+    Op("rearrange", ("x", "pattern"), 2, rearrange, printed("rearrange", RECIPE, _rearranged), PER_EXAMPLE,
+       own_args=True),
+    Op("split", ("x", "pattern"), 2, rearrange, printed("split_parts", RECIPE, _parts), PER_EXAMPLE, own_args=True),
+    Op("repeat", ("x", "pattern"), 2, repeat, printed("repeat", REPEAT, _repeated), PER_EXAMPLE, own_args=True),
+    Op("reduce", ("x", "pattern", "op"), 3, reduce, printed("reduce", REDUCE, _reduced),
        Across(drops_batch, lambda view: PARTIAL if view.options.get("op") == "sum" else None,
               payload=result_values(PARTIAL_PRODUCTS),
               refused_as=lambda view: f"`reduce` with {view.options.get('op')}"), own_args=True),

@@ -96,7 +96,7 @@ def first_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
         counted = str(want) if dim.is_Integer else f"{D.show(dim)} = {want}"
         return ck.error("E0310", f"`first` takes {counted} entries along {taken.show()}, which has {have}",
                         n.span, "too many", f"take at most {have}, or give {taken.show()} a size of at least {want}")
-    return Typed(T.TensorT(t.axes[:axis] + (T.axis(dim),) + t.axes[axis + 1:], t.dtype, t.index), (x.value,),
+    return Typed(T.TensorT(t.axes[:axis] + (T.axis(dim),) + t.axes[axis + 1:], t.dtype, t.index), (x.expr,),
                  {"axis": axis, "sizes": (source,), "names": (D.show(dim), taken.show())})
 
 

@@ -6,8 +6,9 @@ generator prints it), what it does along the batch axis when a program runs on s
 it sends), and a slot for its layout rule (for `split H` and `shard params`, still empty). The
 stages read the table; none of them lists ops of its own.
 
-The built-ins of training steps, of the controller's statements and the modes are not ops of the
-table yet: their rules are in check/rules.py and their lowerings in lower/codegen.py.
+The built-ins of training steps (steps.py), of the controller's statements and the modes
+(controller.py) are ops of the table too; `value_and_grad` is one whose call resolves as a call of
+the function it differentiates (the IR keeps it as a GradCall, printed with its entry's lowering).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ class Typed:
 
 
 # A typing rule gets the checker, the call and its arguments in parameter order (keywords placed,
-# absent optional ones None); it returns what it found, or an UnknownT after reporting an error.
-Rule = Callable[["BodyChecker", A.Call, Args], "Typed | T.UnknownT"]
+# absent optional ones None); it returns what it found, or an UnknownT after reporting an error (or
+# a type with no call recorded: `value_and_grad`, recorded as a call of the function it differentiates).
+Rule = Callable[["BodyChecker", A.Call, Args], "Typed | T.Ty"]
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,17 @@ class LowerCall:
     recipe: Mapping[str, Any]  # how the checker said to lower it (e.g. `@` as a tensordot)
     size: Callable[[object], str]  # a dim's size as the function reads it (an int, or off a parameter)
     literal: Callable[[object], str]  # a value as a Python literal (user text goes through it)
+    spec: Callable[[str], str]  # the module's name for a data type's spec (`batches` hands it to the run time)
 
 
 Lower = Callable[[LowerCall], str]
+
+
+def runtime_function(name: str) -> Lower:
+    """The lowering of a call of the run time's function `name` with the call's arguments."""
+    def lower(call: LowerCall) -> str:
+        return f"_rt.{name}({', '.join(call.args)})"
+    return lower
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,9 @@ class Op:
     check_rest: bool = True
     # The rule places the arguments itself (a pattern, sizes by keyword): it gets none placed.
     own_args: bool = False
+    # The rule checks `mut` on the arguments itself (update and load change a model); any other op
+    # changes none of its arguments, and `mut` on one is E0503.
+    checks_mut: bool = False
 
 
 OPS: dict[str, Op] = {}
@@ -149,12 +162,22 @@ def _checker(op: Op) -> Callable[["BodyChecker", A.Call], T.Ty]:
         args = [] if op.own_args else ck.arrange(node, list(op.params), f"`{op.name}`", op.required)
         if args is None:
             return _unused_args(ck, node) if op.check_rest else T.UNKNOWN
+        if not op.checks_mut:
+            _refuse_mut(ck, op, node)
         typed = op.rule(ck, node, args)
         if not isinstance(typed, Typed):
             return typed
         ck.record_call(node, "builtin", op.name, list(typed.args), **typed.options)
         return typed.result
     return check
+
+
+def _refuse_mut(ck: "BodyChecker", op: Op, node: A.Call) -> None:
+    for k, a in enumerate(node.args):
+        if a.mut:
+            param = a.keyword or (op.params[k] if k < len(op.params) else "its argument")
+            ck.error("E0503", f"`mut` given, but `{op.name}` doesn't change `{param}`", a.span, "not changed",
+                     "remove `mut`")
 
 
 def numel(t: T.TensorT) -> sympy.Expr:

@@ -36,13 +36,13 @@ def norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
     """The 2-norm of a tensor (over one axis, or all), or of a model's gradients taken together."""
     x, over = args
     assert x is not None
-    t = ck.expr(x.value)
+    t = ck.expr(x.expr)
     if isinstance(t, T.GradT):
         if over is not None:
             return ck.error("E0206", "the norm of gradients is over all of them; it takes no `over=`",
                             over.span, "unexpected")
         dtypes = _param_dtypes(t.model)
-        return Typed(T.scalar_tensor(dtypes.pop() if len(dtypes) == 1 else "f32"), (x.value,), {"grads": True})
+        return Typed(T.scalar_tensor(dtypes.pop() if len(dtypes) == 1 else "f32"), (x.expr,), {"grads": True})
     if not isinstance(t, T.TensorT) or not t.is_float:
         return t if t is T.UNKNOWN else ck.error("E0401", f"`norm` takes float tensors or gradients, not "
                                                  f"{t.show()}", x.span, f"this is {t.show()}")
@@ -51,7 +51,7 @@ def norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
     if over is not None and axis is None:
         return T.UNKNOWN
     return Typed(T.TensorT(t.axes[:axis] + t.axes[axis + 1:] if axis is not None else (), t.dtype),
-                 (x.value,), {"axis": axis})
+                 (x.expr,), {"axis": axis})
 
 
 def norm_lower(call: LowerCall) -> str:
@@ -64,13 +64,13 @@ def norm_lower(call: LowerCall) -> str:
 def clip_norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
     grads, most = args
     assert grads is not None and most is not None
-    g = ck.expr(grads.value)
+    g = ck.expr(grads.expr)
     if not number_arg(ck, most, "`clip_norm`'s max"):
         return T.UNKNOWN
     if not isinstance(g, T.GradT):
         return g if g is T.UNKNOWN else ck.error("E0401", f"`clip_norm` takes gradients, not {g.show()}",
                                                  grads.span, f"this is {g.show()}")
-    return Typed(g, (grads.value, most.value))
+    return Typed(g, (grads.expr, most.expr))
 
 
 def dropout_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -82,14 +82,14 @@ def dropout_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unkno
     p_value = literal_number(p.value)
     if p_value is not None and not 0 <= p_value < 1:
         return ck.error("E0310", f"`dropout`'s p is a probability below 1, not {p_value}", p.span)
-    mode = ck.expr(mode_arg.value)
+    mode = ck.expr(mode_arg.expr)
     if mode != T.MODE and mode is not T.UNKNOWN:
         return ck.error("E0401", f"`dropout`'s mode is Train(seed=...) or Eval, not {mode.show()}",
                         mode_arg.span, f"this is {mode.show()}", "take a `mode: Mode` parameter")
     if t is None:
         return T.UNKNOWN
     # batch_axis: the operand's axis split across the devices (None: unsplit), see DROPOUT_ACROSS
-    return Typed(T.TensorT(t.axes, t.dtype), (x.value, p.value, mode_arg.value), {"batch_axis": None})
+    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, p.expr, mode_arg.expr), {"batch_axis": None})
 
 
 def dropout_split_options(view: CallView) -> Mapping[str, Any]:
@@ -105,8 +105,8 @@ def batch_norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Un
     x, stats_arg, mode_arg, over = args
     assert x is not None and stats_arg is not None and mode_arg is not None and over is not None
     t = tensor_arg(ck, x, "`batch_norm`", floats=True)
-    stats = ck.expr(stats_arg.value)
-    mode = ck.expr(mode_arg.value)
+    stats = ck.expr(stats_arg.expr)
+    mode = ck.expr(mode_arg.expr)
     if mode != T.MODE and mode is not T.UNKNOWN:
         return ck.error("E0401", f"`batch_norm`'s mode is Train(seed=...) or Eval, not {mode.show()}",
                         mode_arg.span, f"this is {mode.show()}")
@@ -129,7 +129,7 @@ def batch_norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Un
                         f"this is {stats.show()}",
                         f"declare `model Stats:` with `buffer mean: {channel.show()} = zeros()` and "
                         f"`buffer var: {channel.show()} = ones()`")
-    return Typed(T.TensorT(t.axes, t.dtype), (x.value, stats_arg.value, mode_arg.value), {"axis": axis})
+    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, stats_arg.expr, mode_arg.expr), {"axis": axis})
 
 
 def batch_norm_lower(call: LowerCall) -> str:

@@ -1,0 +1,101 @@
+"""The built-ins of a training step: `value_and_grad` (a function's value and its gradient with
+respect to the model it takes first) and `update` (one optimizer step).
+
+Both are device work (check/placement.py reads `device_work`): on several devices they run on the
+workers. `value_and_grad` works across the batch axis: each device's gradients are of its part of
+the batch, and the run time adds them up (check/comms.py's `gradients` counts that all-reduce, one
+per dtype of the model's params). `update` gets whole gradients and does the same step on every
+device.
+
+A call of `value_and_grad` resolves as a call of the function it differentiates (kind "grad": the
+batch split and the DeviceTable follow it into that function), and the IR keeps it as a GradCall;
+the code generator prints it with this entry's lowering.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...syntax import ast as A
+from .. import types as T
+from ..builtins import _unused_args
+from ..program import CallInfo
+from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register, runtime_function
+
+if TYPE_CHECKING:
+    from ..bodies import BodyChecker
+
+GRADIENTS = "gradients"  # every device's gradients of its part of the batch, added up by the run time
+
+
+def value_and_grad_rule(ck: "BodyChecker", node: A.Call, args: Args) -> T.Ty:
+    """`value_and_grad(f, m, args...)`: `f(m, args...)` checked as a call of the program's `f`, which
+    must take a model first and return a float scalar; the call is recorded as that call (kind
+    "grad"), so the rule gives the type itself rather than a Typed."""
+    if not node.args or node.args[0].keyword or not isinstance(node.args[0].value, A.Name) \
+            or node.args[0].value.id not in ck.ctx.fns:
+        _unused_args(ck, node)
+        return ck.error("E0601", "`value_and_grad` takes a function first, then its arguments",
+                        node.args[0].span if node.args else node.span, "not a function",
+                        "write `value_and_grad(loss, m, batch)`")
+    fn = ck.ctx.fns[node.args[0].value.id]
+    ck.checked.types[id(node.args[0].value)] = T.FnRefT(fn.name)
+    ck.fn.calls.setdefault(fn.name, node.span)
+    ck.fn.device_work.append(("value_and_grad", node.span))
+    if not fn.params or not isinstance(fn.params[0].ty, T.ModelT):
+        _unused_args(ck, node)
+        return ck.error("E0601", f"`{fn.name}` must take the model it differentiates as its first parameter",
+                        node.args[0].span, "no model first", f"declare `fn {fn.name}(m: Model, ...)`")
+    inner = A.Call(node.span, node.args[0].value, node.args[1:])
+    result = ck.call_fn(inner, fn)
+    resolved = ck.checked.calls.pop(id(inner), None)
+    ck.checked.calls[id(node)] = resolved or CallInfo("grad", fn.name, [])  # its arguments had errors
+    ck.checked.calls[id(node)].kind = "grad"
+    if result is T.UNKNOWN:
+        return result
+    if not (isinstance(result, T.TensorT) and result.rank == 0 and result.is_float):
+        return ck.error("E0601", f"`value_and_grad` needs a function whose result is a float scalar [], "
+                        f"but `{fn.name}` returns {result.show()}", node.args[0].span, "not a scalar",
+                        "reduce it first, as `mean(x)`")
+    return T.TupleT((result, T.GradT(fn.params[0].ty)))
+
+
+def value_and_grad_on_devices(call: LowerCall) -> str:
+    """On several devices: the same, saying where the call is, for the workers' reports of the
+    gradients' all-reduce."""
+    return f"_rt.value_and_grad({', '.join(call.args + [f'where={call.where}'])})"
+
+
+def _always(view: CallView) -> bool:
+    return True
+
+
+def update_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+    """`update(mut m, mut opt, g)`: one step of `m`'s optimizer with gradients of `m`."""
+    model, opt_arg, grads = args
+    assert model is not None and opt_arg is not None and grads is not None
+    m, opt, g = (ck.expr(a.expr) for a in (model, opt_arg, grads))
+    ck.fn.device_work.append(("update", node.span))
+    ck.check_mut(model, True, "model", "`update`")
+    ck.check_mut(opt_arg, True, "opt", "`update`")
+    ck.check_mut(grads, False, "grads", "`update`")
+    if T.UNKNOWN in (m, opt, g):
+        return T.NONE  # an argument's error is reported; the step has no call to record
+    if not isinstance(m, T.ModelT):
+        return ck.error("E0401", f"`update` changes a model, not {m.show()}", model.span,
+                        f"this is {m.show()}")
+    if not (isinstance(opt, T.OptT) and opt.model is m):
+        return ck.error("E0401", f"`update` needs an optimizer of `{m.name}`, not {opt.show()}",
+                        opt_arg.span, f"this is {opt.show()}", f"declare it `AdamW[{m.name}]`")
+    if not (isinstance(g, T.GradT) and g.model is m):
+        return ck.error("E0401", f"`update` needs gradients of `{m.name}`, not {g.show()}", grads.span,
+                        f"this is {g.show()}", "take them from `value_and_grad`")
+    return Typed(T.NONE, (model.expr, opt_arg.expr, grads.expr))
+
+
+register(
+    # Lowered with the function differentiated first, then its arguments.
+    Op("value_and_grad", ("f", "args"), 1, value_and_grad_rule, runtime_function("value_and_grad"),
+       Across(_always, GRADIENTS, value_and_grad_on_devices), own_args=True, checks_mut=True),
+    Op("update", ("model", "opt", "grads"), 3, update_rule, runtime_function("update"), PER_EXAMPLE, checks_mut=True),
+)

@@ -1,0 +1,88 @@
+"""Elaboration: the checked program's functions as IR (ir/nodes.py).
+
+This is the one reader of the checker's side tables (each expression's type, each call's
+resolution, how broadcast operands are placed, the batch split's marks); the stages after it read
+only the nodes it builds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..check import types as T
+from ..check.ops import OPS
+from ..check.program import Checked, FnInfo
+from ..syntax import ast as A
+from . import nodes as N
+from .walk import sizes_read
+
+
+def elaborate(checked: Checked) -> N.Module:
+    return N.Module(checked.file, tuple(_Elaborator(checked, fn).function() for fn in checked.fns.values()))
+
+
+class _Elaborator:
+    def __init__(self, checked: Checked, fn: FnInfo) -> None:
+        self.c, self.fn = checked, fn
+
+    def function(self) -> N.Function:
+        fn, node = self.fn, self.fn.node
+        params = tuple(N.Param(p.name, p.ty, p.mut, p.node.span) for p in fn.params)
+        body = tuple(self.stmt(s) for s in node.body) if isinstance(node, A.Fn) else ()
+        target = node.target if isinstance(node, A.Extern) else ""
+        return N.Function(fn.name, fn.kind, params, fn.ret, body, node.span, fn.placement,
+                          self.c.split_of(fn.name), sizes_read(body), target)
+
+    # ---- statements ---------------------------------------------------------------------------
+
+    def stmt(self, s: A.Stmt) -> N.Stmt:
+        if isinstance(s, A.Assign):
+            return N.Assign(s.span, tuple(t.id for t in s.targets), self.expr(s.value))
+        if isinstance(s, A.Return):
+            return N.Return(s.span, None if s.value is None else self.expr(s.value))
+        if isinstance(s, A.For):
+            iterable = self.expr(s.iter)  # the loop's sizes are read before its body's
+            return N.For(s.span, s.var.id, self.c.types[id(s.var)], iterable, tuple(self.stmt(b) for b in s.body))
+        assert isinstance(s, A.ExprStmt), s
+        return N.Do(s.span, self.expr(s.expr))
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def expr(self, node: A.Expr) -> N.Expr:
+        ty, span = self.c.types.get(id(node), T.UNKNOWN), node.span
+        recipe: dict[str, Any] = self.c.recipes.get(id(node), {})
+        if isinstance(node, A.Name):
+            if "size" in recipe:
+                return N.Size(ty, span, recipe["size"])
+            return N.Name(ty, span, node.id)
+        if isinstance(node, (A.IntLit, A.FloatLit, A.StrLit, A.BoolLit)):
+            return N.Const(ty, span, node.value)
+        if isinstance(node, A.Attr):
+            live = isinstance(self.c.types.get(id(node.obj)), T.ModelT)  # the tensor training updates
+            return N.Member(ty, span, self.expr(node.obj), node.name, live)
+        if isinstance(node, A.TupleExpr):
+            return N.TupleOf(ty, span, tuple(self.expr(i) for i in node.items))
+        if isinstance(node, A.Binary):
+            return N.BinOp(ty, span, node.op, self.expr(node.left), self.expr(node.right),
+                           recipe.get("left"), recipe.get("right"), recipe.get("kind") == "tensordot",
+                           self.c.split.across.get(id(node)))
+        if isinstance(node, A.Unary):
+            return N.UnOp(ty, span, node.op, self.expr(node.operand))
+        if isinstance(node, A.Call):
+            return self.call(node, ty, recipe)
+        raise AssertionError(f"can't elaborate {node!r}")
+
+    def call(self, node: A.Call, ty: T.Ty, recipe: dict[str, Any]) -> N.Expr:
+        info = self.c.calls[id(node)]
+        axis_args: dict[int, int] = info.options.get("axis_args", {})  # type: ignore[assignment]
+        args = [None if k in axis_args else self.expr(a)  # type: ignore[arg-type]
+                for k, a in enumerate(info.args)]
+        span = node.span
+        if info.kind in ("fn", "python", "extern"):
+            return N.FnCall(ty, span, info.kind, info.name, tuple(axis_args[k] if a is None else a for k, a in enumerate(args)))
+        if info.kind == "grad":  # value_and_grad, resolved as a call of the function it differentiates
+            return N.GradCall(ty, span, info.name, tuple(axis_args[k] if a is None else a for k, a in enumerate(args)))
+        assert info.kind == "builtin" and info.name in OPS, info
+        options = {**info.options, **self.c.split.options.get(id(node), {})}
+        return N.OpCall(ty, span, info.name, tuple(args), options, recipe.get("left"), recipe.get("right"),
+                        recipe.get("kind") == "tensordot", self.c.split.across.get(id(node)))

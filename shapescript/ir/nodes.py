@@ -1,0 +1,197 @@
+"""The typed IR: each checked function as frozen nodes that carry everything lowering needs.
+
+The checker works on the syntax tree and keeps what it finds in tables beside it (a type per
+expression, how each call resolved, how to place broadcast axes). Elaboration (ir/elaborate.py)
+reads those tables once and builds these nodes; the stages after it read only the nodes. Every
+expression has its checked type and its .ss span; a call names its op-table entry and carries its
+options; an operation that works across the batch axis on several devices says how it combines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Union
+
+from ..check.program import BatchSplit
+from ..check.types import Ty
+from ..errors import Span
+
+# A dim's size as a function reads it at run time: a number, or (parameter, axis) for a generic dim
+# read off a parameter's shape (axis "size": a dataset's length).
+ParamSize = tuple[str, Union[int, str]]
+SizeSource = Union[int, ParamSize]
+# Where a broadcast operand's axes go among the result's: ":" keeps an axis, None inserts one.
+Placing = tuple[Union[str, None], ...]
+
+
+@dataclass(frozen=True)
+class Expr:
+    ty: Ty
+    span: Span
+
+
+@dataclass(frozen=True)
+class Name(Expr):
+    id: str
+
+
+@dataclass(frozen=True)
+class Size(Expr):
+    """A dim used as a number (`n`, `D`): its size, fixed or read off a parameter."""
+    source: SizeSource
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: int | float | str | bool
+
+
+@dataclass(frozen=True)
+class Member(Expr):
+    """`obj.name`: a model's member (`live`: the tensor itself, which training updates) or a field."""
+    obj: Expr
+    name: str
+    live: bool
+
+
+@dataclass(frozen=True)
+class TupleOf(Expr):
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class BinOp(Expr):
+    op: str
+    left: Expr
+    right: Expr
+    left_placing: Placing | None = None
+    right_placing: Placing | None = None
+    tensordot: bool = False  # `@` of a right operand of rank > 2
+    across: str | None = None  # on several devices: how the devices' results combine
+
+
+@dataclass(frozen=True)
+class UnOp(Expr):
+    op: str
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class OpCall(Expr):
+    """A call of an op of the op table (check/ops): its arguments in the order its lowering prints
+    them (None: an argument that names an axis, which the options carry), and its options."""
+    op: str
+    args: tuple[Expr | None, ...]
+    options: Mapping[str, Any]
+    left_placing: Placing | None = None
+    right_placing: Placing | None = None
+    tensordot: bool = False
+    across: str | None = None
+
+
+@dataclass(frozen=True)
+class FnCall(Expr):
+    """A call of a function of the program (`kind`: fn, python or extern); an `Axis[...]` argument
+    is passed as its axis's index."""
+    kind: str
+    name: str
+    args: tuple[Expr | int, ...]
+
+
+@dataclass(frozen=True)
+class GradCall(Expr):
+    """value_and_grad(fn, args...): a call of the program's `fn` (the batch split and the DeviceTable
+    follow it there), printed with value_and_grad's entry in the op table."""
+    fn: str
+    args: tuple[Expr | int, ...]  # as FnCall's
+
+
+# Found by ir/fuse.py: spans of the program that torch has one kernel for.
+
+@dataclass(frozen=True)
+class Attention(Expr):
+    """Causal attention: softmax(q·kᵀ·scale with the future masked out, over the keys)·v."""
+    q: Expr
+    k: Expr
+    v: Expr
+    scale: Expr | None
+
+
+@dataclass(frozen=True)
+class LayerNorm(Expr):
+    """The std library's layer_norm over the last axis, times a gain, plus a bias."""
+    x: Expr
+    gain: Expr
+    bias: Expr
+
+
+@dataclass(frozen=True)
+class CausalMask(Expr):
+    """A causal mask read only as a mask: one tensor per size and device, shared by every call."""
+    sizes: tuple[SizeSource, ...]
+
+
+# ---- statements ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Stmt:
+    span: Span
+
+
+@dataclass(frozen=True)
+class Assign(Stmt):
+    targets: tuple[str, ...]
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Return(Stmt):
+    value: Expr | None
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    var: str
+    var_ty: Ty
+    iter: Expr
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Do(Stmt):
+    """An expression evaluated for what it does."""
+    expr: Expr
+
+
+# ---- functions ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ty: Ty
+    mut: bool
+    span: Span
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    kind: str  # fn | python | extern
+    params: tuple[Param, ...]
+    ret: Ty
+    body: tuple[Stmt, ...]
+    span: Span
+    placement: str  # controller | workers | anywhere
+    split: BatchSplit | None  # None: one device, or a function that doesn't run on the workers
+    sizes: tuple[ParamSize, ...] = ()  # the generic dims' sizes it reads off its parameters
+    target: str = ""  # extern and python fns: the Python function they call ("module.attr")
+
+
+@dataclass(frozen=True)
+class Module:
+    file: str
+    functions: tuple[Function, ...]
+
+    def function(self, name: str) -> Function:
+        return next(f for f in self.functions if f.name == name)

@@ -1,0 +1,54 @@
+"""Walks over the IR: its statements, its expressions, and the sizes a function reads."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from . import nodes as N
+
+
+def statements(body: tuple[N.Stmt, ...]) -> Iterator[N.Stmt]:
+    """Every statement of `body`, those in loops included, in the source's order."""
+    for s in body:
+        yield s
+        if isinstance(s, N.For):
+            yield from statements(s.body)
+
+
+def exprs(e: N.Expr) -> Iterator[N.Expr]:
+    """`e` and every expression inside it, each before those inside it."""
+    yield e
+    for field in dataclasses.fields(e):
+        value = getattr(e, field.name)
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, N.Expr):
+                yield from exprs(v)
+
+
+def walk(body: tuple[N.Stmt, ...]) -> Iterator[N.Expr]:
+    """Every expression in `body`, nested ones included, in the source's order."""
+    for s in body:
+        for field in dataclasses.fields(s):
+            value = getattr(s, field.name)
+            if isinstance(value, N.Expr):
+                yield from exprs(value)
+            elif field.name == "body":
+                yield from walk(value)
+
+
+def sizes_read(body: tuple[N.Stmt, ...]) -> tuple[N.ParamSize, ...]:
+    """The generic dims' sizes a function's body reads off its parameters, each once, in the order
+    the body first reads them: dims used as numbers, and ops that are given sizes."""
+    found: list[N.ParamSize] = []
+    for e in walk(body):
+        if isinstance(e, N.Size):
+            sources: tuple[N.SizeSource, ...] = (e.source,)
+        elif isinstance(e, N.CausalMask):
+            sources = e.sizes
+        elif isinstance(e, N.OpCall):
+            sources = tuple(e.options.get("sizes", ()))
+        else:
+            continue
+        found += [s for s in sources if isinstance(s, tuple) and s not in found]
+    return tuple(found)

@@ -1,0 +1,193 @@
+"""Function bodies printed from the IR: each statement one line of Python on torch.
+
+Nothing here looks at the syntax tree or the checker's tables: every type, resolved call, option,
+broadcast placing and batch-split mark is on the IR node being printed.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Callable
+from typing import Protocol
+
+from ..check import types as T
+from ..check.ops import OPS, LowerCall
+from ..errors import Span
+from ..ir import nodes as N
+from ..names import MEMBER_PREFIX
+from .specs import spec_var
+from .text import literal
+from .type_checks import TypeChecks
+
+# Names the generated module binds itself, or calls: a user's name among them is renamed.
+RESERVED = {"torch", "_F", "_rt", "annotations", "types", "sys", "getattr", "tuple", "float",
+            "DIMS", "DEVICE", "GUARDS", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
+
+
+def py_name(name: str) -> str:
+    """A .ss name as a Python identifier that can't clash with Python or the module's own names.
+    Renamed names start with `ss_`, and so does every name that is renamed: no two names meet."""
+    if (keyword.iskeyword(name) or name in RESERVED or name.startswith(("_", "ss_"))
+            or name.endswith("_spec")):
+        return f"ss_{name}"
+    return name
+
+
+def placing_text(placing: N.Placing | None) -> str:
+    """The index that places a broadcast operand's axes among the result's (`[:, None]`)."""
+    if not placing:
+        return ""
+    return "[" + ", ".join(":" if i == ":" else "None" for i in placing) + "]"
+
+
+def size_text(source: object) -> str:
+    """A dim's size at run time: a number, or the local that holds what a parameter's shape said."""
+    if isinstance(source, int):
+        return str(source)
+    assert isinstance(source, tuple)
+    param, axis = source
+    return f"_size_{py_name(param)}_{axis}"
+
+
+class Emit(Protocol):
+    def __call__(self, text: str, span: Span | None = None, indent: int = 0) -> None: ...
+
+
+class BodyPrinter:
+    """Prints one function of the IR through `emit`, which numbers lines and maps them to .ss spans."""
+
+    def __init__(self, emit: Emit, several: bool, type_checks: TypeChecks | None) -> None:
+        self.emit, self.several, self.type_checks = emit, several, type_checks
+
+    def function(self, fn: N.Function) -> None:
+        names = [py_name(p.name) for p in fn.params]
+        self.emit(f"def {py_name(fn.name)}({', '.join(names)}):", fn.span)
+        for line in self.type_checks.prologue(fn.params, names) if self.type_checks else ():
+            self.emit(line, indent=1)
+        for source in fn.sizes:  # read before the body can rebind the parameter
+            param, axis = source
+            read = f"{py_name(param)}.size" if axis == "size" else f"{py_name(param)}.shape[{axis}]"
+            self.emit(f"{size_text(source)} = {read}", indent=1)
+        if not fn.body:
+            self.emit("pass", indent=1)
+        self.block(fn.body, 1)
+
+    def block(self, body: tuple[N.Stmt, ...], indent: int) -> None:
+        for s in body:
+            self.stmt(s, indent)
+
+    def stmt(self, s: N.Stmt, indent: int) -> None:
+        if isinstance(s, N.Assign):
+            self.emit(f"{', '.join(py_name(t) for t in s.targets)} = {self.expr(s.value)}", s.span, indent)
+        elif isinstance(s, N.Return):
+            self.emit("return" if s.value is None else f"return {self.expr(s.value)}", s.span, indent)
+        elif isinstance(s, N.For):
+            iterable = self.expr(s.iter)
+            if self.type_checks is not None:
+                iterable = self.type_checks.loop(s.var_ty, iterable)
+            self.emit(f"for {py_name(s.var)} in {iterable}:", s.span, indent)
+            self.block(s.body, indent + 1)
+            if not s.body:
+                self.emit("pass", indent=indent + 1)
+        else:
+            assert isinstance(s, N.Do)
+            self.emit(self.expr(s.expr), s.span, indent)
+
+    # ---- expressions --------------------------------------------------------------------------
+
+    def expr(self, node: N.Expr, nested: bool = False) -> str:
+        text = self._expr(node)
+        if self.type_checks is not None:
+            text = self.type_checks.wrap(node.ty, node.span, text)
+        if nested and isinstance(node, (N.BinOp, N.UnOp)):
+            return f"({text})"
+        return text
+
+    def _expr(self, node: N.Expr) -> str:
+        if isinstance(node, N.Name):
+            return py_name(node.id)
+        if isinstance(node, N.Size):
+            return size_text(node.source)
+        if isinstance(node, N.Const):
+            if isinstance(node.value, float) and node.value in (float("inf"), float("-inf")):
+                return 'float("inf")'
+            return literal(node.value)
+        if isinstance(node, N.Member):
+            obj = self.expr(node.obj, nested=True)
+            if node.live:  # the live tensor; `m.w` from Python is a copy
+                return f"{obj}.{MEMBER_PREFIX}{node.name}"
+            if keyword.iskeyword(node.name):
+                return f"getattr({obj}, {node.name!r})"
+            return f"{obj}.{node.name}"
+        if isinstance(node, N.TupleOf):
+            return "(" + ", ".join(self.expr(i) for i in node.items) + ",)"
+        if isinstance(node, N.BinOp):
+            return self.binary(node)
+        if isinstance(node, N.UnOp):
+            operand = self.expr(node.operand, nested=True)
+            if node.op == "-":
+                return f"-{operand}"
+            if isinstance(node.ty, T.TensorT):
+                return f"torch.logical_not({operand})"
+            return f"not {operand}"
+        if isinstance(node, N.OpCall):
+            return self.op_call(node)
+        if isinstance(node, N.FnCall):
+            return f"{py_name(node.name)}({', '.join(self.passed(node.args))})"
+        if isinstance(node, N.GradCall):
+            return self.grad_call(node)
+        if isinstance(node, N.Attention):
+            q, k, v = (self.expr(a) for a in (node.q, node.k, node.v))
+            scale = "" if node.scale is None else f", scale={self.expr(node.scale)}"
+            return f"_F.scaled_dot_product_attention({q}, {k}, {v}, is_causal=True{scale})"
+        if isinstance(node, N.LayerNorm):
+            gain = self.expr(node.gain)
+            return f"_F.layer_norm({self.expr(node.x)}, {gain}.shape, {gain}, {self.expr(node.bias)})"
+        if isinstance(node, N.CausalMask):
+            return f"_rt.causal_mask({', '.join(size_text(s) for s in node.sizes)}, DEVICE)"
+        raise AssertionError(f"can't lower {node!r}")
+
+    def passed(self, args: tuple[N.Expr | int, ...]) -> list[str]:
+        """A call's arguments; an axis (an `Axis[...]` parameter's) as its index."""
+        return [str(a) if isinstance(a, int) else self.expr(a) for a in args]
+
+    def binary(self, node: N.BinOp) -> str:
+        left = self.expr(node.left, nested=True) + placing_text(node.left_placing)
+        right = self.expr(node.right, nested=True) + placing_text(node.right_placing)
+        if node.op in ("and", "or"):
+            tensor = isinstance(node.ty, T.TensorT)
+            return f"torch.logical_{node.op}({left}, {right})" if tensor else f"{left} {node.op} {right}"
+        if node.op == "@" and node.tensordot:
+            text = f"torch.tensordot({left}, {right}, dims=1)"
+        else:
+            text = f"{left} {node.op} {right}"
+        if node.across:  # contracts the batch axis: each device's part is a partial sum
+            return f"_rt.all_sum({text}, {literal(str(node.span))})"
+        return text
+
+    def op_call(self, node: N.OpCall) -> str:
+        """The op table's lowering, or its all-reduce on several devices."""
+        args = ["" if a is None else self.expr(a) for a in node.args]
+        # An argument that gets an index or a method call after it needs its own parentheses.
+        wrapped = [f"({text})" if isinstance(a, (N.BinOp, N.UnOp)) else text for text, a in zip(args, node.args)]
+        recipe = {k: v for k, v in (("left", node.left_placing), ("right", node.right_placing),
+                                     ("kind", "tensordot" if node.tensordot else None)) if v is not None}
+        place: Callable[[int, tuple | None], str] = \
+            lambda k, index: wrapped[k] + placing_text(index) if index else args[k]
+        call = LowerCall(args, wrapped, node.options, literal(str(node.span)), place, recipe, size_text, literal,
+                         spec_var)
+        op = OPS[node.op]
+        if node.across:
+            return op.across.lower(call) if op.across.lower else f"_rt.all_sum({op.lower(call)}, {call.where})"
+        return op.lower(call)
+
+    def grad_call(self, node: N.GradCall) -> str:
+        """value_and_grad, by its entry in the op table: the function it differentiates, then that
+        function's arguments. On several devices it always works across the batch axis (every
+        device's gradients are added up), and its entry's lowering for that says where it is."""
+        args = [py_name(node.fn)] + self.passed(node.args)
+        call = LowerCall(args, args, {}, literal(str(node.span)), lambda k, index: args[k], {}, size_text, literal,
+                         spec_var)
+        op = OPS["value_and_grad"]
+        lower = op.across.lower if self.several else None
+        return (lower or op.lower)(call)

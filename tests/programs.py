@@ -1,0 +1,247 @@
+"""Small ShapeScript programs the tests share (imported as `programs`, as `support` is): the headers
+that several test files repeat, the examples' programs as the tests read them, and the programs the
+per-pass tests (tests/passes/) compile. Each is a named source string; a test that changes one does
+so with `.replace` on its own copy, or by adding functions after it."""
+
+from __future__ import annotations
+
+import textwrap
+
+from support import ROOT
+
+# -- headers ---------------------------------------------------------------------------------------
+
+# A linear classifier's dims, example and model: the start of most small programs with a batch.
+LIN_HEADER = textwrap.dedent("""\
+    dim D = 4
+    dim C = 3
+
+    data Ex:
+        x: [D]
+        y: [] Index[C]
+
+    model Lin:
+        param w: [D C] = normal(std=0.1)
+    """)
+
+# Its loss, with the scores written out.
+LIN_LOSS = "fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(batch.x @ m.w, batch.y, over=C)\n"
+
+# Its training step (value_and_grad and update of an AdamW), after a `loss(m: Lin, batch: [b] Ex)`.
+LIN_STEP = textwrap.dedent("""\
+    fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        update(mut m, mut opt, g)
+        return l
+    """)
+
+# A small program on several devices: a linear classifier, its step and a loop over a dataset.
+LINEAR = LIN_HEADER + textwrap.dedent("""\
+
+    fn scores(m: Lin, x: [b D]) -> [b C] = x @ m.w
+
+    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
+
+    """) + LIN_STEP + textwrap.dedent("""\
+
+    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
+        for batch in data |> shuffle(seed=1) |> batches(8):
+            write(log, logs(loss=step(mut m, mut opt, batch)))
+    """)
+
+# -- the examples ------------------------------------------------------------------------------------
+
+README_FILE = ROOT / "examples" / "readme" / "mlp.ss"
+README = README_FILE.read_text()  # the README's MLP, with its `devices cuda[0 1 2]` line
+GPT_FILE = ROOT / "examples" / "attention" / "gpt.ss"
+GPT = GPT_FILE.read_text()
+GPT_DIMS = {"V": 11, "T": 8, "D": 16, "H": 2, "Dh": 8, "F": 32, "L": 2}  # tiny: for runs on several devices
+
+# batch_norm's statistics in a model of their own, between two layers.
+BATCH_NORM = textwrap.dedent("""\
+    dim D = 6
+    dim Hd = 8
+    dim C = 3
+
+    data Ex:
+        x: [D]
+        y: [] Index[C]
+
+    model Stats:
+        buffer mean: [Hd] = zeros()
+        buffer var: [Hd] = ones()
+
+    model Net:
+        param w1: [D Hd] = normal(std=0.3)
+        norm: Stats
+        param w2: [Hd C] = normal(std=0.3)
+
+    fn loss(m: Net, batch: [b] Ex, mode: Mode) -> []:
+        h = relu(batch_norm(batch.x @ m.w1, m.norm, mode, over=Hd))
+        return cross_entropy(h @ m.w2, batch.y, over=C)
+
+    fn train_step(mut m: Net, mut opt: AdamW[Net], batch: [b] Ex, mode: Mode) -> []:
+        l, g = value_and_grad(loss, m, batch, mode)
+        update(mut m, mut opt, g)
+        return l
+    """)
+
+# -- for the per-pass tests ------------------------------------------------------------------------
+
+# One function for each of the manual's reasons to run in the controller, on the workers or anywhere
+# (check/placement.py), after LIN_HEADER.
+PLACES = LIN_HEADER + textwrap.dedent("""\
+
+    python fn helper_matrix() -> [D C] = "helper_mod.ones_matrix"
+
+    extern fn ln(x: [b D], over: Axis[D]) -> [b D] = "shapescript.std.layer_norm"
+
+    fn twice(n: int) -> int = n * 2
+
+    fn scores(m: Lin, x: [b D]) -> [b C] = x @ m.w
+
+    fn normed(x: [b D]) -> [b D] = ln(x, over=D)
+
+    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
+
+    """) + LIN_STEP + textwrap.dedent("""\
+
+    fn show(x: []):
+        print(x)
+
+    fn show_twice(x: []):
+        show(x)
+        show(x)
+
+    fn show_through(x: []):
+        show_twice(x)
+
+    fn keep(path: str, m: Lin):
+        save(path, m)
+
+    fn restore(path: str, mut m: Lin):
+        load(path, mut m)
+
+    fn record(log: Sink, x: []):
+        write(log, logs(x=x))
+
+    fn with_helper(x: [b D]) -> [b C] = x @ helper_matrix()
+
+    fn count(data: Dataset[Ex]) -> int = twice(1)
+
+    fn to_sink(log: Sink) -> int = twice(2)
+
+    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
+        for batch in data |> batches(8):
+            write(log, logs(loss=step(mut m, mut opt, batch)))
+    """)
+
+# Device work in a function that runs in the controller (E1803 on several devices), three ways: a step
+# that prints, a step that calls a function that prints, and a loop that trains in its own body.
+PRINTING_STEP = LIN_HEADER + "\n" + LIN_LOSS + "\n" + textwrap.dedent("""\
+    fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        print(l)
+        update(mut m, mut opt, g)
+        return l
+    """)
+
+SHOWING_STEP = LIN_HEADER + "\n" + LIN_LOSS + "\n" + textwrap.dedent("""\
+    fn show(x: []):
+        print(x)
+
+    fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        update(mut m, mut opt, g)
+        show(l)
+        return l
+    """)
+
+TRAINING_LOOP = LIN_HEADER + "\n" + LIN_LOSS + "\n" + textwrap.dedent("""\
+    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex]):
+        for batch in data |> batches(4):
+            l, g = value_and_grad(loss, m, batch)
+            update(mut m, mut opt, g)
+    """)
+
+# Operations on a split batch: some combine across the devices (sum, mean, cross_entropy, and the
+# contractions over the batch axis: `@`, einsum, reduce with sum), some work on each example alone.
+SPLIT_OPS = LIN_HEADER + textwrap.dedent("""\
+
+    fn total(batch: [b] Ex) -> [D] = sum(batch.x, over=b)
+    fn average(batch: [b] Ex) -> [D] = mean(batch.x, over=b)
+    fn overall(batch: [b] Ex) -> [] = mean(batch.x)
+    fn per_example(batch: [b] Ex) -> [b] = sum(batch.x, over=D)
+    fn gram(batch: [b] Ex) -> [D D] = rearrange(batch.x, b d -> d b) @ batch.x
+    fn gram_einsum(batch: [b] Ex) -> [D D] = einsum(batch.x, batch.x, b d, b e -> d e)
+    fn column_sums(batch: [b] Ex) -> [D] = reduce(batch.x, b d -> d, sum)
+    fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(batch.x @ m.w, batch.y, over=C)
+    fn scores(m: Lin, x: [n D]) -> [n C] = x @ m.w
+    fn ranked(m: Lin, x: [k D]) -> [k C] = scores(m, x)
+    fn mean_score(m: Lin, batch: [b] Ex) -> [] = mean(ranked(m, batch.x))
+    fn weight_total(m: Lin) -> [] = sum(m.w)
+    """)
+
+# One function each that works across the batch axis with no lowering for several devices (E1801).
+MAX_OVER_BATCH = LIN_HEADER + "\nfn f(batch: [b] Ex) -> [D] = max(batch.x, over=b)\n"
+SOFTMAX_OVER_BATCH = LIN_HEADER + "\nfn f(batch: [b] Ex) -> [b D] = softmax(batch.x, over=b)\n"
+REDUCE_MAX_OVER_BATCH = LIN_HEADER + "\nfn f(batch: [b] Ex) -> [D] = reduce(batch.x, b d -> d, max)\n"
+
+# The batch axis not kept an axis of its own (E1802).
+BATCH_GROUPED = LIN_HEADER + "\nfn f(batch: [b] Ex) -> [(b D)] = rearrange(batch.x, b d -> (b d))\n"
+BATCH_TWICE = LIN_HEADER + "\nfn f(batch: [b] Ex) -> [b b] = einsum(batch.x, batch.x, b d, c d -> b c)\n"
+FIXED_BATCH = LIN_HEADER + "\nfn f(batch: [8] Ex) -> [8 D] = batch.x\n"
+BATCH_SIZE_AS_NUMBER = LIN_HEADER + "\nfn f(batch: [b] Ex) -> [] = sum(batch.x) / b\n"
+# the batch axis in a callee's dim, as part of 2*b
+BATCH_IN_ARITHMETIC = LIN_HEADER + textwrap.dedent("""\
+
+    fn g(x: [n D]) -> [n D] = x
+    fn f(batch: [b] Ex) -> [2*b D] = g(repeat(batch.x, b d -> (r b) d, r=2))
+    """)
+
+# `g` given the batch in one call and a whole value in another (E1804).
+SPLIT_AND_WHOLE = LIN_HEADER + textwrap.dedent("""\
+
+    fn g(x: [n D]) -> [n] = sum(x, over=D)
+    fn f(batch: [b] Ex, w: [C D]) -> [b] = g(batch.x) + sum(g(w), over=C)
+    """)
+
+# A Python function given a batch's field, or the batch, in the controller's loop (E1901).
+PYTHON_GETS_FIELD = LIN_HEADER + textwrap.dedent("""\
+
+    python fn show(x: [b D]) = "helper_mod.show"
+    fn f(data: Dataset[Ex]):
+        for batch in data |> batches(4):
+            show(batch.x)
+    """)
+PYTHON_GETS_BATCH = LIN_HEADER + textwrap.dedent("""\
+
+    python fn show(x: [b] Ex) = "helper_mod.show"
+    fn f(data: Dataset[Ex]):
+        for batch in data |> batches(4):
+            show(batch)
+    """)
+
+# Sums and means of fields of several dtypes over the batch: what an all-reduce sends is the result's dtype.
+MIXED_DTYPES = textwrap.dedent("""\
+    dim D = 4
+
+    data Pair:
+        x: [D] f64
+        n: [D] i32
+        h: [D] f16
+
+    fn f64_total(batch: [b] Pair) -> [D] f64 = sum(batch.x, over=b)
+    fn i32_total(batch: [b] Pair) -> [D] i64 = sum(batch.n, over=b)
+    fn f16_mean(batch: [b] Pair) -> [] f16 = mean(batch.h)
+    """)
+
+# A field padded per batch (n): what a sum over the batch sends depends on n.
+PADDED = textwrap.dedent("""\
+    dim D = 4
+
+    data Seq:
+        x: [n D]
+
+    fn total(batch: [b] Seq) -> [n D] = sum(batch.x, over=b)
+    """)
