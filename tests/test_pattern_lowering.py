@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from programs import GPT
 from shapescript.api import compile_program
 from shapescript.check.ops import OPS
-from shapescript.check.ops.shaping import RECIPE, REDUCE, REPEAT, runtime_call
+from shapescript.check.ops.shaping import recipe_parts, reduce_parts, repeat_parts, runtime_call
 from shapescript.lower.targets import Target
 from shapescript.pipeline import python_module
 
@@ -152,8 +152,9 @@ def combine(parts: Iterable[torch.Tensor]) -> torch.Tensor:
 def runtime_lowering() -> Iterator[None]:
     """The pattern ops lowered as calls of runtime/patterns.py with their recipes, as they were."""
     saved = {name: OPS[name] for name in ("rearrange", "split", "repeat", "reduce")}
-    lowerings = {"rearrange": runtime_call("rearrange", RECIPE), "split": runtime_call("split_parts", RECIPE),
-                 "repeat": runtime_call("repeat", REPEAT), "reduce": runtime_call("reduce", REDUCE)}
+    lowerings = {"rearrange": runtime_call("rearrange", recipe_parts),
+                 "split": runtime_call("split_parts", recipe_parts),
+                 "repeat": runtime_call("repeat", repeat_parts), "reduce": runtime_call("reduce", reduce_parts)}
     try:
         for name, lower in lowerings.items():
             OPS[name] = replace(OPS[name], lower=lower)

@@ -14,6 +14,7 @@ from . import builtins as B
 from . import dims as D
 from . import types as T
 from .checker import Context, misspelled_dim, similar
+from .options import NO_OPTIONS, CallOptions, Recipe
 from .program import CallInfo, FnInfo, ParamInfo
 from .rules import number_arith, number_negation, whole_tensor_power
 
@@ -277,7 +278,7 @@ class BodyChecker:
         found = dim_source(self, node)
         if found is None:
             return T.UNKNOWN
-        self.checked.recipes[id(node)] = {"size": found[1]}
+        self.checked.recipes[id(node)] = Recipe(dim=True, size=found[1])
         return T.INT
 
     def attr(self, node: A.Attr) -> T.Ty:
@@ -487,8 +488,7 @@ class BodyChecker:
                            arg.span, "not a mut parameter", "pass a parameter declared with `mut`")
             elif not var.mutable:
                 self.error("E0501", f"`{target.id}` is changed here, but `{self.fn.name}` doesn't take it as `mut`",
-                           arg.span, "changed", f"declare it `mut {target.id}` in `{self.fn.name}`'s parameters",
-                           )
+                           arg.span, "changed", f"declare it `mut {target.id}` in `{self.fn.name}`'s parameters")
 
     def call_fn(self, node: A.Call, fn: FnInfo) -> T.Ty:
         what = f"`{fn.name}`"
@@ -506,7 +506,7 @@ class BodyChecker:
         if fn.kind == "python":
             self.use("python", node.span)
         result = self.instantiate(fn, fn.params, args, arg_types, fn.ret)
-        self.checked.calls[id(node)].options["mapping"] = self.mapping  # read by the batch split
+        self.checked.calls[id(node)].mapping = self.mapping  # read by the batch split
         if any(isinstance(p.ty, T.AxisArgT) for p in fn.params) and result is not T.UNKNOWN:
             self.axis_indices(node, fn, arg_types)
         return result
@@ -536,11 +536,11 @@ class BodyChecker:
                            f"`{p.name}` names {D.show(t.dim)}")
                 return
             found[k] = index
-        self.checked.calls[id(node)].options["axis_args"] = found
+        self.checked.calls[id(node)].axis_args = found
 
     def record_call(self, node: A.Call, kind: str, name: str, args: list[A.Expr | A.Pattern],
-                    **options: object) -> None:
-        self.checked.calls[id(node)] = CallInfo(kind, name, args, dict(options))
+                    options: CallOptions = NO_OPTIONS) -> None:
+        self.checked.calls[id(node)] = CallInfo(kind, name, args, options)
 
     def instantiate(self, fn: FnInfo, params: list[ParamInfo], args: list[A.Arg], arg_types: list[T.Ty],
                     ret: T.Ty) -> T.Ty:

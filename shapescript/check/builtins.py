@@ -14,6 +14,7 @@ from ..errors import Span
 from ..syntax import ast as A
 from . import dims as D
 from . import types as T
+from .options import Recipe
 from .origins import axis_label, labels, type_label
 
 if TYPE_CHECKING:
@@ -189,8 +190,7 @@ def broadcast(ck: "BodyChecker", node: A.Node, left: T.TensorT, right: T.TensorT
         return None
     if positions != list(range(big.rank - small.rank, big.rank)):
         index = tuple(":" if k in positions else None for k in range(big.rank))
-        side = "right" if small is right else "left"
-        ck.checked.recipes[id(node)] = {side: index}
+        ck.checked.recipes[id(node)] = Recipe(right=index) if small is right else Recipe(left=index)
     return big.axes
 
 
@@ -240,7 +240,7 @@ def matmul(ck: "BodyChecker", node: A.Node, left: T.Ty, right: T.Ty, lnode: A.No
                         "dims match by name, never by size" if _same_value(ck, a, b) else "",
                         secondary=labels(axis_label(ck, lnode, left, -1, "last axis"),
                                          axis_label(ck, rnode, right, 0, "first axis")))
-    ck.checked.recipes[id(node)] = {"kind": "matmul" if right.rank <= 2 else "tensordot"}
+    ck.checked.recipes[id(node)] = Recipe(tensordot=right.rank > 2)
     return T.TensorT(left.axes[:-1] + right.axes[1:], left.dtype)
 
 

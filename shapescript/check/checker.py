@@ -12,6 +12,7 @@ import re
 import sympy
 
 from ..errors import CompileError, Diagnostic, Span
+from ..inits import INITS
 from ..names import DATA_RESERVED, MODEL_RESERVED, is_reserved, reserved_text, similar
 from ..syntax import ast as A
 from . import dims as D
@@ -19,8 +20,6 @@ from . import types as T
 from .constants import NotConstant, constant, derive_dims
 from .program import Checked, DeviceSet, FnInfo, ParamInfo
 
-INIT_ARGS = {"normal": ("mean", "std"), "uniform": ("low", "high"), "zeros": (), "ones": ()}
-INIT_DEFAULTS = {"mean": 0.0, "std": 1.0, "low": 0.0, "high": 1.0}
 OPTIMIZERS = {"AdamW", "Sgd"}
 SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
 
@@ -223,12 +222,12 @@ def init_of(ctx: Context, m: A.Member, members: dict[str, str]) -> tuple[str, di
     call = m.init
     assert call is not None
     name = call.func.id if isinstance(call.func, A.Name) else ""
-    if name not in INIT_ARGS:
+    if name not in INITS:
         ctx.error("E0205", f"unknown initializer `{name or '?'}`", call.func.span, "not an initializer",
                   "use normal(mean=, std=), uniform(low=, high=), zeros() or ones()")
         return "zeros", {}
-    allowed = INIT_ARGS[name]
-    values = {k: INIT_DEFAULTS[k] for k in allowed}
+    values = dict(INITS[name])
+    allowed = tuple(values)
     for k, arg in enumerate(call.args):
         key = arg.keyword or (allowed[k] if k < len(allowed) else None)
         if key not in allowed:

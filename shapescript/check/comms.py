@@ -173,7 +173,7 @@ class _Builder:
     def _batch_size(self) -> tuple[int | None, Span | None]:
         for node in iter_nodes(self.c.program):
             info = self.c.calls.get(id(node))
-            size = info.options.get("batch_size") if info is not None and info.kind == "builtin" else None
+            size = info.options.batch_size if info is not None and info.kind == "builtin" else None
             if isinstance(size, int):  # `batches(n)` with n written as a number
                 return size, node.span
         return None, None

@@ -17,6 +17,7 @@ import sympy
 from ..syntax import ast as A
 from . import dims as D
 from . import types as T
+from .options import CallOptions
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -202,7 +203,7 @@ def _flat_parts(atom: Atom) -> D.Dim:
 
 
 def lower_recipe(lhs: Side, rhs: Side, keep: list[int], node: A.Node, values: dict[str, int | None]
-                 ) -> dict[str, object]:
+                 ) -> CallOptions:
     """How to get from the operand to the result: split its axes into atoms, permute the atoms
     that survive (`keep`, in the right side's order), and merge them into the result's axes.
 
@@ -232,6 +233,7 @@ def lower_recipe(lhs: Side, rhs: Side, keep: list[int], node: A.Node, values: di
             raise PatternError("can't tell the sizes of this group's parts when the program runs", node,
                                "", "give the parts' sizes as dims of the program")
         split.append(tuple(sizes))
-    return {"split": tuple(split) if any(s is not None for s in split) else None,
-            "perm": tuple(keep) if list(keep) != sorted(keep) or len(keep) != len(lhs.atoms) else None,
-            "merge": tuple(len(g) for g in rhs.groups) if any(len(g) != 1 for g in rhs.groups) else None}
+    return CallOptions(
+        split=tuple(split) if any(s is not None for s in split) else None,
+        perm=tuple(keep) if list(keep) != sorted(keep) or len(keep) != len(lhs.atoms) else None,
+        merge=tuple(len(g) for g in rhs.groups) if any(len(g) != 1 for g in rhs.groups) else None)

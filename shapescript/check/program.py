@@ -11,6 +11,7 @@ from ..devices import DeviceSet
 from ..errors import Span
 from ..syntax import ast as A
 from . import dims as D
+from .options import CallOptions, Recipe
 from .types import DataT, ModelT, Ty
 
 if TYPE_CHECKING:
@@ -48,11 +49,14 @@ class FnInfo:
 
 @dataclass
 class CallInfo:
-    """How a call resolved: which function, its arguments in parameter order, and options."""
-    kind: str  # fn | builtin | extern | python
+    """How a call resolved: which function, its arguments in parameter order, an op's options; and
+    for a call of a function of the program, what binds its generics and its `Axis[...]` arguments."""
+    kind: str  # fn | builtin | extern | python | grad
     name: str
     args: list[A.Expr | A.Pattern]
-    options: dict[str, object] = field(default_factory=dict)
+    options: CallOptions = field(default_factory=CallOptions)
+    mapping: Mapping[D.Dim, D.Dim] = field(default_factory=dict)  # the callee's generic dims -> the caller's
+    axis_args: Mapping[int, int] = field(default_factory=dict)  # an Axis argument's place -> its axis's index
 
 
 @dataclass(frozen=True)
@@ -67,10 +71,10 @@ class BatchSplit:
 @dataclass(frozen=True)
 class SplitFacts:
     """What the batch split found: each function's split, the operations whose devices' results
-    combine (by node: how), and the options a call takes when its operand is split."""
+    combine (by node: how), and the options a call takes instead of its own when its operand is split."""
     fns: Mapping[str, BatchSplit]
     across: Mapping[int, str]
-    options: Mapping[int, Mapping[str, Any]]
+    options: Mapping[int, CallOptions]
 
 
 NO_SPLIT = SplitFacts({}, {}, {})
@@ -88,7 +92,7 @@ class Checked:
     fns: dict[str, FnInfo]
     types: dict[int, Ty] = field(default_factory=dict)  # id(expr) -> type
     calls: dict[int, CallInfo] = field(default_factory=dict)  # id(call) -> resolution
-    recipes: dict[int, dict] = field(default_factory=dict)  # id(expr) -> how to lower it
+    recipes: dict[int, Recipe] = field(default_factory=dict)  # id(expr) -> how to lower it
     split: SplitFacts = NO_SPLIT  # on several devices, what the batch split found
 
     @functools.cached_property

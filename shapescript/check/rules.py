@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ..syntax import ast as A
 from . import types as T
 from .builtins import literal_number
+from .options import NO_RECIPE
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -48,7 +49,7 @@ def _whole_exponent(ck: "BodyChecker", node: A.Binary, why: str) -> int | float 
     exponent = literal_number(node.right)
     if isinstance(node.right, A.BoolLit):
         exponent = int(node.right.value)
-    if exponent is None and "size" in ck.checked.recipes.get(id(node.right), {}):
+    if exponent is None and ck.checked.recipes.get(id(node.right), NO_RECIPE).dim:
         exponent = 1
     if exponent is None:
         ck.error("E0308", f"`**` {why}, and this exponent's sign isn't known", node.span, "sign unknown",

@@ -12,6 +12,7 @@ call or at none (E1804), and Python calls never get split data (E1901).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 from ..errors import Span
@@ -20,6 +21,7 @@ from . import dims as D
 from . import types as T
 from .checker import Context
 from .ops.table import OPS, PARTIAL, CallView
+from .options import NO_RECIPE, CallOptions
 from .program import BatchSplit, CallInfo, FnInfo, SplitFacts
 
 SplitDims = set[Any]  # a function's generic dims that are the batch axis
@@ -48,7 +50,7 @@ def split_batches(ctx: Context) -> SplitFacts:
     dims = {fn.name: seeds(ctx, fn) for fn in fns}
     propagate(ctx, fns, dims)
     across: dict[int, str] = {}
-    options: dict[int, dict[str, Any]] = {}
+    options: dict[int, CallOptions] = {}
     for fn in fns:
         if fn.placement == "workers":
             Classifier(ctx, fn, dims[fn.name], across, options).run()
@@ -75,16 +77,15 @@ def seeds(ctx: Context, fn: FnInfo) -> SplitDims:
     return out
 
 
-def call_sites(ctx: Context, fns: list[FnInfo]) -> Iterator[tuple[FnInfo, A.Call, FnInfo, dict]]:
+def call_sites(ctx: Context, fns: list[FnInfo]) -> Iterator[tuple[FnInfo, A.Call, FnInfo, Mapping[D.Dim, D.Dim]]]:
     """(caller, call, callee, binding of the callee's generic dims) for each call between functions."""
     by_name = {f.name: f for f in fns}
     for fn in fns:
         for node in iter_nodes(fn.node):
             info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None
             if info is not None and info.kind in ("fn", "grad") and info.name in by_name:
-                mapping = info.options.get("mapping", {})
-                assert isinstance(node, A.Call) and isinstance(mapping, dict)
-                yield fn, node, by_name[info.name], mapping
+                assert isinstance(node, A.Call)
+                yield fn, node, by_name[info.name], info.mapping
 
 
 def propagate(ctx: Context, fns: list[FnInfo], dims: dict[str, SplitDims]) -> None:
@@ -158,7 +159,7 @@ class Classifier:
     """Marks each operation of a function on the workers that works across the batch axis."""
 
     def __init__(self, ctx: Context, fn: FnInfo, dims: SplitDims, across: dict[int, str],
-                 options: dict[int, dict[str, Any]]) -> None:
+                 options: dict[int, CallOptions]) -> None:
         self.ctx, self.fn, self.checked, self.dims = ctx, fn, ctx.checked, dims
         self.marks, self.options = across, options  # what the pass finds, by node
 
@@ -172,7 +173,7 @@ class Classifier:
             t = self.checked.types.get(id(node))
             if isinstance(t, T.TensorT):
                 self.check_type(node, t)
-            if isinstance(node, A.Name) and "size" in self.checked.recipes.get(id(node), {}):
+            if isinstance(node, A.Name) and self.checked.recipes.get(id(node), NO_RECIPE).dim:
                 self.size_of_batch(node)
             elif isinstance(node, A.Binary) and node.op == "@":
                 self.contraction(node, node.left)
@@ -230,7 +231,7 @@ class Classifier:
             else:
                 self.mark(node, kind)
         if across.split_options is not None:
-            self.options[id(node)] = dict(across.split_options(view))
+            self.options[id(node)] = across.split_options(view)
 
     def view(self, node: A.Call, info: CallInfo) -> CallView:
         types = self.checked.types

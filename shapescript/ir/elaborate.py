@@ -7,10 +7,9 @@ only the nodes it builds.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..check import types as T
 from ..check.ops import OPS
+from ..check.options import NO_RECIPE, Recipe
 from ..check.program import Checked, FnInfo
 from ..syntax import ast as A
 from . import nodes as N
@@ -50,10 +49,10 @@ class _Elaborator:
 
     def expr(self, node: A.Expr) -> N.Expr:
         ty, span = self.c.types.get(id(node), T.UNKNOWN), node.span
-        recipe: dict[str, Any] = self.c.recipes.get(id(node), {})
+        recipe = self.c.recipes.get(id(node), NO_RECIPE)
         if isinstance(node, A.Name):
-            if "size" in recipe:
-                return N.Size(ty, span, recipe["size"])
+            if recipe.dim:
+                return N.Size(ty, span, recipe.size)
             return N.Name(ty, span, node.id)
         if isinstance(node, (A.IntLit, A.FloatLit, A.StrLit, A.BoolLit)):
             return N.Const(ty, span, node.value)
@@ -64,7 +63,7 @@ class _Elaborator:
             return N.TupleOf(ty, span, tuple(self.expr(i) for i in node.items))
         if isinstance(node, A.Binary):
             return N.BinOp(ty, span, node.op, self.expr(node.left), self.expr(node.right),
-                           recipe.get("left"), recipe.get("right"), recipe.get("kind") == "tensordot",
+                           recipe.left, recipe.right, recipe.tensordot,
                            self.c.split.across.get(id(node)))
         if isinstance(node, A.Unary):
             return N.UnOp(ty, span, node.op, self.expr(node.operand))
@@ -72,17 +71,22 @@ class _Elaborator:
             return self.call(node, ty, recipe)
         raise AssertionError(f"can't elaborate {node!r}")
 
-    def call(self, node: A.Call, ty: T.Ty, recipe: dict[str, Any]) -> N.Expr:
+    def call(self, node: A.Call, ty: T.Ty, recipe: Recipe) -> N.Expr:
         info = self.c.calls[id(node)]
-        axis_args: dict[int, int] = info.options.get("axis_args", {})  # type: ignore[assignment]
-        args = [None if k in axis_args else self.expr(a)  # type: ignore[arg-type]
-                for k, a in enumerate(info.args)]
+        axis_args = info.axis_args
+        args = [None if k in axis_args else self.expr(_value(a)) for k, a in enumerate(info.args)]
         span = node.span
         if info.kind in ("fn", "python", "extern"):
             return N.FnCall(ty, span, info.kind, info.name, tuple(axis_args[k] if a is None else a for k, a in enumerate(args)))
         if info.kind == "grad":  # value_and_grad, resolved as a call of the function it differentiates
             return N.GradCall(ty, span, info.name, tuple(axis_args[k] if a is None else a for k, a in enumerate(args)))
         assert info.kind == "builtin" and info.name in OPS, info
-        options = {**info.options, **self.c.split.options.get(id(node), {})}
-        return N.OpCall(ty, span, info.name, tuple(args), options, recipe.get("left"), recipe.get("right"),
-                        recipe.get("kind") == "tensordot", self.c.split.across.get(id(node)))
+        options = self.c.split.options.get(id(node), info.options)  # the batch split's, on a split operand
+        return N.OpCall(ty, span, info.name, tuple(args), options, recipe.left, recipe.right, recipe.tensordot,
+                        self.c.split.across.get(id(node)))
+
+
+def _value(arg: A.Expr | A.Pattern) -> A.Expr:
+    """A call's argument as a value: an op's pattern is in its options, never among its arguments."""
+    assert not isinstance(arg, A.Pattern), arg
+    return arg

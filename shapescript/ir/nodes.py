@@ -9,20 +9,17 @@ options; an operation that works across the batch axis on several devices says h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union
 
+from ..check.options import CallOptions
+# A dim's size as a function reads it (ParamSize: off a parameter's shape), and where a broadcast
+# operand's axes go (Placing), as the checker records them; the stages after it name them here.
+from ..check.options import ParamSize as ParamSize
+from ..check.options import Placing as Placing
+from ..check.options import SizeSource as SizeSource
 from ..check.program import BatchSplit
 from ..check.types import Ty
 from ..errors import Span
-
-# A dim's size as a function reads it at run time: a number, or (parameter, axis) for a generic dim
-# read off a parameter's shape (axis "size": a dataset's length).
-ParamSize = tuple[str, Union[int, str]]
-SizeSource = Union[int, ParamSize]
-# Where a broadcast operand's axes go among the result's: ":" keeps an axis, None inserts one.
-Placing = tuple[Union[str, None], ...]
 
 
 @dataclass(frozen=True)
@@ -38,8 +35,9 @@ class Name(Expr):
 
 @dataclass(frozen=True)
 class Size(Expr):
-    """A dim used as a number (`n`, `D`): its size, fixed or read off a parameter."""
-    source: SizeSource
+    """A dim used as a number (`n`, `D`): its size, fixed or read off a parameter (None: a declared
+    dim still without its value, which the build refuses)."""
+    source: SizeSource | None
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ class OpCall(Expr):
     them (None: an argument that names an axis, which the options carry), and its options."""
     op: str
     args: tuple[Expr | None, ...]
-    options: Mapping[str, Any]
+    options: CallOptions
     left_placing: Placing | None = None
     right_placing: Placing | None = None
     tensordot: bool = False
@@ -129,7 +127,7 @@ class LayerNorm(Expr):
 @dataclass(frozen=True)
 class CausalMask(Expr):
     """A causal mask read only as a mask: one tensor per size and device, shared by every call."""
-    sizes: tuple[SizeSource, ...]
+    sizes: tuple[SizeSource | None, ...]
 
 
 # ---- statements ---------------------------------------------------------------------------------

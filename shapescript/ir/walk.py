@@ -43,11 +43,11 @@ def sizes_read(body: tuple[N.Stmt, ...]) -> tuple[N.ParamSize, ...]:
     found: list[N.ParamSize] = []
     for e in walk(body):
         if isinstance(e, N.Size):
-            sources: tuple[N.SizeSource, ...] = (e.source,)
+            sources: tuple[N.SizeSource | None, ...] = (e.source,)
         elif isinstance(e, N.CausalMask):
             sources = e.sizes
         elif isinstance(e, N.OpCall):
-            sources = tuple(e.options.get("sizes", ()))
+            sources = e.options.sizes
         else:
             continue
         found += [s for s in sources if isinstance(s, tuple) and s not in found]

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from ..check import types as T
 from ..check.ops import OPS, LowerCall
+from ..check.options import NO_OPTIONS, NO_RECIPE, Recipe
 from ..errors import Span
 from ..ir import nodes as N
 from ..names import MEMBER_PREFIX
@@ -170,8 +171,7 @@ class BodyPrinter:
         args = ["" if a is None else self.expr(a) for a in node.args]
         # An argument that gets an index or a method call after it needs its own parentheses.
         wrapped = [f"({text})" if isinstance(a, (N.BinOp, N.UnOp)) else text for text, a in zip(args, node.args)]
-        recipe = {k: v for k, v in (("left", node.left_placing), ("right", node.right_placing),
-                                     ("kind", "tensordot" if node.tensordot else None)) if v is not None}
+        recipe = Recipe(left=node.left_placing, right=node.right_placing, tensordot=node.tensordot)
         place: Callable[[int, tuple | None], str] = \
             lambda k, index: wrapped[k] + placing_text(index) if index else args[k]
         call = LowerCall(args, wrapped, node.options, literal(str(node.span)), place, recipe, size_text, literal,
@@ -186,8 +186,8 @@ class BodyPrinter:
         function's arguments. On several devices it always works across the batch axis (every
         device's gradients are added up), and its entry's lowering for that says where it is."""
         args = [py_name(node.fn)] + self.passed(node.args)
-        call = LowerCall(args, args, {}, literal(str(node.span)), lambda k, index: args[k], {}, size_text, literal,
-                         spec_var)
+        call = LowerCall(args, args, NO_OPTIONS, literal(str(node.span)), lambda k, index: args[k], NO_RECIPE,
+                         size_text, literal, spec_var)
         op = OPS["value_and_grad"]
         lower = op.across.lower if self.several else None
         return (lower or op.lower)(call)

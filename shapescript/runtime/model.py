@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from shapescript.dtypes import ELEMENTS
+from shapescript.inits import INITS  # an init not there is a code generator bug
 from shapescript.errors import DeviceError, DomainError, ShapeError
 from shapescript.names import MEMBER_PREFIX, MODEL_RESERVED, is_reserved, reserved_text
 
@@ -30,13 +31,6 @@ _SS_DTYPES: dict[torch.dtype, str] = {
     torch.int8: "i8", torch.int16: "i16", torch.uint8: "u8",
 }
 
-# Each init's arguments and their defaults; an argument not listed is a code generator bug.
-_INIT_DEFAULTS: dict[str, dict[str, float]] = {
-    "normal": {"mean": 0.0, "std": 1.0},
-    "uniform": {"low": 0.0, "high": 1.0},
-    "zeros": {},
-    "ones": {},
-}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -66,9 +60,9 @@ class ParamSpec:
         # These are emitted by the code generator, so a bad one is our bug: fail at import, loudly.
         if self.kind not in ("param", "buffer"):
             raise ValueError(f"{self.where}: member `{self.name}` has unknown kind {self.kind!r}")
-        if self.init not in _INIT_DEFAULTS:
+        if self.init not in INITS:
             raise ValueError(f"{self.where}: member `{self.name}` has unknown init {self.init!r}")
-        unknown = {k for k, _ in self.init_args} - _INIT_DEFAULTS[self.init].keys()
+        unknown = {k for k, _ in self.init_args} - INITS[self.init].keys()
         if unknown:
             raise ValueError(f"{self.where}: {self.init}() takes no argument {sorted(unknown)}")
         if self.kind == "param" and not self.dtype.is_floating_point:
@@ -124,7 +118,7 @@ def param_names(spec: ModelSpec) -> tuple[str, ...]:
 
 
 def _draw(leaf: ParamSpec, g: torch.Generator) -> torch.Tensor:
-    args = {**_INIT_DEFAULTS[leaf.init], **dict(leaf.init_args)}
+    args = {**INITS[leaf.init], **dict(leaf.init_args)}
     if leaf.init == "zeros":
         return torch.zeros(leaf.shape, dtype=leaf.dtype)
     if leaf.init == "ones":

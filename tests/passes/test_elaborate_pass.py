@@ -46,7 +46,7 @@ def test_expressions_carry_their_checked_types_and_resolved_calls() -> None:
     (ret,) = module.function("loss").body
     loss = ret.value
     assert isinstance(loss, N.OpCall) and loss.op == "cross_entropy" and shown(loss.ty) == "[]"
-    assert loss.options["axis"] == 1  # over=C: the scores' axis 1
+    assert loss.options.axis == 1  # over=C: the scores' axis 1
     scores, labels = loss.args
     assert isinstance(scores, N.FnCall) and (scores.kind, scores.name) == ("fn", "scores")
     assert isinstance(labels, N.Member) and not labels.live  # a batch's field
@@ -56,7 +56,7 @@ def test_expressions_carry_their_checked_types_and_resolved_calls() -> None:
     assert isinstance(update, N.Do) and isinstance(update.expr, N.OpCall) and update.expr.op == "update"
     (loop,) = module.function("fit").body
     assert isinstance(loop, N.For) and loop.var == "batch" and shown(loop.var_ty) == "[b] Ex"
-    assert isinstance(loop.iter, N.OpCall) and loop.iter.op == "batches" and loop.iter.options["data"] == "Ex"
+    assert isinstance(loop.iter, N.OpCall) and loop.iter.op == "batches" and loop.iter.options.data == "Ex"
 
 
 def test_a_dim_used_as_a_number_is_read_off_a_parameter() -> None:

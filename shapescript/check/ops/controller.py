@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ...syntax import ast as A
 from .. import types as T
 from ..builtins import called_name, int_arg, literal_number
+from ..options import CallOptions
 from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register, runtime_function
 
 if TYPE_CHECKING:
@@ -53,11 +54,13 @@ def batches_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
         return t if t is T.UNKNOWN else ck.error("E0401", f"`batches` takes a dataset, not {t.show()}",
                                                  data.span, f"this is {t.show()}")
     written = size_arg.value.value if isinstance(size_arg.value, A.IntLit) else None
-    return Typed(T.BatchesT(t.data, size), (data.expr, size_arg.expr), {"data": t.data.name, "batch_size": written})
+    return Typed(T.BatchesT(t.data, size), (data.expr, size_arg.expr),
+                 CallOptions(data=t.data.name, batch_size=written))
 
 
 def batches_lower(call: LowerCall) -> str:
-    return f"_rt.batches({call.args[0]}, {call.args[1]}, {call.spec(call.options['data'])}, DEVICE)"
+    assert call.options.data is not None  # the rule records the data type's name
+    return f"_rt.batches({call.args[0]}, {call.args[1]}, {call.spec(call.options.data)}, DEVICE)"
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -88,11 +91,12 @@ def logs_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
         if not (isinstance(t, (T.TensorT, T.ScalarT)) or t is T.UNKNOWN):
             ck.error("E0401", f"a log holds numbers and tensors, not {t.show()}", a.span, f"this is {t.show()}")
     named = [a for a in node.args if not isinstance(a.value, A.Pattern)]
-    return Typed(T.LOGS, tuple(a.expr for a in named), {"names": tuple(a.keyword for a in named)})
+    names = tuple(a.keyword or "" for a in named)  # "": a value without a name, refused above
+    return Typed(T.LOGS, tuple(a.expr for a in named), CallOptions(names=names))
 
 
 def logs_lower(call: LowerCall) -> str:
-    names: tuple[str, ...] = call.options["names"]
+    names = call.options.names
     if any(keyword.iskeyword(k) for k in names):  # e.g. logs(class=x): not a Python keyword argument
         pairs = ", ".join(f"{call.literal(k)}: {v}" for k, v in zip(names, call.args))
         return f"_rt.logs(**{{{pairs}}})"

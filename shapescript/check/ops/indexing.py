@@ -9,6 +9,7 @@ from ...syntax import ast as A
 from .. import dims as D
 from .. import types as T
 from ..builtins import int_arg, over_axis, tensor_arg
+from ..options import CallOptions
 from .elementwise import refused_dtype
 from .table import Across, Args, LowerCall, Op, Typed, along_batch, register
 
@@ -37,11 +38,11 @@ def topk_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
         return ck.error("E0310", f"`topk` of {k_node.value} from {picked.show()} = {size}", k.span, "too many")
     axes = t.axes[:axis] + (T.axis(D.literal(k_node.value)),) + t.axes[axis + 1:]
     result = T.TupleT((T.TensorT(axes, t.dtype), T.TensorT(axes, "i64", picked.size)))
-    return Typed(result, (x.expr,), {"axis": axis, "k": k_node.value})
+    return Typed(result, (x.expr,), CallOptions(axis=axis, k=k_node.value))
 
 
 def topk_lower(call: LowerCall) -> str:
-    return f"tuple(torch.topk({call.args[0]}, {call.options['k']}, dim={call.options['axis']}))"
+    return f"tuple(torch.topk({call.args[0]}, {call.options.k}, dim={call.options.axis}))"
 
 
 def picking(name: str) -> Op:
@@ -73,11 +74,11 @@ def picking(name: str) -> Op:
             return ck.error("E0301", f"`scatter`'s src must be {T.TensorT(idx.axes, x.dtype).show()}, like the index",
                             src_arg.span, f"this is {src.show()}")
         result = T.TensorT(idx.axes, x.dtype) if name == "gather" else T.TensorT(x.axes, x.dtype)
-        return Typed(result, tuple(a.expr for a in args[:-1] if a is not None), {"axis": axis})
+        return Typed(result, tuple(a.expr for a in args[:-1] if a is not None), CallOptions(axis=axis))
 
     def lower(call: LowerCall) -> str:
         rest = ", ".join(call.args[1:])
-        return f"torch.{name}({call.args[0]}, {call.options['axis']}, {rest})"
+        return f"torch.{name}({call.args[0]}, {call.options.axis}, {rest})"
 
     params = ("x", "index", "over") if name == "gather" else ("x", "index", "src", "over")
     return Op(name, params, len(params), rule, lower, REFUSED_ALONG_BATCH)

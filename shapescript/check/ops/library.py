@@ -11,6 +11,7 @@ from ...syntax import ast as A
 from .. import dims as D
 from .. import types as T
 from ..builtins import broadcast, literal_number, number_arg, placed_within, tensor_arg
+from ..options import CallOptions
 from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def pairwise(name: str) -> Op:
         return Typed(T.TensorT(axes, a.dtype), tuple(x.expr for x in args if x is not None))
 
     def lower(call: LowerCall) -> str:
-        return f"torch.{name}({call.place(0, call.recipe.get('left'))}, {call.place(1, call.recipe.get('right'))})"
+        return f"torch.{name}({call.place(0, call.recipe.left)}, {call.place(1, call.recipe.right)})"
 
     return Op(name, ("a", "b"), 2, rule, lower, PER_EXAMPLE)
 
@@ -58,11 +59,11 @@ def clamp_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
     given = [(name, a) for name, a in (("min", low), ("max", high)) if a is not None]
     bounds = [ck.checked.types[id(a.value)] for _, a in given]
     return Typed(T.TensorT(t.axes, _with_numbers(t.dtype, bounds)), (x.expr,) + tuple(a.expr for _, a in given),
-                 {"bounds": tuple(name for name, _ in given)})
+                 CallOptions(bounds=tuple(name for name, _ in given)))
 
 
 def clamp_lower(call: LowerCall) -> str:
-    bounds = [f"{name}={text}" for name, text in zip(call.options["bounds"], call.args[1:])]
+    bounds = [f"{name}={text}" for name, text in zip(call.options.bounds, call.args[1:])]
     return f"torch.clamp({call.args[0]}, {', '.join(bounds)})"
 
 
@@ -80,7 +81,7 @@ def where_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
     tensors = [t for t in (a, b) if isinstance(t, T.TensorT)]
     if not tensors:  # two numbers: a tensor of the condition's shape
         dtype = "f32" if T.FLOAT in (a, b) else "bool" if a == b == T.BOOL else "i64"
-        return Typed(T.TensorT(cond.axes, dtype), values, {"cond_index": ()})
+        return Typed(T.TensorT(cond.axes, dtype), values, CallOptions(cond_index=()))
     if len(tensors) == 1 and T.FLOAT in (a, b) and not tensors[0].is_float:
         return ck.error("E0308", f"`where` chooses between {tensors[0].dtype} and a float", node.span,
                         "different dtypes", "write the number as an integer, or convert the tensor")
@@ -92,11 +93,11 @@ def where_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
     index = placed_within(ck, cond_arg, result, cond, "the condition")
     if index is None:
         return T.UNKNOWN
-    return Typed(T.TensorT(result.axes, _with_numbers(result.dtype, [a, b])), values, {"cond_index": index})
+    return Typed(T.TensorT(result.axes, _with_numbers(result.dtype, [a, b])), values, CallOptions(cond_index=index))
 
 
 def where_lower(call: LowerCall) -> str:
-    return f"torch.where({call.place(0, call.options['cond_index'])}, {call.args[1]}, {call.args[2]})"
+    return f"torch.where({call.place(0, call.options.cond_index)}, {call.args[1]}, {call.args[2]})"
 
 
 def masked_fill_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -116,11 +117,11 @@ def masked_fill_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.U
     index = placed_within(ck, mask_arg, x, mask, "the mask")
     if index is None:
         return T.UNKNOWN
-    return Typed(T.TensorT(x.axes, x.dtype), (x_arg.expr, mask_arg.expr, value.expr), {"mask_index": index})
+    return Typed(T.TensorT(x.axes, x.dtype), (x_arg.expr, mask_arg.expr, value.expr), CallOptions(mask_index=index))
 
 
 def masked_fill_lower(call: LowerCall) -> str:
-    return f"{call.wrapped[0]}.masked_fill({call.place(1, call.options['mask_index'])}, {call.args[2]})"
+    return f"{call.wrapped[0]}.masked_fill({call.place(1, call.options.mask_index)}, {call.args[2]})"
 
 
 def to_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -136,15 +137,16 @@ def to_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
                         "not a dtype", f"the dtypes: {', '.join(T.DTYPES)}")
     if isinstance(t, T.ScalarT):
         ck.use("tensors", x.span)
-        return Typed(T.TensorT((), dtype.id), (x.expr,), {"dtype": dtype.id, "number": True})
+        return Typed(T.TensorT((), dtype.id), (x.expr,), CallOptions(dtype=dtype.id, number=True))
     if not isinstance(t, T.TensorT):
         return T.UNKNOWN
-    return Typed(T.TensorT(t.axes, dtype.id), (x.expr,), {"dtype": dtype.id})
+    return Typed(T.TensorT(t.axes, dtype.id), (x.expr,), CallOptions(dtype=dtype.id))
 
 
 def to_lower(call: LowerCall) -> str:
-    dtype = f"torch.{ELEMENTS[call.options['dtype']].torch}"
-    if call.options.get("number"):
+    assert call.options.dtype is not None  # the rule records the dtype converted to
+    dtype = f"torch.{ELEMENTS[call.options.dtype].torch}"
+    if call.options.number:
         return f"torch.tensor({call.args[0]}, dtype={dtype}, device=DEVICE)"
     return f"{call.wrapped[0]}.to({dtype})"
 
@@ -159,7 +161,7 @@ def one_hot_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unkno
     if count is None or t.index is None:
         return ck.error("E0309", f"`one_hot` takes labels typed `Index[C]` with a declared C, not {t.show()}",
                         labels.span, "no known bound")
-    return Typed(T.TensorT(t.axes + (T.axis(t.index),), "f32"), (labels.expr,), {"classes": count})
+    return Typed(T.TensorT(t.axes + (T.axis(t.index),), "f32"), (labels.expr,), CallOptions(classes=count))
 
 
 def embedding_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -195,7 +197,7 @@ def valid_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
                         dim_arg.span, "not a padded dim",
                         "a data type's generic dims, as `n` in `tokens: [n]`, are padded per batch")
     ck.use("tensors", node.span)
-    return Typed(T.TensorT(batch.axes + (T.axis(dim),), "bool"), (batch_arg.expr,), {"label": label})
+    return Typed(T.TensorT(batch.axes + (T.axis(dim),), "bool"), (batch_arg.expr,), CallOptions(label=label))
 
 
 register(
@@ -206,9 +208,9 @@ register(
     Op("masked_fill", ("x", "mask", "value"), 3, masked_fill_rule, masked_fill_lower, PER_EXAMPLE),
     Op("to", ("x", "dtype"), 2, to_rule, to_lower, PER_EXAMPLE),
     Op("one_hot", ("labels",), 1, one_hot_rule,
-       lambda call: f"_F.one_hot({call.args[0]}, {call.options['classes']}).to(torch.float32)", PER_EXAMPLE),
+       lambda call: f"_F.one_hot({call.args[0]}, {call.options.classes}).to(torch.float32)", PER_EXAMPLE),
     Op("embedding", ("table", "ids"), 2, embedding_rule,
        lambda call: f"_F.embedding({call.args[1]}, {call.args[0]})", PER_EXAMPLE),
     Op("valid", ("batch", "dim"), 2, valid_rule,
-       lambda call: f"_rt.valid({call.args[0]}, {call.literal(call.options['label'])})", PER_EXAMPLE),
+       lambda call: f"_rt.valid({call.args[0]}, {call.literal(call.options.label)})", PER_EXAMPLE),
 )

@@ -14,6 +14,7 @@ import sympy
 from ...syntax import ast as A
 from .. import types as T
 from ..builtins import matmul, over_axis, tensor_arg
+from ..options import CallOptions
 from .reductions import mask_of
 from .table import (PARTIAL, PARTIAL_PRODUCTS, Across, Args, CallView, LowerCall, Op, Payload, Typed, register,
                     result_values)
@@ -52,26 +53,26 @@ def cross_entropy_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T
         if mask_index is None:
             return T.UNKNOWN
     lowered = (logits_arg.expr, labels_arg.expr) + ((mask.expr,) if mask is not None else ())
-    return Typed(T.TensorT((), logits.dtype), lowered, {"axis": axis, "rank": logits.rank, "mask_index": mask_index})
+    return Typed(T.TensorT((), logits.dtype), lowered, CallOptions(axis=axis, rank=logits.rank, mask_index=mask_index))
 
 
 def _logits(call: LowerCall) -> str:
     """torch takes the classes on axis 1."""
-    axis, rank = call.options["axis"], call.options["rank"]
+    axis, rank = call.options.axis, call.options.rank
     return call.args[0] if axis == 1 or rank == 1 else f"{call.wrapped[0]}.movedim({axis}, 1)"
 
 
 def cross_entropy_lower(call: LowerCall) -> str:
-    if call.options.get("mask_index") is not None:
+    if call.options.mask_index is not None:
         return (f"_rt.masked_cross_entropy({_logits(call)}, {call.args[1]}, "
-                f"{call.place(2, call.options['mask_index'])})")
+                f"{call.place(2, call.options.mask_index)})")
     return f"_F.cross_entropy({_logits(call)}, {call.args[1]})"
 
 
 def all_cross_entropy(call: LowerCall) -> str:
-    if call.options.get("mask_index") is not None:
+    if call.options.mask_index is not None:
         return (f"_rt.all_masked_cross_entropy({_logits(call)}, {call.args[1]}, "
-                f"{call.place(2, call.options['mask_index'])}, {call.where})")
+                f"{call.place(2, call.options.mask_index)}, {call.where})")
     return f"_rt.all_cross_entropy({_logits(call)}, {call.args[1]}, {call.where})"
 
 
@@ -99,7 +100,7 @@ def matmul_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknow
 
 
 def matmul_lower(call: LowerCall) -> str:
-    if call.recipe.get("kind") == "tensordot":
+    if call.recipe.tensordot:
         return f"torch.tensordot({call.args[0]}, {call.args[1]}, dims=1)"
     return f"{call.wrapped[0]} @ {call.wrapped[1]}"
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ...syntax import ast as A
 from .. import types as T
 from ..builtins import over_axis, placed_within, tensor_arg
+from ..options import CallOptions
 from .elementwise import refused_dtype
 from .table import (PARTIAL, Across, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
                     reduces_batch, register, result_values)
@@ -68,7 +69,7 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
             if mask_index is None:
                 return T.UNKNOWN
         lowered = (x.expr,) + ((mask.expr,) if mask is not None else ())
-        options = {"axis": axis, "rank": t.rank, "mask_index": mask_index}
+        options = CallOptions(axis=axis, rank=t.rank, mask_index=mask_index)
         axes = t.axes[:axis] + t.axes[axis + 1:] if axis is not None else ()
         if result == "index":
             assert axis is not None  # refused above without `over=`
@@ -77,11 +78,12 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
         return Typed(T.TensorT(axes, widened(name, dtype)), lowered, options)
 
     def lower(call: LowerCall) -> str:
-        axis, x = call.options.get("axis"), call.args[0]
-        if call.options.get("mask_index") is not None:
-            return f"_rt.masked_{name}({x}, {call.place(1, call.options['mask_index'])}, {axis})"
+        axis, x = call.options.axis, call.args[0]
+        if call.options.mask_index is not None:
+            return f"_rt.masked_{name}({x}, {call.place(1, call.options.mask_index)}, {axis})"
         if axis is None and needs_dims:
-            return f"{torch_fn}({x}, dim={tuple(range(int(call.options['rank'])))!r})"
+            assert call.options.rank is not None  # the rule records the operand's rank
+            return f"{torch_fn}({x}, dim={tuple(range(call.options.rank))!r})"
         return f"{torch_fn}({x}{'' if axis is None else f', dim={axis}'})"
 
     params = ("x", "over", "mask") if maskable else ("x", "over")
@@ -90,9 +92,9 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
 
 def all_mean(call: LowerCall) -> str:
     """The mean of the whole batch: every device's sum and count, added up."""
-    axis, x = call.options.get("axis"), call.args[0]
-    if call.options.get("mask_index") is not None:
-        return f"_rt.all_masked_mean({x}, {call.place(1, call.options['mask_index'])}, {axis}, {call.where})"
+    axis, x = call.options.axis, call.args[0]
+    if call.options.mask_index is not None:
+        return f"_rt.all_masked_mean({x}, {call.place(1, call.options.mask_index)}, {axis}, {call.where})"
     return f"_rt.all_mean({x}, {axis}, {call.where})"
 
 
@@ -101,7 +103,7 @@ def mean_payload(view: CallView) -> Payload:
     assert isinstance(view.result, T.TensorT)
     values = numel(view.result)
     return Payload("`mean`'s sum and count",
-                   2 * values if view.options.get("mask_index") is not None else values + 1, view.result.dtype)
+                   2 * values if view.options.mask_index is not None else values + 1, view.result.dtype)
 
 
 def along_axis(name: str, template: str, floats: bool = False) -> Op:
@@ -115,10 +117,10 @@ def along_axis(name: str, template: str, floats: bool = False) -> Op:
         axis = over_axis(ck, over, t, f"`{name}`")
         if axis is None:
             return T.UNKNOWN
-        return Typed(T.TensorT(t.axes, widened(name, t.dtype)), (x.expr,), {"axis": axis})
+        return Typed(T.TensorT(t.axes, widened(name, t.dtype)), (x.expr,), CallOptions(axis=axis))
 
     def lower(call: LowerCall) -> str:
-        return template.format(x=call.args[0], axis=call.options["axis"])
+        return template.format(x=call.args[0], axis=call.options.axis)
 
     return Op(name, ("x", "over"), 2, rule, lower, Across(over_batch=along_batch))
 

@@ -8,15 +8,17 @@ partial result; reduce with another operation over the batch axis is refused (E1
 
 from __future__ import annotations
 
+import dataclasses
 import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
 from .. import dims as D
 from .. import types as T
 from ..builtins import _unused_args, called_name, tensor_arg
+from ..options import CallOptions
 from ..patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
 from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Args, CallView, Lower, LowerCall, Op, Typed,
                     register, result_values)
@@ -149,13 +151,14 @@ def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
                                    "as the 3 in `b (3 D) -> b D`", p, "")
             count = int(lhs.atoms[literals[0]].size)
             recipe = lower_recipe(lhs, rhs, [literals[0]] + keep, p, ck.ctx.dim_values)
-            recipe["perm"] = tuple([literals[0]] + keep)  # the parts' axis first, always
+            recipe = dataclasses.replace(recipe, perm=tuple([literals[0]] + keep))  # the parts' axis first, always
         else:
             if literals:
                 raise PatternError("a literal size on the left of `rearrange` must stay: to cut an axis into "
                                    "parts use `split`", p, "")
             recipe = lower_recipe(lhs, rhs, keep, p, ck.ctx.dim_values)
-        recipe["drop"] = tuple(k for k in dropped if k not in literals)  # the literal 1s: squeezed away
+        # The literal 1s are squeezed away.
+        recipe = dataclasses.replace(recipe, drop=tuple(k for k in dropped if k not in literals))
     except PatternError as e:
         return _fail(ck, node, e)
     result = T.TensorT(axes, t.dtype, t.index)
@@ -184,9 +187,9 @@ def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
         recipe = lower_recipe(lhs, rhs, list(range(len(lhs.atoms))), p, ck.ctx.dim_values)
     except PatternError as e:
         return _fail(ck, node, e)
-    recipe["perm"] = tuple(perm) if perm != sorted(perm) else None
+    options = dataclasses.replace(recipe, dims=reduced, op=op.id, perm=tuple(perm) if perm != sorted(perm) else None)
     dtype = "i64" if op.id in ("sum", "prod") and t.dtype in ("bool", "i32") else t.dtype
-    return Typed(T.TensorT(axes, dtype), (args.tensors[0].expr,), {"dims": reduced, "op": op.id, **recipe})
+    return Typed(T.TensorT(axes, dtype), (args.tensors[0].expr,), options)
 
 
 def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
@@ -217,8 +220,7 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
                 sizes.append(value)
     except PatternError as e:
         return _fail(ck, node, e)
-    options = {"split": recipe["split"], "perm": recipe["perm"], "view": tuple(view), "new_sizes": tuple(sizes),
-               "merge": recipe["merge"]}
+    options = dataclasses.replace(recipe, view=tuple(view), new_sizes=tuple(sizes))
     return Typed(T.TensorT(axes, t.dtype, t.index), (args.tensors[0].expr,), options)
 
 
@@ -257,7 +259,7 @@ def einsum(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     except PatternError as e:
         return _fail(ck, node, e)
     spec = ",".join(specs) + "->" + "".join(letters[_named(a.name)] for a in rhs.atoms)
-    return Typed(T.TensorT(axes, tensors[0].dtype), tuple(a.expr for a in args.tensors), {"spec": spec})
+    return Typed(T.TensorT(axes, tensors[0].dtype), tuple(a.expr for a in args.tensors), CallOptions(spec=spec))
 
 
 def _named(name: str | None) -> str:
@@ -267,15 +269,26 @@ def _named(name: str | None) -> str:
     return name
 
 
-RECIPE = ("split", "perm", "merge", "drop")  # the recipes' parts, as the runtime's functions take them
-REPEAT = ("split", "perm", "view", "new_sizes", "merge")
-REDUCE = ("split", "dims", "op", "perm", "merge")
+# The recipes' parts, in the order the runtime's pattern functions take them.
+Parts = Callable[[CallOptions], tuple[object, ...]]
 
 
-def runtime_call(runtime: str, keys: tuple[str, ...]) -> Lower:
+def recipe_parts(o: CallOptions) -> tuple[object, ...]:
+    return o.split, o.perm, o.merge, o.drop
+
+
+def repeat_parts(o: CallOptions) -> tuple[object, ...]:
+    return o.split, o.perm, o.view, o.new_sizes, o.merge
+
+
+def reduce_parts(o: CallOptions) -> tuple[object, ...]:
+    return o.split, o.dims, o.op, o.perm, o.merge
+
+
+def runtime_call(runtime: str, parts: Parts) -> Lower:
     """A call of the runtime's pattern function with the recipe's parts, as Python literals."""
     def lower(call: LowerCall) -> str:
-        return f"_rt.{runtime}({call.args[0]}, {', '.join(call.literal(call.options[k]) for k in keys)})"
+        return f"_rt.{runtime}({call.args[0]}, {', '.join(call.literal(part) for part in parts(call.options))})"
     return lower
 
 
@@ -311,7 +324,7 @@ def _split_steps(call: LowerCall) -> Steps | None:
     other is `x.shape[j]`, which only an operand that is a name gives without evaluating it twice:
     None for the others, whose runtime call reads the shape of the value it is given."""
     operand, steps, at = call.args[0], [], 0
-    for parts in call.options["split"] or ():
+    for parts in call.options.split or ():
         if parts is None:
             at += 1
             continue
@@ -368,28 +381,29 @@ def _new_axes_steps(view: tuple[int | None, ...], sizes: tuple[int | None, ...])
     return [f"[{', '.join(index)}]", f".expand({', '.join('-1' if s is None else str(s) for s in sizes)})"]
 
 
-def _rearranged(o: Mapping[str, Any]) -> Steps:
-    return _perm_steps(o["perm"], o["drop"]) + _merge_steps(o["merge"])
+def _rearranged(o: CallOptions) -> Steps:
+    return _perm_steps(o.perm, o.drop) + _merge_steps(o.merge)
 
 
-def _parts(o: Mapping[str, Any]) -> Steps:
+def _parts(o: CallOptions) -> Steps:
     """split's parts' axis comes first: each part's merge is one on the whole, after that axis."""
-    return _perm_steps(o["perm"], o["drop"]) + _merge_steps(o["merge"], first=1) + [".unbind(0)"]
+    return _perm_steps(o.perm, o.drop) + _merge_steps(o.merge, first=1) + [".unbind(0)"]
 
 
-def _reduced(o: Mapping[str, Any]) -> Steps:
-    return _reduce_steps(o["op"], o["dims"]) + _perm_steps(o["perm"]) + _merge_steps(o["merge"])
+def _reduced(o: CallOptions) -> Steps:
+    assert o.op is not None  # reduce's rule records its operation
+    return _reduce_steps(o.op, o.dims) + _perm_steps(o.perm) + _merge_steps(o.merge)
 
 
-def _repeated(o: Mapping[str, Any]) -> Steps:
-    return _perm_steps(o["perm"]) + _new_axes_steps(o["view"], o["new_sizes"]) + _merge_steps(o["merge"])
+def _repeated(o: CallOptions) -> Steps:
+    return _perm_steps(o.perm) + _new_axes_steps(o.view, o.new_sizes) + _merge_steps(o.merge)
 
 
-def printed(runtime: str, keys: tuple[str, ...], steps: Callable[[Mapping[str, Any]], Steps]) -> Lower:
+def printed(runtime: str, parts: Parts, steps: Callable[[CallOptions], Steps]) -> Lower:
     """The recipe as torch: its split, then `steps` of its options. The runtime's function `runtime`,
-    given the recipe's `keys`, only where the split can't be printed: a size read off the shape of an
+    given the recipe's `parts`, only where the split can't be printed: a size read off the shape of an
     operand that isn't a name (see _split_steps)."""
-    fallback = runtime_call(runtime, keys)
+    fallback = runtime_call(runtime, parts)
 
     def lower(call: LowerCall) -> str:
         split = _split_steps(call)
@@ -405,15 +419,16 @@ def drops_batch(view: CallView) -> bool:
 
 
 register(
-    Op("rearrange", ("x", "pattern"), 2, rearrange, printed("rearrange", RECIPE, _rearranged), PER_EXAMPLE,
+    Op("rearrange", ("x", "pattern"), 2, rearrange, printed("rearrange", recipe_parts, _rearranged), PER_EXAMPLE,
        own_args=True),
-    Op("split", ("x", "pattern"), 2, rearrange, printed("split_parts", RECIPE, _parts), PER_EXAMPLE, own_args=True),
-    Op("repeat", ("x", "pattern"), 2, repeat, printed("repeat", REPEAT, _repeated), PER_EXAMPLE, own_args=True),
-    Op("reduce", ("x", "pattern", "op"), 3, reduce, printed("reduce", REDUCE, _reduced),
-       Across(drops_batch, lambda view: PARTIAL if view.options.get("op") == "sum" else None,
+    Op("split", ("x", "pattern"), 2, rearrange, printed("split_parts", recipe_parts, _parts), PER_EXAMPLE,
+       own_args=True),
+    Op("repeat", ("x", "pattern"), 2, repeat, printed("repeat", repeat_parts, _repeated), PER_EXAMPLE, own_args=True),
+    Op("reduce", ("x", "pattern", "op"), 3, reduce, printed("reduce", reduce_parts, _reduced),
+       Across(drops_batch, lambda view: PARTIAL if view.options.op == "sum" else None,
               payload=result_values(PARTIAL_PRODUCTS),
-              refused_as=lambda view: f"`reduce` with {view.options.get('op')}"), own_args=True),
+              refused_as=lambda view: f"`reduce` with {view.options.op}"), own_args=True),
     Op("einsum", ("tensors", "pattern"), 2, einsum,
-       lambda call: f"torch.einsum({call.literal(call.options['spec'])}, {', '.join(call.args)})",
+       lambda call: f"torch.einsum({call.literal(call.options.spec)}, {', '.join(call.args)})",
        Across(drops_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)), own_args=True),
 )

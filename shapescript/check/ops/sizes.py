@@ -11,13 +11,14 @@ from ...syntax import ast as A
 from .. import dims as D
 from .. import types as T
 from ..builtins import literal_number, over_axis, tensor_arg
+from ..options import CallOptions, SizeSource
 from .table import Across, Args, CallView, LowerCall, Op, Typed, along_batch, register
 
 if TYPE_CHECKING:
     from ..bodies import BodyChecker
 
 
-def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, object] | None:
+def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, SizeSource | None] | None:
     """A dim named by `node`, and how to get its size when the program runs: an int, or
     (parameter, axis) for a generic dim that a parameter's shape gives."""
     if not isinstance(node, A.Name):
@@ -42,7 +43,7 @@ def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, object] | None:
     return None
 
 
-def count_source(ck: "BodyChecker", node: A.Node, what: str) -> tuple[D.Dim, object] | None:
+def count_source(ck: "BodyChecker", node: A.Node, what: str) -> tuple[D.Dim, SizeSource | None] | None:
     """A count given as a dim (`n`, its size read as `dim_source` reads it) or as a positive literal."""
     value = literal_number(node)
     if value is None:
@@ -60,7 +61,7 @@ def causal_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknow
     if i is None or j is None:
         return T.UNKNOWN
     ck.use("tensors", node.span)
-    return Typed(T.TensorT((T.axis(i[0]), T.axis(j[0])), "bool"), (), {"sizes": (i[1], j[1])})
+    return Typed(T.TensorT((T.axis(i[0]), T.axis(j[0])), "bool"), (), CallOptions(sizes=(i[1], j[1])))
 
 
 def positions_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -71,7 +72,7 @@ def positions_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unk
     if count is None:
         return T.UNKNOWN
     ck.use("tensors", node.span)
-    return Typed(T.TensorT((T.axis(count[0]),), "i64", count[0]), (), {"sizes": (count[1],)})
+    return Typed(T.TensorT((T.axis(count[0]),), "i64", count[0]), (), CallOptions(sizes=(count[1],)))
 
 
 def first_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -97,26 +98,26 @@ def first_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
         return ck.error("E0310", f"`first` takes {counted} entries along {taken.show()}, which has {have}",
                         n.span, "too many", f"take at most {have}, or give {taken.show()} a size of at least {want}")
     return Typed(T.TensorT(t.axes[:axis] + (T.axis(dim),) + t.axes[axis + 1:], t.dtype, t.index), (x.expr,),
-                 {"axis": axis, "sizes": (source,), "names": (D.show(dim), taken.show())})
+                 CallOptions(axis=axis, sizes=(source,), names=(D.show(dim), taken.show())))
 
 
 def first_lower(call: LowerCall) -> str:
     """The runtime checks the count against the axis, naming the call's .ss place."""
-    return (f"_rt.first({call.args[0]}, {call.size(call.options['sizes'][0])}, {call.options['axis']}, "
-            f"{call.literal(call.options['names'])}, {call.where})")
+    return (f"_rt.first({call.args[0]}, {call.size(call.options.sizes[0])}, {call.options.axis}, "
+            f"{call.literal(call.options.names)}, {call.where})")
 
 
 def sized_by_batch(view: CallView) -> bool:
     """A size it reads is the batch's: on a device, that would be its part's."""
-    return any(view.split_size(s) for s in view.options.get("sizes", ()))
+    return any(view.split_size(s) for s in view.options.sizes)
 
 
 register(
     Op("causal", ("i", "j"), 2, causal_rule,
-       lambda call: f"_rt.causal({', '.join(call.size(s) for s in call.options['sizes'])}, DEVICE)",
+       lambda call: f"_rt.causal({', '.join(call.size(s) for s in call.options.sizes)}, DEVICE)",
        Across(over_batch=sized_by_batch), check_rest=False),
     Op("positions", ("n",), 1, positions_rule,
-       lambda call: f"torch.arange({call.size(call.options['sizes'][0])}, device=DEVICE)",
+       lambda call: f"torch.arange({call.size(call.options.sizes[0])}, device=DEVICE)",
        Across(over_batch=sized_by_batch), check_rest=False),
     Op("first", ("x", "n", "over"), 2, first_rule, first_lower,
        Across(over_batch=lambda view: sized_by_batch(view) or along_batch(view)), check_rest=False),

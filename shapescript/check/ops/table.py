@@ -13,15 +13,16 @@ the function it differentiates (the IR keeps it as a GradCall, printed with its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sympy
 
 from ...syntax import ast as A
 from .. import types as T
 from ..builtins import RULES, _unused_args
+from ..options import CallOptions, Recipe
 
 if TYPE_CHECKING:
     from ..bodies import BodyChecker
@@ -36,7 +37,7 @@ class Typed:
 
     result: T.Ty
     args: tuple[A.Expr, ...]
-    options: Mapping[str, object] = field(default_factory=dict)
+    options: CallOptions = field(default_factory=CallOptions)
 
 
 # A typing rule gets the checker, the call and its arguments in parameter order (keywords placed,
@@ -51,10 +52,10 @@ class LowerCall:
 
     args: list[str]  # each argument's Python text
     wrapped: list[str]  # the same, parenthesized where an index or a method call follows it
-    options: Mapping[str, Any]
+    options: CallOptions
     where: str  # the call's .ss location as a Python string literal, for run-time messages
     place: Callable[[int, tuple | None], str]  # argument k with the index placing its axes
-    recipe: Mapping[str, Any]  # how the checker said to lower it (e.g. `@` as a tensordot)
+    recipe: Recipe  # how the checker said to lower it (a broadcast operand's placing, `@` as a tensordot)
     size: Callable[[object], str]  # a dim's size as the function reads it (an int, or off a parameter)
     literal: Callable[[object], str]  # a value as a Python literal (user text goes through it)
     spec: Callable[[str], str]  # the module's name for a data type's spec (`batches` hands it to the run time)
@@ -74,7 +75,7 @@ def runtime_function(name: str) -> Lower:
 class CallView:
     """A checked call as the batch split and the DeviceTable see it."""
 
-    options: Mapping[str, Any]
+    options: CallOptions
     arg_types: tuple[T.Ty | None, ...]
     result: T.Ty | None
     split_axes: Callable[[T.Ty | None], list[int]]  # where a type has the batch axis
@@ -108,9 +109,9 @@ class Across:
     kind: str | Callable[[CallView], str | None] | None = None  # by the call, for one op of several kinds
     lower: Lower | None = None
     payload: Callable[[CallView], Payload] | None = None
-    # Options a call takes when its operand is split: where its batch axis lies, for an op that
-    # works on its part of something drawn for the whole batch (dropout's mask).
-    split_options: Callable[[CallView], Mapping[str, Any]] | None = None
+    # The options a call takes instead of its own when its operand is split: where its batch axis
+    # lies, for an op that works on its part of something drawn for the whole batch (dropout's mask).
+    split_options: Callable[[CallView], CallOptions] | None = None
     refused_as: Callable[[CallView], str] | None = None  # how E1801 names a refused call (default: the op)
 
     @property
@@ -167,7 +168,7 @@ def _checker(op: Op) -> Callable[["BodyChecker", A.Call], T.Ty]:
         typed = op.rule(ck, node, args)
         if not isinstance(typed, Typed):
             return typed
-        ck.record_call(node, "builtin", op.name, list(typed.args), **typed.options)
+        ck.record_call(node, "builtin", op.name, list(typed.args), typed.options)
         return typed.result
     return check
 
@@ -196,10 +197,10 @@ def result_values(what: str) -> Callable[[CallView], Payload]:
 def reduces_batch(view: CallView) -> bool:
     """A reduction whose operand has the batch axis, over everything or over that axis."""
     where = view.split_axes(view.arg_types[0] if view.arg_types else None)
-    axis = view.options.get("axis")
+    axis = view.options.axis
     return bool(where) and (axis is None or axis in where)
 
 
 def along_batch(view: CallView) -> bool:
     """An operation along one axis (`over=`), which is the batch axis."""
-    return view.options.get("axis") in view.split_axes(view.arg_types[0] if view.arg_types else None)
+    return view.options.axis in view.split_axes(view.arg_types[0] if view.arg_types else None)

@@ -8,12 +8,13 @@ over a split batch takes its statistics from every device, in one all-reduce.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
 from .. import types as T
 from ..builtins import literal_number, number_arg, over_axis, tensor_arg
+from ..options import CallOptions
 from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Payload, Typed, reduces_batch, register
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
             return ck.error("E0206", "the norm of gradients is over all of them; it takes no `over=`",
                             over.span, "unexpected")
         dtypes = _param_dtypes(t.model)
-        return Typed(T.scalar_tensor(dtypes.pop() if len(dtypes) == 1 else "f32"), (x.expr,), {"grads": True})
+        return Typed(T.scalar_tensor(dtypes.pop() if len(dtypes) == 1 else "f32"), (x.expr,), CallOptions(grads=True))
     if not isinstance(t, T.TensorT) or not t.is_float:
         return t if t is T.UNKNOWN else ck.error("E0401", f"`norm` takes float tensors or gradients, not "
                                                  f"{t.show()}", x.span, f"this is {t.show()}")
@@ -51,13 +52,13 @@ def norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
     if over is not None and axis is None:
         return T.UNKNOWN
     return Typed(T.TensorT(t.axes[:axis] + t.axes[axis + 1:] if axis is not None else (), t.dtype),
-                 (x.expr,), {"axis": axis})
+                 (x.expr,), CallOptions(axis=axis))
 
 
 def norm_lower(call: LowerCall) -> str:
-    if call.options.get("grads"):
+    if call.options.grads:
         return f"_rt.grad_norm({call.args[0]})"
-    axis = call.options.get("axis")
+    axis = call.options.axis
     return f"torch.linalg.vector_norm({call.args[0]}{'' if axis is None else f', dim={axis}'})"
 
 
@@ -89,13 +90,13 @@ def dropout_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unkno
     if t is None:
         return T.UNKNOWN
     # batch_axis: the operand's axis split across the devices (None: unsplit), see DROPOUT_ACROSS
-    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, p.expr, mode_arg.expr), {"batch_axis": None})
+    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, p.expr, mode_arg.expr), CallOptions(batch_axis=None))
 
 
-def dropout_split_options(view: CallView) -> Mapping[str, Any]:
+def dropout_split_options(view: CallView) -> CallOptions:
     """A split operand: the mask is drawn for the whole batch, each device keeping its rows."""
     where = view.split_axes(view.arg_types[0])
-    return {"batch_axis": where[0]} if where else {}
+    return dataclasses.replace(view.options, batch_axis=where[0]) if where else view.options
 
 
 def batch_norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -129,28 +130,28 @@ def batch_norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Un
                         f"this is {stats.show()}",
                         f"declare `model Stats:` with `buffer mean: {channel.show()} = zeros()` and "
                         f"`buffer var: {channel.show()} = ones()`")
-    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, stats_arg.expr, mode_arg.expr), {"axis": axis})
+    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, stats_arg.expr, mode_arg.expr), CallOptions(axis=axis))
 
 
 def batch_norm_lower(call: LowerCall) -> str:
-    return f"_rt.batch_norm({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options['axis']})"
+    return f"_rt.batch_norm({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options.axis})"
 
 
 def all_batch_norm(call: LowerCall) -> str:
-    return (f"_rt.all_batch_norm({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options['axis']}, "
+    return (f"_rt.all_batch_norm({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options.axis}, "
             f"{call.where})")
 
 
 def statistics_over_batch(view: CallView) -> bool:
     """The batch axis is among the axes the statistics are taken over (all but the channels')."""
-    return any(k != view.options.get("axis") for k in view.split_axes(view.arg_types[0]))
+    return any(k != view.options.axis for k in view.split_axes(view.arg_types[0]))
 
 
 def batch_norm_payload(view: CallView) -> Payload:
     """Each channel's sum and sum of squares, and the count."""
     x = view.arg_types[0]
-    assert isinstance(x, T.TensorT)
-    return Payload(BATCH_NORM_SENDS, 2 * x.axes[int(view.options["axis"])].size + 1, "f64")
+    assert isinstance(x, T.TensorT) and view.options.axis is not None
+    return Payload(BATCH_NORM_SENDS, 2 * x.axes[view.options.axis].size + 1, "f64")
 
 
 register(
@@ -158,7 +159,7 @@ register(
     Op("clip_norm", ("grads", "max"), 2, clip_norm_rule,
        lambda call: f"_rt.clip_norm({call.args[0]}, {call.args[1]})", PER_EXAMPLE),
     Op("dropout", ("x", "p", "mode"), 3, dropout_rule,
-       lambda call: f"_rt.dropout({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options['batch_axis']})",
+       lambda call: f"_rt.dropout({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options.batch_axis})",
        Across(split_options=dropout_split_options)),
     Op("batch_norm", ("x", "stats", "mode", "over"), 4, batch_norm_rule, batch_norm_lower,
        Across(statistics_over_batch, "batch_norm", all_batch_norm, batch_norm_payload)),

@@ -1,0 +1,76 @@
+"""Typed records of what the checker found about a call or an expression beyond its type, for the
+stages after it: a call's options (`CallOptions`, what an op's typing rule found and its lowering
+reads) and how to lower an expression (`Recipe`: a dim read as a number, a broadcast operand's
+placing, `@` as a tensordot). Both are frozen: a stage that changes one (the batch split tells
+dropout where the batch axis lies) makes a new one with `dataclasses.replace`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+# A dim's size as a function reads it at run time: a number, or (parameter, axis) for a generic dim
+# read off a parameter's shape (axis "size": a dataset's length). None where a declared dim still
+# waits for its value (given when loading: the build refuses to go on without it).
+ParamSize = tuple[str, Union[int, str]]
+SizeSource = Union[int, ParamSize]
+# Where a broadcast operand's axes go among the result's: ":" keeps an axis, None inserts one.
+Placing = tuple[Union[str, None], ...]
+# A pattern's split of each operand axis into its atoms' sizes (None: the axis stays one atom); a
+# size is a number, -1 (inferred) or ("axis", k), the size of the operand's whole axis k.
+PatternSplit = tuple[Union[tuple[Union[int, tuple[str, int]], ...], None], ...]
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What a call of an op of the table carries besides its arguments: each op sets the fields it
+    reads (in check/ops/), the others keep their defaults."""
+
+    # Along an axis: reductions, operations along one axis, cross_entropy, topk, gather, batch_norm...
+    axis: int | None = None  # the axis it works along (`over=`); None: over everything
+    rank: int | None = None  # the operand's rank (a reduction over everything, cross_entropy's logits)
+    mask_index: Placing | None = None  # a mask's placing index (None: no mask; (): torch places it)
+    cond_index: Placing | None = None  # where's condition's placing index
+    k: int | None = None  # topk's k
+    grads: bool = False  # norm: of a model's gradients, not of a tensor
+    batch_axis: int | None = None  # dropout: its operand's axis split across the devices (None: none)
+    # Values of the call
+    bounds: tuple[str, ...] = ()  # clamp: which bounds are given ("min", "max"), in its arguments' order
+    dtype: str | None = None  # to: the dtype converted to
+    number: bool = False  # to: of a plain number, made a [] tensor
+    classes: int | None = None  # one_hot: how many classes
+    label: str | None = None  # valid: the padded dim's name in the batch's lengths
+    # Sizes: causal, positions and first read dims' sizes
+    sizes: tuple[SizeSource | None, ...] = ()
+    names: tuple[str, ...] = ()  # logs: its values' names; first: its count and axis as the .ss shows them
+    # The controller's batches
+    data: str | None = None  # the data type's name (the lowering hands the run time its spec)
+    batch_size: int | None = None  # a batch size written as a number (the DeviceTable shows it)
+    # Patterns (check/patterns.py): the recipe's parts, as the run time's pattern functions take them
+    split: PatternSplit | None = None
+    perm: tuple[int, ...] | None = None  # the atoms' order (None: as they are)
+    merge: tuple[int, ...] | None = None  # how many atoms each result axis merges (None: one each)
+    drop: tuple[int, ...] = ()  # rearrange: the literal 1s squeezed away
+    view: tuple[int | None, ...] = ()  # repeat: None for an atom of the operand, 1 for a new axis
+    new_sizes: tuple[int | None, ...] = ()  # repeat: each new axis's size (None: an operand's)
+    dims: tuple[int, ...] = ()  # reduce: the atoms reduced
+    op: str | None = None  # reduce: the reduction (sum, mean, max, min, prod)
+    spec: str | None = None  # einsum's spec, as torch takes it
+
+
+NO_OPTIONS = CallOptions()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to lower an expression, found while checking it (Checked.recipes, by id(node); read by
+    ir/elaborate.py)."""
+
+    dim: bool = False  # a dim used as a number (`n`, `D`), whose size `size` says how to read
+    size: SizeSource | None = None
+    left: Placing | None = None  # where a broadcast left operand's axes go among the result's
+    right: Placing | None = None  # the same for the right operand
+    tensordot: bool = False  # `@` of a right operand of rank > 2
+
+
+NO_RECIPE = Recipe()
