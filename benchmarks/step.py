@@ -10,8 +10,8 @@ backward/step/zero_grad). Both start from the same weights, see the same batch, 
 same torch.set_num_threads. Their steps alternate (ABBA order, so neither always goes first), after
 a warmup; each figure is the median of many repetitions. The ratio is ShapeScript / PyTorch.
 
-Compile time: shapescript.api.compile_program (parse and check) + shapescript.lower.codegen.generate
-(lower to Python source) of the README program, torch already imported: the median of repeats in
+Compile time: shapescript.api.compile_program (parse and check) + shapescript.pipeline.python_module
+(the typed IR, then Python source) of the README program, torch already imported: the median of repeats in
 this process, and the median over a few fresh processes of their first compile.
 """
 

@@ -345,7 +345,7 @@ class Function:
     def __repr__(self) -> str:
         sig = ", ".join(("mut " if p.mut else "") + f"{p.name}: {p.ty.show()}" for p in self.info.params)
         ret = "" if self.info.ret.show() == "nothing" else f" -> {self.info.ret.show()}"
-        return f"<fn {self.name}({sig}){ret} at {self.info.span}, runs {self.info.placement}>"
+        return f"<fn {self.name}({sig}){ret} at {self.info.span}, runs {self.program.checked.placement(self.name).where}>"
 
 
 def _source_line(checked: Checked, span: Span) -> str:

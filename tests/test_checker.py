@@ -27,9 +27,9 @@ def test_readme_types_and_placement() -> None:
     c = check_source((ROOT / "examples" / "readme" / "mlp.ss").read_text(), "mlp.ss")
     assert c.device_set.count == 3 and c.device_set.kind == "cuda" and c.devices.count == 3
     assert c.type_of(body_expr(c, "forward")).show() == "[b C]"
-    assert {n: f.placement for n, f in c.fns.items()} == {
+    assert {n: c.placement(n).where for n in c.fns} == {
         "forward": "workers", "loss": "workers", "train_step": "workers", "run": "controller"}
-    assert c.fns["run"].placement_reason == "loops over a dataset"
+    assert c.placement("run").reason == "loops over a dataset"
     vg = c.fns["train_step"].node.body[0].value
     assert c.calls[id(vg)].kind == "grad" and c.calls[id(vg)].name == "loss"
     assert c.type_of(vg).show() == "([], Grad[Mlp])"
@@ -103,7 +103,7 @@ def test_device_work_in_the_controller_is_only_refused_on_several_devices() -> N
     from shapescript.codes import CODES
     example = CODES["E1803"].example
     c = check_source(example.replace("devices cpu[0 1 2]", "devices cpu"), "one.ss")
-    assert c.fns["fit"].placement == "controller"
+    assert c.placement("fit").where == "controller"
     with pytest.raises(CompileError):
         check_source(example, "three.ss")
     with pytest.raises(CompileError):
@@ -120,10 +120,10 @@ def test_placement_anywhere_and_callers_of_controller_functions() -> None:
             show(x)
         fn inner(x: [n]) -> [n] = x * 2
         """)
-    assert c.fns["add"].placement == "anywhere"
-    assert c.fns["outer"].placement == "controller"
-    assert "calls `show`" in c.fns["outer"].placement_reason
-    assert c.fns["inner"].placement == "workers"
+    assert c.placement("add").where == "anywhere"
+    assert c.placement("outer").where == "controller"
+    assert "calls `show`" in c.placement("outer").reason
+    assert c.placement("inner").where == "workers"
 
 
 def test_reserved_member_names_are_refused() -> None:

@@ -322,7 +322,7 @@ def test_first_and_positions_along_other_axes_are_per_example_on_several_devices
     body = ("fn f(m: M, x: [b n D]) -> [b n D] = x + first(m.wpe, n) * to(positions(n), f32)\n"
             "fn g(m: M, batch: [b] Ex) -> [] = sum(f(m, batch.x)) + sum(first(batch.x, 2, over=n))\n")
     prog = ss.load(SEVERAL + body, name="split.ss")
-    assert prog.g.info.placement == "workers"
+    assert prog.checked.placement("g").where == "workers"
 
 
 def test_positions_and_first_of_a_dim_sized_when_loading() -> None:

@@ -156,7 +156,8 @@ def test_the_controller_module_holds_the_stubs_and_runs_as_printed(several: ss.P
     assert several.python_source == python_module(checked, Target.CONTROLLER)
     fresh: dict = {"__name__": "fresh"}
     exec(compile(several.python_source, "<fresh>", "exec"), fresh)
-    on_workers = {name for name, fn in checked.fns.items() if fn.placement == "workers" and fn.kind == "fn"}
+    on_workers = {name for name, fn in checked.fns.items()
+                  if checked.placement(name).where == "workers" and fn.kind == "fn"}
     assert on_workers == {"wrong", "right", "wrong_total", "right_total"}
     for name in checked.fns:  # what ss.load runs is what the module printed: no name replaced after it ran
         assert type(several.namespace[name]) is type(fresh[name])

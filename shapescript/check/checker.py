@@ -82,7 +82,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
             check_bodies(ctx)
             call_cycles(ctx)
         if not ctx.diagnostics:
-            place(ctx)
+            checked = ctx.checked = dataclasses.replace(checked, placements=place(ctx))
         if not ctx.diagnostics and checked.device_set.count > 1:
             from .split import split_batches
             checked = dataclasses.replace(checked, split=split_batches(ctx))

@@ -160,7 +160,8 @@ class _Builder:
         for fn in self.c.fns.values():
             if fn.kind != "fn":
                 continue
-            table.fns[fn.name] = FnPlan(fn.name, fn.span, fn.placement, fn.placement_reason,
+            placed = self.c.placement(fn.name)
+            table.fns[fn.name] = FnPlan(fn.name, fn.span, placed.where, placed.reason,
                                         self.sends(fn.name, False), fn.name in self.differentiated,
                                         self.sends(fn.name, True))
             table.values.extend(self.layouts(fn))
@@ -219,7 +220,7 @@ class _Builder:
             if info is None or info.name not in self.c.fns or info.kind not in ("fn", "grad"):
                 continue
             callee = self.c.fns[info.name]
-            if fn.placement == "controller" and callee.placement == "controller":
+            if self.where(fn) == "controller" and self.where(callee) == "controller":
                 continue  # runs in the controller: sends nothing itself
             sent: list[Sent] = []
             if info.kind == "grad":
@@ -246,6 +247,9 @@ class _Builder:
             return self._make(fn, node, sent.what, sent.values, sent.dtype)
         assert isinstance(result, T.TensorT)  # `@`, einsum, reduce: every device's partial product, summed
         return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), result.dtype)
+
+    def where(self, fn: FnInfo) -> str:
+        return self.c.placement(fn.name).where
 
     def split_dims(self, fn: FnInfo) -> frozenset:
         split = self.c.split_of(fn.name)
@@ -299,15 +303,16 @@ class _Builder:
             state = 2 * sympy.Add(*(c * numel(t) * DTYPE_BYTES[t.dtype] for _, t, c in params(ty.model)))
             return Layout(name, fn.name, span, shown, "optimizer",
                           bytes=self.size(state) if ty.kind == "AdamW" else None)
-        if fn.placement == "controller" and not isinstance(ty, T.BatchT):
+        where = self.where(fn)
+        if where == "controller" and not isinstance(ty, T.BatchT):
             return Layout(name, fn.name, span, shown, "controller")
         axes, per_example = value_axes(ty)
         if axes is None:
-            return Layout(name, fn.name, span, shown, "controller" if fn.placement == "controller" else "whole")
+            return Layout(name, fn.name, span, shown, "controller" if where == "controller" else "whole")
         dims = self.split_dims(fn)
         split = [a for a in axes if a.size in dims] if self.count > 1 else []
         whole = sympy.Mul(*(a.size for a in axes)) * per_example
-        if isinstance(ty, T.BatchT) and (split or fn.placement == "controller"):
+        if isinstance(ty, T.BatchT) and (split or where == "controller"):
             first = ty.axes[0]
             return Layout(name, fn.name, span, shown, "split" if self.count > 1 else "whole", first.show(),
                           self.size(whole), self.size(whole / first.size))

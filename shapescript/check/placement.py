@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import Diagnostic
 from .checker import Context
-from .program import FnInfo
+from .program import ANYWHERE, FnInfo, Placement
 
 CONTROLLER_USES = {
     "loop": "loops over a dataset", "print": "prints", "save": "saves a checkpoint",
@@ -19,36 +19,37 @@ CONTROLLER_USES = {
 }
 
 
-def place(ctx: Context) -> None:
+def place(ctx: Context) -> dict[str, Placement]:
+    """Each function's placement (the pass's result, which the checker keeps in `Checked`); on
+    several devices, E1803 for device work in a function that runs in the controller."""
     fns = ctx.fns
+    placed: dict[str, Placement] = {}
     for fn in fns.values():
         if fn.kind == "python":
-            fn.placement, fn.placement_reason = "controller", "is a Python function"
+            placed[fn.name] = Placement("controller", "is a Python function")
         elif fn.kind == "extern":
-            fn.placement, fn.placement_reason = "workers", "works on each example"
+            placed[fn.name] = Placement("workers", "works on each example")
         else:
             reason = next((text for use, text in CONTROLLER_USES.items() if use in fn.uses), "")
-            if reason:
-                fn.placement, fn.placement_reason = "controller", reason
+            placed[fn.name] = Placement("controller", reason) if reason else ANYWHERE
     changed = True
     while changed:  # a caller of a controller function runs in the controller
         changed = False
         for fn in fns.values():
-            if fn.placement == "controller":
+            if placed[fn.name].where == "controller":
                 continue
-            callee = next((c for c in fn.calls if fns[c].placement == "controller"), None)
+            callee = next((c for c in fn.calls if placed[c].where == "controller"), None)
             if callee is not None:
-                fn.placement, fn.placement_reason = "controller", f"calls `{callee}`, which runs there"
+                placed[fn.name] = Placement("controller", f"calls `{callee}`, which runs there")
                 changed = True
     for fn in fns.values():
-        if fn.placement == "anywhere" and fn.kind == "fn" and ("tensors" in fn.uses or fn.device_work):
-            fn.placement, fn.placement_reason = "workers", "uses tensors"
-    devices = ctx.checked.device_set if ctx.checked else None
-    if devices is None or devices.count == 1:
-        return
-    for fn in fns.values():
-        if fn.placement == "controller" and fn.device_work:
-            report_device_work(ctx, fn)
+        if placed[fn.name] == ANYWHERE and fn.kind == "fn" and ("tensors" in fn.uses or fn.device_work):
+            placed[fn.name] = Placement("workers", "uses tensors")
+    if ctx.checked.device_set.count > 1:
+        for fn in fns.values():
+            if placed[fn.name].where == "controller" and fn.device_work:
+                report_device_work(ctx, fn, placed)
+    return placed
 
 
 # The controller uses that belong in a training loop's caller rather than in a step: a function with
@@ -57,17 +58,17 @@ MOVABLE_USES = {"print": "`print`", "save": "`save`", "load": "`load`", "write":
                 "python": "the Python call"}
 
 
-def report_device_work(ctx: Context, fn: FnInfo) -> None:
+def report_device_work(ctx: Context, fn: FnInfo, placed: dict[str, Placement]) -> None:
     """E1803, pointing at what to move: a print, save, sink write, Python call or call of a controller
     function in a step of device work is what moves out; a loop over a dataset stays, and the device
     work moves into a function of its own."""
     use = next((u for u in MOVABLE_USES if u in fn.uses), None)
-    callee = next((c for c in fn.calls if ctx.fns[c].placement == "controller"), None)
+    callee = next((c for c in fn.calls if placed[c].where == "controller"), None)
     loops = any(u in fn.uses for u in ("loop", "dataset", "sink"))
     if loops or (use is None and callee is None):
         for what, span in fn.device_work:
             ctx.error("E1803", f"`{what}` is device work, but `{fn.name}` runs in the controller", span,
-                      "device work", f"`{fn.name}` runs in the controller because it {fn.placement_reason}",
+                      "device work", f"`{fn.name}` runs in the controller because it {placed[fn.name].reason}",
                       "move the device work into a function of its own, as the README's train_step, "
                       "and call it from the loop")
         return

@@ -34,8 +34,6 @@ class FnInfo:
     params: list[ParamInfo]
     ret: Ty
     generics: dict[str, D.Dim]
-    placement: str = "anywhere"  # controller | workers | anywhere
-    placement_reason: str = ""
     # What the body does, found by the body checker, read by placement: "loop", "print", "save",
     # "load", "write", "python", "tensors"; with the span of the first use of each.
     uses: dict[str, Span] = field(default_factory=dict)
@@ -57,6 +55,16 @@ class CallInfo:
     options: CallOptions = field(default_factory=CallOptions)
     mapping: Mapping[D.Dim, D.Dim] = field(default_factory=dict)  # the callee's generic dims -> the caller's
     axis_args: Mapping[int, int] = field(default_factory=dict)  # an Axis argument's place -> its axis's index
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a function runs (check/placement.py), and why, in the manual's words."""
+    where: str  # controller | workers | anywhere
+    reason: str = ""
+
+
+ANYWHERE = Placement("anywhere")
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class Checked:
     types: dict[int, Ty] = field(default_factory=dict)  # id(expr) -> type
     calls: dict[int, CallInfo] = field(default_factory=dict)  # id(call) -> resolution
     recipes: dict[int, Recipe] = field(default_factory=dict)  # id(expr) -> how to lower it
+    placements: Mapping[str, Placement] = field(default_factory=dict)  # each fn's, by name
     split: SplitFacts = NO_SPLIT  # on several devices, what the batch split found
 
     @functools.cached_property
@@ -101,6 +110,10 @@ class Checked:
         out when first asked for: a one-device build never needs it)."""
         from .comms import DeviceTable
         return DeviceTable.of(self)
+
+    def placement(self, fn: str) -> Placement:
+        """Where function `fn` runs (anywhere, until placement has run)."""
+        return self.placements.get(fn, ANYWHERE)
 
     def split_of(self, fn: str) -> BatchSplit | None:
         """How function `fn` takes the batch on several devices (None: it isn't split)."""

@@ -52,9 +52,10 @@ def split_batches(ctx: Context) -> SplitFacts:
     across: dict[int, str] = {}
     options: dict[int, CallOptions] = {}
     for fn in fns:
-        if fn.placement == "workers":
+        where = checked.placement(fn.name).where
+        if where == "workers":
             Classifier(ctx, fn, dims[fn.name], across, options).run()
-        elif fn.placement == "controller":
+        elif where == "controller":
             python_calls(ctx, fn, dims[fn.name])
     return SplitFacts({fn.name: layout(fn, dims[fn.name]) for fn in fns}, across, options)
 
@@ -69,7 +70,7 @@ def seeds(ctx: Context, fn: FnInfo) -> SplitDims:
         for axis in t.axes[:1]:
             if D.is_generic(axis.size):
                 out.add(axis.size)
-            elif fn.placement != "controller":
+            elif ctx.checked.placement(fn.name).where != "controller":
                 node = next(p.node for p in fn.params if p.ty is t)
                 ctx.error("E1802", f"a batch of a fixed size, {t.show()}, can't be split across "
                           f"{ctx.checked.device_set.count} devices", node.span, "a fixed batch size",

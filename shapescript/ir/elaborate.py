@@ -29,7 +29,7 @@ class _Elaborator:
         params = tuple(N.Param(p.name, p.ty, p.mut, p.node.span) for p in fn.params)
         body = tuple(self.stmt(s) for s in node.body) if isinstance(node, A.Fn) else ()
         target = node.target if isinstance(node, A.Extern) else ""
-        return N.Function(fn.name, fn.kind, params, fn.ret, body, node.span, fn.placement,
+        return N.Function(fn.name, fn.kind, params, fn.ret, body, node.span, self.c.placement(fn.name).where,
                           self.c.split_of(fn.name), sizes_read(body), target)
 
     # ---- statements ---------------------------------------------------------------------------

@@ -86,7 +86,7 @@ class _Writer:
         for fn in c.fns.values():
             self.emit("")
             self.emit("")
-            if targets.is_remote(fn, self.target):  # the controller calls it on the workers
+            if targets.is_remote(c, fn, self.target):  # the controller calls it on the workers
                 self.emit(targets.remote_stub(c, fn, py_name(fn.name)), fn.node)
             else:
                 self.function(fn)

@@ -60,9 +60,9 @@ def target_for(checked: Checked, target: Target | None, standalone: bool) -> Tar
     return target
 
 
-def is_remote(fn: FnInfo, target: Target) -> bool:
+def is_remote(checked: Checked, fn: FnInfo, target: Target) -> bool:
     """Whether `fn` is a stub in this target's module: the controller's fns placed on the workers."""
-    return target is Target.CONTROLLER and fn.kind == "fn" and fn.placement == "workers"
+    return target is Target.CONTROLLER and fn.kind == "fn" and checked.placement(fn.name).where == "workers"
 
 
 def remote_stub(checked: Checked, fn: FnInfo, name: str) -> str:

@@ -7,6 +7,7 @@ import pytest
 
 from facts import FILE, build, diagnostics, line_of
 from programs import LIN_HEADER, PLACES, PRINTING_STEP, SHOWING_STEP, TRAINING_LOOP
+from shapescript.check.program import Placement
 
 # Each function of PLACES: where it runs, and why (the manual's list, "Where functions run").
 EXPECTED = {
@@ -34,7 +35,7 @@ EXPECTED = {
 @pytest.mark.parametrize("devices", ["cpu", "cpu[0 1]"])
 def test_each_function_runs_where_the_manual_says_and_why(devices: str) -> None:
     checked = build(PLACES, devices)
-    assert {name: (fn.placement, fn.placement_reason) for name, fn in checked.fns.items()} == EXPECTED
+    assert {name: (checked.placement(name).where, checked.placement(name).reason) for name in checked.fns} == EXPECTED
 
 
 def test_a_function_of_ints_stays_anywhere_whoever_calls_it() -> None:
@@ -42,13 +43,13 @@ def test_a_function_of_ints_stays_anywhere_whoever_calls_it() -> None:
     workers is as free: placement never moves a callee to its caller."""
     source = PLACES + "\nfn on_workers(x: [b D]) -> [b D] = x * twice(3)\n"
     checked = build(source, "cpu[0 1]")
-    assert checked.fns["on_workers"].placement == "workers"
-    assert checked.fns["twice"].placement == "anywhere"
+    assert checked.placement("on_workers").where == "workers"
+    assert checked.placement("twice").where == "anywhere"
 
 
 def test_a_function_taking_a_model_only_runs_on_the_workers() -> None:
     checked = build(LIN_HEADER + "\nfn copy(m: Lin) -> [D C] = m.w\n", "cpu")
-    assert (checked.fns["copy"].placement, checked.fns["copy"].placement_reason) == ("workers", "uses tensors")
+    assert checked.placement("copy") == Placement("workers", "uses tensors")
 
 
 def test_a_step_that_prints_is_E1803_at_the_print_with_the_device_work_in_notes() -> None:
@@ -88,4 +89,4 @@ def test_on_one_device_device_work_in_the_controller_compiles(source: str) -> No
     """One device has no workers: the function just runs in the controller."""
     checked = build(source, "cpu")
     placed = [fn for fn in checked.fns.values() if fn.device_work]
-    assert placed and all(fn.placement == "controller" for fn in placed)
+    assert placed and all(checked.placement(fn.name).where == "controller" for fn in placed)

@@ -36,7 +36,7 @@ def test_an_extern_fn_given_the_batch_axis_is_E1801_on_several_devices() -> None
     assert (d.span.line, d.span.col) == (11, 37)  # the `b` of over=b
     assert "layer_norm" in d.message
     one = ss.load(LAYER_NORM_OVER_BATCH, devices="cpu", name="ln.ss")  # one device: the whole batch
-    assert one.normed.info.placement != "controller"
+    assert one.checked.placement("normed").where != "controller"
     # along another axis it is per example, and fine
     ss.load(LAYER_NORM_OVER_BATCH.replace("Axis[n]", "Axis[D]").replace("over=b", "over=D"), name="ln.ss")
 
