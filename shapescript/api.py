@@ -132,6 +132,13 @@ def compile_program(source: str, file: str, devices: DeviceSet | str | None = No
     checked = check_source(source, file, parse_devices(devices) if devices is not None else None, sizes)
     if sizes:
         _warn_replaced_dims(checked, sizes)
+    devices_now = checked.device_set
+    if devices_now.count > 1 and (devices_now.shard_params or devices_now.split):
+        given = [o for o in ("`shard params`" if devices_now.shard_params else "",
+                             f"`split {devices_now.split}`" if devices_now.split else "") if o]
+        warnings.warn(f"{checked.file}: {' and '.join(given)} {'is' if len(given) == 1 else 'are'} checked but "
+                      f"not yet carried out: every device holds whole models and values, as without "
+                      f"{'it' if len(given) == 1 else 'them'}", stacklevel=3)
     return checked
 
 

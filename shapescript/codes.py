@@ -307,7 +307,24 @@ _ENTRIES.append(Code(
     "fn show(data: Dataset[Ex]):\n    for batch in data |> batches(8):\n        print(augment(batch.x))\n",
     "Prepare examples in the dataset, as it loads them, or declare the function with `extern fn`, "
     "which works on each example and so runs on the devices."))
-CHAPTERS["19"] = "Python calls on several devices"
+_ENTRIES.extend([
+    Code("E1902", "A split the devices don't divide",
+         "`split H` gives each device an equal block of H: with N devices each holds H / N of every "
+         "value with that axis, so N must divide H's size.",
+         "devices cpu[0 1 2 3 4]\n    split H\n\ndim H = 12\ndim Dh = 64\n",
+         "Use a number of devices that divides the dim (for H = 12: 2, 3, 4 or 6), or split another dim."),
+    Code("E1903", "A second split",
+         "A program splits its values along one dim at most: each value is cut one way across the "
+         "devices.",
+         "devices cpu[0 1]\n    split H\n    split Dh\n\ndim H = 12\ndim Dh = 64\n",
+         "Keep one `split`."),
+    Code("E1904", "A split of something that isn't a dim",
+         "`split NAME` names a dim declared with `dim`, such as the attention heads' `H`; the values "
+         "with an axis of that size are the ones split.",
+         "devices cpu[0 1 2]\n    split Q\n\ndim H = 12\n",
+         "Name a declared dim."),
+])
+CHAPTERS["19"] = "Python calls and layout options on several devices"
 
 # What a program, its input or its machine gets wrong at run time: no code, a typed exception with
 # the .ss location where there is one. (situation, what is raised), rendered in docs/errors.md.

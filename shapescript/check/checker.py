@@ -114,6 +114,7 @@ def collect(ctx: Context) -> DeviceSet:
                       if dim.name in ctx.dim_override else f"give `{dim.name}` a size of 1 or more")
         ctx.dim_values[dim.name] = value  # a derived dim's, once its parts' are known
     derive_dims(ctx, dims)
+    layout_options(ctx, device_items[0] if device_items else None, device_set)
     for name in ctx.dim_override:
         if name not in ctx.dim_values:
             ctx.error("E0201", f"no dim `{name}` to set", ctx.program.span, "",
@@ -159,6 +160,30 @@ def devices_of(ctx: Context, node: A.Devices) -> DeviceSet:
     shard = any(o.kind == "shard" for o in node.options)
     splits = [o for o in node.options if o.kind == "split"]
     return DeviceSet(node.kind, indices, shard, splits[0].name if splits else None)
+
+
+def layout_options(ctx: Context, node: A.Devices | None, devices: DeviceSet) -> None:
+    """`split NAME`: one split (E1903), of a dim (E1904) that the devices divide (E1902)."""
+    splits = [o for o in node.options if o.kind == "split"] if node is not None else []
+    for extra in splits[1:]:
+        ctx.error("E1903", f"a second split, `split {extra.name}`", extra.span, "one split is allowed",
+                  f"split one dim: `split {splits[0].name}` is at {splits[0].span}")
+    name = devices.split
+    if name is None:
+        return
+    span = splits[0].span if splits else (node.span if node is not None else ctx.program.span)
+    if name not in ctx.dim_values:
+        ctx.error("E1904", f"`split {name}`: there is no dim `{name}`", span, "not a dim",
+                  similar(name, ctx.dim_values) or "split a dim declared with `dim`, as the heads' `dim H = 12`")
+        return
+    size = ctx.dim_values[name]
+    if size is not None and size % devices.count:
+        counts = [str(n) for n in range(2, size + 1) if size % n == 0][:4]
+        ctx.error("E1902", f"`split {name}` over {devices.count} devices, but {name} = {size} isn't a "
+                  f"multiple of {devices.count}", span, f"{name} = {size}",
+                  f"each device holds an equal part of {name}: use {', '.join(counts[:-1])} or {counts[-1]} "
+                  f"devices" if len(counts) > 1 else f"use {counts[0]} devices" if counts
+                  else f"{name} = 1 can't be split: remove `split {name}`")
 
 
 def define(ctx: Context, name: str, span: Span, what: str) -> bool:

@@ -29,16 +29,19 @@ class ProgramGen(Library):
 
     def program(self) -> str:
         r = self.r
-        if r.chance(0.15):
-            self.out.append(r.choice(["devices cpu", "devices cuda", "devices cpu[0 1]",
-                                      "devices cuda[0 1 2]\n    shard params", "devices cpu[0 1 2]\n    split b"]))
+        devices = r.choice(["devices cpu", "devices cuda", "devices cpu[0 1]", "devices cuda[0 1 2]\n    shard params",
+                            "devices cpu[0 1]\n    split {dim}"]) if r.chance(0.15) else None
         self.dims = ["C"] + r.sample(["D", "E", "H", "K"], r.randint(1, 3))
+        even: list[str] = []  # the dims two devices can split
         for d in self.dims:
             value = r.choice([2, 3, 4, 8, 16])
             if r.chance(self.mistakes / 10):
                 self.out.append(r.choice([f"dim {d}", f"dim {d} = 0", f"dim {d} = {value}\ndim {d} = 2"]))
             else:
                 self.out.append(f"dim {d} = {value}")
+                even += [d] if value % 2 == 0 else []
+        if devices is not None:  # split a dim the devices divide (E1902, E1904), chosen without a draw
+            self.out.insert(0, devices.format(dim=even[0]) if even else "devices cpu[0 1]")
         xdim = r.choice(self.dims[1:])
         hdim = r.choice(self.dims)
         if r.chance(0.8):

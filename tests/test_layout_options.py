@@ -1,0 +1,46 @@
+"""`shard params` and `split NAME` under `devices`: checked now (E1902–E1904), carried out later
+(issue 13); until then a program that has them says so when it loads."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import shapescript as ss
+
+HEADS = "dim H\ndim Dh = 4\n\nfn f(x: [n H Dh]) -> [n H Dh] = x * 2.0\n"
+
+
+def codes_of(source: str, **kwargs: object) -> list[str]:
+    with pytest.raises(ss.CompileError) as info:
+        ss.load(source, **kwargs)
+    return info.value.codes
+
+
+def test_a_size_given_when_loading_is_checked_against_the_devices() -> None:
+    source = "devices cpu[0 1 2]\n    split H\n\n" + HEADS
+    assert codes_of(source, dims={"H": 10}) == ["E1902"]
+    with pytest.warns(UserWarning, match="`split H` is checked but not yet carried out"):
+        prog = ss.load(source, dims={"H": 12})
+    assert prog.devices.split == "H" and prog.devices.count == 3
+
+
+def test_a_split_of_a_generic_dim_or_a_field_is_not_a_dim() -> None:
+    assert codes_of("devices cpu[0 1]\n    split n\n\n" + HEADS, dims={"H": 4}) == ["E1904"]
+    assert codes_of("devices cpu[0 1]\n    split x\n\n" + HEADS, dims={"H": 4}) == ["E1904"]
+
+
+def test_one_device_and_no_options_say_nothing() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ss.load("devices cpu\n    split H\n\n" + HEADS, dims={"H": 5})  # one device divides every size
+        ss.load("devices cpu[0 1]\n\n" + HEADS, dims={"H": 5})
+
+
+def test_the_errors_point_at_the_option() -> None:
+    with pytest.raises(ss.CompileError) as info:
+        ss.load("devices cpu[0 1 2 3]\n    shard params\n    split H\n\n" + HEADS, dims={"H": 6})
+    (d,) = info.value.diagnostics
+    assert (d.code, d.span.line, d.span.col) == ("E1902", 3, 5)
+    assert "use 2, 3 or 6 devices" in " ".join(d.help)
