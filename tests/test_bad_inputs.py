@@ -383,3 +383,12 @@ def test_python_dash_m_shapescript_is_the_command_line(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "shapescript", "run", "dir.ss", "f"], capture_output=True, text=True,
                          cwd=tmp_path, env=env)
     assert bad.returncode == 2 and bad.stderr == "error: dir.ss: a folder, not a .ss file\n"
+
+
+def test_topk_along_a_generic_axis_with_too_few_entries_is_a_shape_error() -> None:
+    """The checker proves k fits a sized axis; a generic one is checked as the program runs."""
+    prog = ss.load("fn f(x: [n]) -> [3]:\n    v, i = topk(x, 3, over=n)\n    return v\n", name="topk.ss")
+    x = torch.tensor([1.0, 5.0, 3.0, 4.0])
+    assert torch.equal(prog.f(x), torch.topk(x, 3).values)
+    with pytest.raises(ss.ShapeError, match=r"topk\.ss:2:12: `topk` takes the 3 largest entries along n, which has only 2"):
+        prog.f(torch.tensor([1.0, 5.0]))

@@ -39,7 +39,7 @@ class CallOptions:
     dtype: str | None = None  # to: the dtype converted to
     number: bool = False  # to: of a plain number, made a [] tensor
     classes: int | None = None  # one_hot: how many classes
-    label: str | None = None  # valid: the padded dim's name in the batch's lengths
+    label: str | None = None  # valid: the padded dim's name in the lengths; topk: its unsized axis
     # Sizes: causal, positions and first read dims' sizes
     sizes: tuple[SizeSource | None, ...] = ()
     names: tuple[str, ...] = ()  # logs: its values' names; first: its count and axis as the .ss shows them

@@ -52,6 +52,16 @@ def first(x: torch.Tensor, count: int, axis: int, names: tuple[str, str], where:
     return x.narrow(axis, 0, count)
 
 
+def topk(x: torch.Tensor, k: int, axis: int, along: str, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk along an axis whose size the checker didn't know (a generic dim): too few entries
+    is our error, naming the .ss location, and not torch's."""
+    size = x.shape[axis]
+    if k > size:
+        raise ShapeError(f"{where}: `topk` takes the {k} largest entries along {along}, which has only {size}")
+    values, indices = torch.topk(x, k, dim=axis)
+    return values, indices
+
+
 def batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int) -> torch.Tensor:
     """PyTorch's batch_norm with the channels on `axis`: batch statistics and a momentum update of
     the running ones in Train, the running ones in Eval."""

@@ -38,10 +38,15 @@ def topk_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
         return ck.error("E0310", f"`topk` of {k_node.value} from {picked.show()} = {size}", k.span, "too many")
     axes = t.axes[:axis] + (T.axis(D.literal(k_node.value)),) + t.axes[axis + 1:]
     result = T.TupleT((T.TensorT(axes, t.dtype), T.TensorT(axes, "i64", picked.size)))
-    return Typed(result, (x.expr,), CallOptions(axis=axis, k=k_node.value))
+    # An axis of unknown size is checked as the program runs (`label`: the axis as the error names it).
+    return Typed(result, (x.expr,), CallOptions(axis=axis, k=k_node.value,
+                                                label=picked.show() if size is None else None))
 
 
 def topk_lower(call: LowerCall) -> str:
+    if call.options.label is not None:
+        return (f"_rt.topk({call.args[0]}, {call.options.k}, {call.options.axis}, {call.literal(call.options.label)}, "
+                f"{call.where})")
     return f"tuple(torch.topk({call.args[0]}, {call.options.k}, dim={call.options.axis}))"
 
 
