@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from programs import GPT
+import shapescript as ss
 from shapescript.api import compile_program
 from shapescript.check.ops import OPS
 from shapescript.check.ops.shaping import recipe_parts, reduce_parts, repeat_parts, runtime_call
@@ -265,3 +266,12 @@ def test_values_and_gradients_equal_the_runtime_and_hand_written_torch(name: str
         grad = gradient(printed, x, cotangent)
         assert torch.equal(grad, gradient(interpreted, x, cotangent))
         assert torch.equal(grad, gradient(by_hand, x, cotangent))
+
+
+def test_repeat_names_a_literal_it_would_drop() -> None:
+    """The left side's literal 1 isn't kept by repeat: the error says so in words, not `None`."""
+    with pytest.raises(ss.CompileError) as info:
+        ss.load("fn f(x: [n 1]) -> [n 4] = repeat(x, n 1 -> n r, r=4)\n")
+    (d,) = info.value.diagnostics
+    assert d.code == "E0307" and d.message == "a literal size is on the left but not on the right"
+    assert "rearrange" in " ".join(d.help)

@@ -202,8 +202,10 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
         lhs, rhs, axes, known = _bind_sides(ck, args, t, p, new_axes=True)
         lost = [a.name for a in lhs.atoms if a.name not in {b.name for b in rhs.atoms}]
         if lost:
-            raise PatternError(f"`{lost[0]}` is on the left but not on the right", p, "",
-                               "`repeat` keeps every axis and adds new ones")
+            what = f"`{lost[0]}` is" if lost[0] is not None else "a literal size is"
+            raise PatternError(f"{what} on the left but not on the right", p, "",
+                               "`repeat` keeps every axis and adds new ones; drop a size-1 axis with "
+                               "rearrange first" if lost[0] is None else "`repeat` keeps every axis and adds new ones")
         keep = _positions(lhs, rhs)
         recipe = lower_recipe(lhs, rhs, keep, p, ck.ctx.dim_values)
         view: list[int | None] = []  # None: an atom of the operand; 1: a new axis, expanded to its size
