@@ -428,7 +428,7 @@ register(
     Op("repeat", ("x", "pattern"), 2, repeat, printed("repeat", repeat_parts, _repeated), PER_EXAMPLE, own_args=True),
     Op("reduce", ("x", "pattern", "op"), 3, reduce, printed("reduce", reduce_parts, _reduced),
        Across(drops_batch, lambda view: PARTIAL if view.options.op == "sum" else None,
-              payload=result_values(PARTIAL_PRODUCTS),
+              payload=result_values("`reduce`'s partial sums, every device's part of the batch added up"),
               refused_as=lambda view: f"`reduce` with {view.options.op}"), own_args=True),
     Op("einsum", ("tensors", "pattern"), 2, einsum,
        lambda call: f"torch.einsum({call.literal(call.options.spec)}, {', '.join(call.args)})",
