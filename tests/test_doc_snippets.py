@@ -221,10 +221,25 @@ def notebook_shows() -> str:
     return info.value.rendered + "\n" + "\n".join(info.value._render_traceback_()) + "\n"
 
 
+def notebook_runtime_error_shows() -> str:
+    """notebook.md's `forward` called with 780 features instead of 784: what the kernel shows."""
+    from shapescript.errors import ShapeError
+    from shapescript.notebook.cells import Cell
+    from shapescript.notebook.session import Session
+    first, second = [b.text for b in doc_blocks(NOTEBOOK_DOC) if b.text.startswith("%%shapescript\n")][:2]
+    ns: dict = {}
+    session = Session(ns)
+    session.run_cell(Cell("cell [1]", first, first_line=2))
+    session.run_cell(Cell("cell [2]", second, first_line=2))
+    with pytest.raises(ShapeError) as info:
+        ns["forward"](ns["Mlp"].init(seed=0), torch.randn(32, 780))
+    return "\n".join(session.error_lines(info.value)) + "\n"
+
+
 OUTPUTS: dict[str, list[Callable[[], str]]] = {
     "README.md": [compiler_prints],
     "editor.md": [editor_shows],
-    "notebook.md": [notebook_shows],
+    "notebook.md": [notebook_shows, notebook_runtime_error_shows],
 }
 
 

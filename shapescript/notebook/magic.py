@@ -3,12 +3,14 @@
 A compile error shows its diagnostics as the cell's output (HTML in Jupyter, text in a terminal)
 and fails the cell with one short line instead of a traceback (IPython prints an exception's
 `_render_traceback_` lines in place of its traceback), so that a notebook run by nbclient stops
-there, and nothing of the program or its names has changed.
+there, and nothing of the program or its names has changed. A run-time error of the program raised
+in a Python cell shows, the same way, as its message in the cells' terms (report.py).
 """
 
 from __future__ import annotations
 
 import atexit
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,7 +23,7 @@ from ..api import parse_devices
 from ..check.comms import DeviceTable
 from .cells import Cell
 from .models import model_html
-from ..errors import ShapeScriptError
+from ..errors import CompileError, ShapeScriptError
 from . import progress
 from .report import CellCompileError, NotebookError
 from .session import PROGRAM_VARIABLE, Session
@@ -150,6 +152,7 @@ def load_ipython_extension(ip: InteractiveShell) -> None:
         _stop_on_shutdown_request(ip, magics.session)
         _show_device_tables(ip, magics.session)
         _show_models(ip)
+        _short_runtime_errors(ip, magics.session)
         if in_kernel():  # Jupyter: a bar for each loop over batches (a terminal opts in: %shapescript progress on)
             try:
                 progress.enable()
@@ -172,6 +175,29 @@ def _stop_on_shutdown_request(ip: InteractiveShell, session: Session) -> None:
         return do_shutdown(restart)
 
     kernel.do_shutdown = stop_first
+
+
+def _short_runtime_errors(ip: InteractiveShell, session: Session) -> None:
+    """A ShapeScript error raised by a Python cell's call (a ShapeError for a wrong argument) shows
+    as its message in the cells' terms instead of a traceback through the package's frames: the
+    exception gets a `_render_traceback_` for that one showing. `%tb`, which shows the same
+    exception again (sys.last_value), then shows the whole traceback."""
+    show = ip.showtraceback
+
+    def shorter(exc_tuple: Any = None, *args: Any, **kwargs: Any) -> Any:
+        error = (exc_tuple or sys.exc_info())[1]
+        if (not isinstance(error, ShapeScriptError) or isinstance(error, CompileError)
+                or hasattr(error, "_render_traceback_") or getattr(error, "_shapescript_shown", False)):
+            return show(exc_tuple, *args, **kwargs)
+        error._shapescript_shown = True  # type: ignore[attr-defined]  # the next showing, %tb's, is whole
+        # Called by IPython, which falls back to the plain traceback should the lines fail.
+        error._render_traceback_ = lambda: session.error_lines(error)  # type: ignore[attr-defined]
+        try:
+            return show(exc_tuple, *args, **kwargs)
+        finally:
+            del error._render_traceback_  # type: ignore[attr-defined]
+
+    ip.showtraceback = shorter  # type: ignore[method-assign]
 
 
 def _show_models(ip: InteractiveShell) -> None:

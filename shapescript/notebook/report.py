@@ -1,10 +1,13 @@
-"""What a failed `%%shapescript` cell shows: the diagnostics, each in its own cell's terms.
+"""What a failed `%%shapescript` cell shows: the diagnostics, each in its own cell's terms; and what
+a run-time error of the notebook's program shows, in the same terms.
 
 The checker sees the notebook's whole program, so its spans are lines of that program. Each one
 maps back to the cell the line came from and the line's number in that cell ("cell [3]:4:12"); a
 diagnostic about an earlier cell's item names that cell. The result renders as rustc-style text
 (terminal IPython, the error's traceback) and as HTML (Jupyter), with the error index's entry for
 each code.
+A run-time error (a ShapeError from a Python cell's call) names its place in the program's message
+("notebook.ss:12:5"); `runtime_error_lines` says it as the cell and its line.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
+from collections.abc import Sequence
 
 from ..codes import CODES
 from ..errors import CompileError, Diagnostic, ShapeScriptError, Span
@@ -109,6 +113,49 @@ class NotebookError(ShapeScriptError):
 
     def _render_traceback_(self) -> list[str]:
         return [*str(self).split("\n"), *getattr(self.__cause__, "__notes__", ())]
+
+
+_WORKER_TRACEBACK = re.compile(r"worker \d+'s traceback")  # a note of pool.py's: internal frames, for %tb
+FULL_TRACEBACK = "The whole traceback, with ShapeScript's own frames: %tb"
+
+
+def runtime_error_lines(error: ShapeScriptError, draft: Draft, program_name: str,
+                        calls: Sequence[tuple[str, Span]] = ()) -> list[str]:
+    """What a run-time error of the notebook's program shows instead of its traceback: `Type: message`
+    with each `notebook.ss:12:5` said as "cell [3], line 2", the first such line's text (with a caret
+    at its column), the program's functions it passed through (`calls`, innermost first), the notes
+    that aren't a worker's traceback, and how to see the whole traceback."""
+    pattern = re.compile(re.escape(program_name) + r":(\d+):(\d+)")
+    places: list[tuple[Cell, int, int]] = []
+
+    def mention(m: re.Match[str]) -> str:
+        hit = draft.locate(int(m.group(1)))
+        if hit is None:
+            return m.group(0)
+        places.append((hit[0].cell, hit[1], int(m.group(2))))
+        return f"{hit[0].cell.label}, line {hit[1]}"
+
+    message = pattern.sub(mention, f"{type(error).__name__}: {error}")
+    notes = [pattern.sub(mention, n) for n in getattr(error, "__notes__", ()) if not _WORKER_TRACEBACK.match(n)]
+    lines = message.split("\n")
+    shown: set[tuple[Cell, int]] = set()
+    if places:
+        cell, line, col = places[0]
+        width = len(str(line))
+        lines += [f"{'':>{width}}--> {cell.label}, line {line}", f"{'':>{width}} |",
+                  f"{line} | {_cell_line(cell, line).rstrip().expandtabs(1)}", f"{'':>{width}} | {' ' * (col - 1)}^"]
+        shown.add((cell, line))
+    for fn_name, span in reversed(calls):
+        hit = draft.locate(span.line)
+        if hit is not None and (hit[0].cell, hit[1]) not in shown:  # the line above says it already
+            lines.append(f"  in `{fn_name}` at {hit[0].cell.label}, line {hit[1]}: {_cell_line(hit[0].cell, hit[1]).strip()}")
+    for note in notes:
+        lines += note.split("\n")
+    return [*lines, FULL_TRACEBACK]
+
+
+def _cell_line(cell: Cell, line: int) -> str:
+    return cell.source.split("\n")[line - 1]
 
 
 class Rich:

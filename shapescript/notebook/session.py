@@ -19,7 +19,7 @@ from ..runtime.model import Model
 from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
-from .report import CellCompileError, Located, NotebookError, Rich, locate_all
+from .report import CellCompileError, Located, NotebookError, Rich, locate_all, runtime_error_lines
 from .workers import describe_loss, pool_of, status_table
 
 PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program
@@ -166,6 +166,12 @@ class Session:
                 out.append(f"{'':>{width}} | # from {origin}")
             out.append(f"{number:>{width}} | {text}".rstrip())
         return "\n".join(out)
+
+    def error_lines(self, error: ShapeScriptError) -> list[str]:
+        """A run-time error as the notebook shows it: its places in the program ("notebook.ss:12:5")
+        said as the cells and their lines, as `source()` maps them."""
+        calls = self.program.locate(error) if self.program is not None else []  # its generated frames
+        return runtime_error_lines(error, Draft.join(self.items.values()), PROGRAM_NAME, calls)
 
     def device_table_view(self) -> DeviceTableView | None:
         """The program's DeviceTable with its text and each line's cell; None before the first cell."""
