@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .check.program import Checked, FnInfo
-from .pipeline import check_source, python_module
+from .pipeline import check_source, python_module, python_modules
 from .devices import DeviceSet
 from .errors import CompileError, Diagnostic, ShapeScriptError, Span
 from .lower.codegen import py_name
@@ -161,10 +161,10 @@ class Program:
         # The modules are exactly what runs: on several devices this process runs the controller's,
         # whose fns on the devices are stubs calling the workers, and each worker loads the worker's.
         several = checked.device_set.count > 1
-        target = Target.CONTROLLER if several else Target.ONE_DEVICE
-        self.python_source = python_module(checked, target, check_types=check_types, fused=fused)
-        self.worker_source = (python_module(checked, Target.WORKER, check_types=check_types, fused=fused)
-                              if several else None)
+        targets = (Target.CONTROLLER, Target.WORKER) if several else (Target.ONE_DEVICE,)
+        sources = python_modules(checked, targets, check_types=check_types, fused=fused)
+        self.python_source = sources[0]
+        self.worker_source: str | None = sources[1] if several else None
         self._module_file = f"<shapescript {comment_text(checked.file)}>"  # no NUL or line break from a name
         linecache.cache[self._module_file] = (len(self.python_source), None,
                                               self.python_source.splitlines(True), self._module_file)

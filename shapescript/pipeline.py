@@ -47,3 +47,11 @@ def python_module(checked: Checked, target: Target | None = None, *, standalone:
     value the program names against its type as it runs (so nothing is fused away)."""
     module = typed_ir(checked, fused and not check_types)
     return generate(checked, module, target, standalone=standalone, check_types=check_types)
+
+
+def python_modules(checked: Checked, targets: tuple[Target, ...], *, check_types: bool = False,
+                   fused: bool = True) -> list[str]:
+    """A module for each of `targets` (a program on several devices: its controller's and its
+    workers'), printed from one typed IR."""
+    module = typed_ir(checked, fused and not check_types)
+    return [generate(checked, module, target, check_types=check_types) for target in targets]

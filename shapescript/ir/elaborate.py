@@ -62,8 +62,7 @@ class _Elaborator:
         if isinstance(node, A.TupleExpr):
             return N.TupleOf(ty, span, tuple(self.expr(i) for i in node.items))
         if isinstance(node, A.Binary):
-            return N.BinOp(ty, span, node.op, self.expr(node.left), self.expr(node.right),
-                           recipe.left, recipe.right, recipe.tensordot,
+            return N.BinOp(ty, span, node.op, self.expr(node.left), self.expr(node.right), recipe,
                            self.c.split.across.get(id(node)))
         if isinstance(node, A.Unary):
             return N.UnOp(ty, span, node.op, self.expr(node.operand))
@@ -76,14 +75,14 @@ class _Elaborator:
         axis_args = info.axis_args
         args = [None if k in axis_args else self.expr(_value(a)) for k, a in enumerate(info.args)]
         span = node.span
+        passed = tuple(axis_args[k] if a is None else a for k, a in enumerate(args))  # an axis as its index
         if info.kind in ("fn", "python", "extern"):
-            return N.FnCall(ty, span, info.kind, info.name, tuple(axis_args[k] if a is None else a for k, a in enumerate(args)))
+            return N.FnCall(ty, span, info.kind, info.name, passed)
         if info.kind == "grad":  # value_and_grad, resolved as a call of the function it differentiates
-            return N.GradCall(ty, span, info.name, tuple(axis_args[k] if a is None else a for k, a in enumerate(args)))
+            return N.GradCall(ty, span, info.name, passed)
         assert info.kind == "builtin" and info.name in OPS, info
         options = self.c.split.options.get(id(node), info.options)  # the batch split's, on a split operand
-        return N.OpCall(ty, span, info.name, tuple(args), options, recipe.left, recipe.right, recipe.tensordot,
-                        self.c.split.across.get(id(node)))
+        return N.OpCall(ty, span, info.name, tuple(args), options, recipe, self.c.split.across.get(id(node)))
 
 
 def _value(arg: A.Expr | A.Pattern) -> A.Expr:

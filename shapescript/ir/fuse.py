@@ -119,11 +119,10 @@ class _Function:
     # ---- affine layer norm ----------------------------------------------------------------------
 
     def layer_norm(self, e: N.Expr) -> N.Expr | None:
-        if not (isinstance(e, N.BinOp) and e.op == "+" and not e.left_placing and not e.right_placing):
+        if not (isinstance(e, N.BinOp) and e.op == "+" and _trailing(e)):
             return None
         product, bias = e.left, e.right
-        if not (isinstance(product, N.BinOp) and product.op == "*" and not product.left_placing
-                and not product.right_placing):
+        if not (isinstance(product, N.BinOp) and product.op == "*" and _trailing(product)):
             return None
         normed, gain = product.left, product.right
         if not (isinstance(normed, N.FnCall) and normed.kind == "extern" and normed.name in self.norms
@@ -145,6 +144,11 @@ class _Function:
 
 
 # ---- matching helpers -----------------------------------------------------------------------------
+
+def _trailing(e: N.BinOp) -> bool:
+    """Both operands broadcast as torch does by itself (no index places their axes)."""
+    return not e.recipe.left and not e.recipe.right
+
 
 def _is_op(e: N.Expr | None, op: str, last_axis: bool = False) -> bool:
     """A call of `op` that works per example (over its last axis, with `last_axis`)."""

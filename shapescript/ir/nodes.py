@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..check.options import CallOptions
+from ..check.options import NO_RECIPE, CallOptions, Recipe
 # A dim's size as a function reads it (ParamSize: off a parameter's shape), and where a broadcast
 # operand's axes go (Placing), as the checker records them; the stages after it name them here.
 from ..check.options import ParamSize as ParamSize
@@ -63,9 +63,7 @@ class BinOp(Expr):
     op: str
     left: Expr
     right: Expr
-    left_placing: Placing | None = None
-    right_placing: Placing | None = None
-    tensordot: bool = False  # `@` of a right operand of rank > 2
+    recipe: Recipe = NO_RECIPE  # where broadcast operands' axes go; `@` as a tensordot
     across: str | None = None  # on several devices: how the devices' results combine
 
 
@@ -82,9 +80,7 @@ class OpCall(Expr):
     op: str
     args: tuple[Expr | None, ...]
     options: CallOptions
-    left_placing: Placing | None = None
-    right_placing: Placing | None = None
-    tensordot: bool = False
+    recipe: Recipe = NO_RECIPE
     across: str | None = None
 
 

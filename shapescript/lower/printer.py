@@ -12,7 +12,7 @@ from typing import Protocol
 
 from ..check import types as T
 from ..check.ops import OPS, LowerCall
-from ..check.options import NO_OPTIONS, NO_RECIPE, Recipe
+from ..check.options import NO_OPTIONS, NO_RECIPE
 from ..errors import Span
 from ..ir import nodes as N
 from ..names import MEMBER_PREFIX
@@ -153,12 +153,12 @@ class BodyPrinter:
         return [str(a) if isinstance(a, int) else self.expr(a) for a in args]
 
     def binary(self, node: N.BinOp) -> str:
-        left = self.expr(node.left, nested=True) + placing_text(node.left_placing)
-        right = self.expr(node.right, nested=True) + placing_text(node.right_placing)
+        left = self.expr(node.left, nested=True) + placing_text(node.recipe.left)
+        right = self.expr(node.right, nested=True) + placing_text(node.recipe.right)
         if node.op in ("and", "or"):
             tensor = isinstance(node.ty, T.TensorT)
             return f"torch.logical_{node.op}({left}, {right})" if tensor else f"{left} {node.op} {right}"
-        if node.op == "@" and node.tensordot:
+        if node.op == "@" and node.recipe.tensordot:
             text = f"torch.tensordot({left}, {right}, dims=1)"
         else:
             text = f"{left} {node.op} {right}"
@@ -171,10 +171,9 @@ class BodyPrinter:
         args = ["" if a is None else self.expr(a) for a in node.args]
         # An argument that gets an index or a method call after it needs its own parentheses.
         wrapped = [f"({text})" if isinstance(a, (N.BinOp, N.UnOp)) else text for text, a in zip(args, node.args)]
-        recipe = Recipe(left=node.left_placing, right=node.right_placing, tensordot=node.tensordot)
         place: Callable[[int, tuple | None], str] = \
             lambda k, index: wrapped[k] + placing_text(index) if index else args[k]
-        call = LowerCall(args, wrapped, node.options, literal(str(node.span)), place, recipe, size_text, literal,
+        call = LowerCall(args, wrapped, node.options, literal(str(node.span)), place, node.recipe, size_text, literal,
                          spec_var)
         op = OPS[node.op]
         if node.across:

@@ -6,7 +6,6 @@ on `cpu[0 1]`, where the error is raised on the workers."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from shapescript.errors import ShapeError
 from shapescript.notebook.cells import Cell
 from shapescript.notebook.report import FULL_TRACEBACK
 from shapescript.notebook.session import Session
-from test_kernel import ANSI, TIMEOUT, Kernel
+from test_kernel import ANSI, TIMEOUT, Kernel, kernel  # noqa: F401  (kernel: the module's own kernel fixture)
 
 DIMS = "dim D = 4\n"
 # A function whose `x` doesn't take a [b 5] tensor, and one whose extern fn (torch.ravel, which
@@ -41,11 +40,17 @@ def cell_line(needle: str) -> tuple[int, str]:
     raise AssertionError(needle)
 
 
-def test_a_wrong_argument_names_its_cell_and_line() -> None:
+def loaded() -> tuple[Session, dict[str, Any]]:
+    """A session that has run the dims' cell, then CELL as cell [2]; and its namespace."""
     ns: dict[str, Any] = {}
     session = Session(ns)
     session.run_cell(Cell("cell [1]", "%%shapescript\n" + DIMS, first_line=2))
     session.run_cell(Cell("cell [2]", CELL, first_line=2))
+    return session, ns
+
+
+def test_a_wrong_argument_names_its_cell_and_line() -> None:
+    session, ns = loaded()
     with pytest.raises(ShapeError) as info:
         ns["double"](torch.ones(3, 5))
     assert "notebook.ss:" in str(info.value)  # the program's own terms, which the notebook translates
@@ -59,10 +64,7 @@ def test_a_wrong_argument_names_its_cell_and_line() -> None:
 
 
 def test_a_check_inside_the_generated_code_names_the_calls_it_passed() -> None:
-    ns: dict[str, Any] = {}
-    session = Session(ns)
-    session.run_cell(Cell("cell [1]", "%%shapescript\n" + DIMS, first_line=2))
-    session.run_cell(Cell("cell [2]", CELL, first_line=2))
+    session, ns = loaded()
     with pytest.raises(ShapeError) as info:
         ns["flattened"](torch.ones(3, 4))
     lines = session.error_lines(info.value)
@@ -71,14 +73,6 @@ def test_a_check_inside_the_generated_code_names_the_calls_it_passed() -> None:
     assert lines[0] == f"ShapeError: `result` of `flat` (cell [2], line {extern}): expected [b D] with D = 4, got shape [12]"
     assert f"{extern} | {extern_text}" in lines
     assert f"  in `flattened` at cell [2], line {call}: {call_text.strip()}" in lines
-
-
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
-    k = Kernel(tmp_path_factory.mktemp("kernel"))
-    k.ok("%load_ext shapescript\nimport torch")
-    yield k
-    k.shutdown()
 
 
 def shapescript_cell(kernel: Kernel, source: str) -> int:
