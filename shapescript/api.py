@@ -133,12 +133,9 @@ def compile_program(source: str, file: str, devices: DeviceSet | str | None = No
     if sizes:
         _warn_replaced_dims(checked, sizes)
     devices_now = checked.device_set
-    if devices_now.count > 1 and (devices_now.shard_params or devices_now.split):
-        given = [o for o in ("`shard params`" if devices_now.shard_params else "",
-                             f"`split {devices_now.split}`" if devices_now.split else "") if o]
-        warnings.warn(f"{checked.file}: {' and '.join(given)} {'is' if len(given) == 1 else 'are'} checked but "
-                      f"not yet carried out: every device holds whole models and values, as without "
-                      f"{'it' if len(given) == 1 else 'them'}", stacklevel=3)
+    if devices_now.count > 1 and devices_now.split:
+        warnings.warn(f"{checked.file}: `split {devices_now.split}` is checked but not yet carried out: every "
+                      f"device holds whole values, as without it", stacklevel=3)
     return checked
 
 
@@ -247,6 +244,15 @@ class Program:
             if self._pool is not None:
                 self._pool.stop()
                 self._pool = None
+
+    def memory(self) -> list[Any]:
+        """Each worker's memory as measured there (parallel/memory.py's WorkerMemory), in rank order:
+        now, the last call's peak, params and optimizer state. [] on one device, and while no workers
+        run (asking starts none)."""
+        if not self.several or self._pool is None or not self._pool.alive:
+            return []
+        from .parallel.memory import ask
+        return ask(self._pool, "measuring memory")
 
     def __getattr__(self, name: str) -> Any:
         members = self.__dict__.get("_members", {})

@@ -28,7 +28,7 @@ def source_of(path, dims: dict[str, int]) -> str:
 def test_the_attention_example_uses_torchs_kernels() -> None:
     text = source_of(ATTENTION, SMALL)
     assert "_F.scaled_dot_product_attention(q, k, v, is_causal=True" in text
-    assert "_F.layer_norm(x, m._m_gain.shape, m._m_gain, m._m_bias)" in text
+    assert "_rt.affine_layer_norm(x, m._m_gain, m._m_bias)" in text
     assert "torch.softmax" not in text and "masked_fill" not in text  # the written-out form is gone
 
 
@@ -83,7 +83,7 @@ fn normed(x: [n D], g: [D], b: [D]) -> [n D] = layer_norm(x, over=D) * g + b
 
 def test_a_fused_span_equals_torch_written_out_by_hand() -> None:
     prog = ss.load(FUSABLE)
-    assert "scaled_dot_product_attention" in prog.python_source and "_F.layer_norm(" in prog.python_source
+    assert "scaled_dot_product_attention" in prog.python_source and "_rt.affine_layer_norm(" in prog.python_source
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 6, 4, generator=g) for _ in range(3))
     scores = (q @ k.transpose(1, 2)) * 0.5

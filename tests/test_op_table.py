@@ -27,6 +27,9 @@ STAGES = {"shapescript/check/split.py": set(),
 # comms.py's `gradients` counts (a payload is one dtype's values).
 SENDS_COUNTED_BY_COMMS = {"value_and_grad"}
 
+# With `shard params`, a norm of gradients adds up every device's pieces' squares (one number).
+SENDS_WITH_PIECES = {"norm", "clip_norm"}
+
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: str) -> None:
@@ -44,7 +47,10 @@ def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: st
         assert op.across.lower is not None and op.across.payload is None
     else:  # combined: the DeviceTable must be able to say what it sends
         assert op.across.payload is not None
-    assert op.layout is None  # filled by the layouts of `split H` and `shard params`
+    # A layout rule of its own: only where the op sends something when the params are in pieces.
+    assert (op.layout is not None) == (name in SENDS_WITH_PIECES)
+    if op.layout is not None:
+        assert op.layout.sharded is not None
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -84,8 +84,10 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         if not ctx.diagnostics:
             checked = ctx.checked = dataclasses.replace(checked, placements=place(ctx))
         if not ctx.diagnostics and checked.device_set.count > 1:
+            from .layout import lay_out
             from .split import split_batches
             checked = dataclasses.replace(checked, split=split_batches(ctx))
+            checked = dataclasses.replace(checked, layout=lay_out(checked))
     if ctx.diagnostics:
         ctx.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))
         raise CompileError(ctx.diagnostics, program.source)
@@ -103,8 +105,10 @@ def collect(ctx: Context) -> DeviceSet:
                   f"keep one; the first is at {device_items[0].span}")
     if device_items:
         device_set = devices_of(ctx, device_items[0])
-    if ctx.device_override is not None:
-        device_set = ctx.device_override
+    if ctx.device_override is not None:  # other devices, the program's layout options kept
+        over = ctx.device_override
+        device_set = dataclasses.replace(over, shard_params=over.shard_params or device_set.shard_params,
+                                         split=over.split or device_set.split)
     dims = [i for i in items if isinstance(i, A.Dim) and define(ctx, i.name, i.name_span, "dim")]
     for dim in dims:
         value = ctx.dim_override.get(dim.name, dim.value) if dim.expr is None else None

@@ -15,6 +15,7 @@ symbols (`3,072·b·n` bytes).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -25,7 +26,7 @@ from ..dtypes import ELEMENTS
 from ..errors import Span
 from ..syntax import ast as A
 from . import types as T
-from .program import Checked, FnInfo
+from .program import Checked, FnInfo, ShardedRead
 from .ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
 from .split import iter_nodes, split_axes
 
@@ -50,9 +51,10 @@ class Collective:
 @dataclass(frozen=True)
 class Sent:
     """A collective as a call runs it: `times` is 2 when the backward pass runs it again, and `via`
-    the calls it is reached through, outermost first (empty: in the function's own body)."""
+    the calls it is reached through, outermost first (empty: in the function's own body); in a loop
+    over a stack of L models, L times as often."""
     collective: Collective
-    times: int = 1
+    times: int | sympy.Expr = 1
     via: tuple[str, ...] = ()
 
     @property
@@ -62,13 +64,17 @@ class Sent:
 
 @dataclass(frozen=True)
 class LineItem:
-    """What one line sends: a collective of its own, or a call whose callee sends something."""
+    """What one line sends: a collective of its own, or a call whose callee sends something.
+    `backward`: what the backward pass sends instead of the collective again (a gathered param's
+    gradient, reduce-scattered); None for a collective the backward pass runs as big."""
     span: Span
     fn: str  # the function whose line it is
     sent: tuple[Sent, ...]  # for a call: everything the callee sends, its calls included
     collective: Collective | None = None
     callee: str | None = None
     differentiated: bool = False  # the callee, under value_and_grad: forward and backward
+    backward: Collective | None = None
+    repeats: sympy.Expr = sympy.Integer(1)  # how often one call of `fn` runs the line (a loop over a stack)
 
     @property
     def bytes(self) -> sympy.Expr:
@@ -87,6 +93,8 @@ class Layout:
     axis: str | None = None
     bytes: sympy.Expr | None = None  # the whole value's; a model's params and buffers on one device
     per_example: sympy.Expr | None = None  # a split value's bytes per example
+    sharded: bool = False  # a model, optimizer or gradients each device holds a piece of (`shard params`)
+    buffers: sympy.Expr | None = None  # a sharded model's buffers, whole on each device
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class DeviceTable:
     models: dict[str, Layout] = field(default_factory=dict)
     lines: dict[int, list[LineItem]] = field(default_factory=dict)
     file: str = ""
+    shard_params: bool = False
 
     @classmethod
     def of(cls, checked: Checked) -> "DeviceTable":
@@ -147,16 +156,17 @@ class _Builder:
         self.count = checked.device_set.count
         self.memo: dict[tuple[str, bool], tuple[Sent, ...]] = {}
         self.differentiated = self._differentiated()
+        self.sharding = checked.device_set.shard_params and self.count > 1
 
     def size(self, expr: sympy.Expr) -> sympy.Expr:
         return sympy.expand(expr.xreplace(self.values)) if self.values else sympy.expand(expr)
 
     def build(self) -> DeviceTable:
         batch, batch_span = self._batch_size()
-        table = DeviceTable(str(self.c.device_set), self.count, batch, batch_span, file=self.c.file)
+        table = DeviceTable(str(self.c.device_set), self.count, batch, batch_span, file=self.c.file,
+                            shard_params=self.sharding)
         for name, model in self.c.models.items():
-            table.models[name] = Layout(name, None, model.node.name_span, name, "model",
-                                        bytes=self.size(model_bytes(model)))
+            table.models[name] = self.model_layout(name, None, model.node.name_span, model)
         for fn in self.c.fns.values():
             if fn.kind != "fn":
                 continue
@@ -202,7 +212,7 @@ class _Builder:
             out: list[Sent] = []
             if self.count > 1 and fn.kind == "fn":
                 for item in self.line_items(fn, differentiated):
-                    out.extend(item.sent)
+                    out.extend(Sent(s.collective, _count(s.times * item.repeats), s.via) for s in item.sent)
             self.memo[key] = tuple(out)
         return self.memo[key]
 
@@ -210,11 +220,17 @@ class _Builder:
         """Each collective in `fn`'s body, and each call that sends something, in source order."""
         if self.count == 1 or fn.kind != "fn":
             return
+        repeats = self.repeats(fn.node)
         for node in iter_nodes(fn.node):
-            collective = self.collective(fn, node)
+            times = repeats.get(id(node), sympy.Integer(1))
+            read = self.c.layout.reads.get(id(node))
+            if read is not None:
+                yield dataclasses.replace(self.gathered(fn, node, read, differentiated), repeats=times)
+                continue
+            collective = self.collective(fn, node) or self.sharded(fn, node)
             if collective is not None:
                 twice = differentiated and collective.dtype in T.FLOAT_DTYPES
-                yield LineItem(node.span, fn.name, (Sent(collective, 2 if twice else 1),), collective)
+                yield LineItem(node.span, fn.name, (Sent(collective, 2 if twice else 1),), collective, repeats=times)
                 continue
             info = self.c.calls.get(id(node))
             if info is None or info.name not in self.c.fns or info.kind not in ("fn", "grad"):
@@ -229,7 +245,26 @@ class _Builder:
             sent.extend(Sent(s.collective, s.times, (callee.name,) + s.via) for s in inner)
             if sent:
                 yield LineItem(node.span, fn.name, tuple(sent), callee=callee.name,
-                               differentiated=differentiated or info.kind == "grad")
+                               differentiated=differentiated or info.kind == "grad", repeats=times)
+
+    def repeats(self, node: A.Node, times: sympy.Expr = sympy.Integer(1),
+                out: dict[int, sympy.Expr] | None = None) -> dict[int, sympy.Expr]:
+        """How often one run of a function runs each node under a loop over a stack of models (`for
+        block in m.blocks`: L times); nodes run once are left out."""
+        out = {} if out is None else out
+        if isinstance(node, A.For):
+            stack = self.c.types.get(id(node.iter))
+            times = times * self.size(stack.count) if isinstance(stack, T.StackT) else times
+            nodes = [sub for stmt in node.body for sub in iter_nodes(stmt)]
+        else:
+            nodes = list(iter_nodes(node))[1:]
+        # In source order, a loop before what it holds: the innermost loop's count is set first.
+        for sub in nodes:
+            if isinstance(sub, A.For):
+                self.repeats(sub, times, out)
+            elif times != 1:
+                out.setdefault(id(sub), times)
+        return out
 
     def collective(self, fn: FnInfo, node: A.Node) -> Collective | None:
         across = self.c.split.across.get(id(node))
@@ -248,6 +283,30 @@ class _Builder:
         assert isinstance(result, T.TensorT)  # `@`, einsum, reduce: every device's partial product, summed
         return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), result.dtype)
 
+    def gathered(self, fn: FnInfo, node: A.Node, read: ShardedRead, differentiated: bool) -> LineItem:
+        """A read of a sharded param: an all-gather of the pieces; differentiated, the backward pass
+        gathers it again (it was freed after use) and reduce-scatters its gradient into the pieces."""
+        values = self.size(read.values)
+        gather = Collective("all-gather", f"`{read.model}`'s param `{read.param}` from every device's piece "
+                            f"(padded to {self.count} equal pieces)", fn.name, node.span, values, read.dtype)
+        scatter = Collective("reduce-scatter", f"the gradient of `{read.param}`, every device's part added up "
+                             f"and cut into the pieces", fn.name, node.span, values, read.dtype)
+        sent = (Sent(gather, 2), Sent(scatter)) if differentiated else (Sent(gather),)
+        return LineItem(node.span, fn.name, sent, gather, backward=scatter)
+
+    def sharded(self, fn: FnInfo, node: A.Node) -> Collective | None:
+        """What an op sends of its own when each device holds pieces of the params (its layout rule)."""
+        info = self.c.calls.get(id(node))
+        op = OPS.get(info.name) if info is not None and info.kind == "builtin" else None
+        if not self.c.device_set.shard_params or op is None or op.layout is None or op.layout.sharded is None:
+            return None
+        assert info is not None
+        types = self.c.types
+        view = CallView(info.options, tuple(types.get(id(a)) for a in info.args), types.get(id(node)),
+                        lambda t: [], lambda size: False)
+        sent = op.layout.sharded(view)
+        return None if sent is None else self._make(fn, node, sent.what, sent.values, sent.dtype)
+
     def where(self, fn: FnInfo) -> str:
         return self.c.placement(fn.name).where
 
@@ -261,8 +320,8 @@ class _Builder:
     def gradients(self, fn: FnInfo, node: A.Node, model_arg: A.Node) -> list[Collective]:
         """value_and_grad's all-reduce of the whole params' gradients: one per dtype."""
         model = self.c.types.get(id(model_arg))
-        if not isinstance(model, T.ModelT):
-            return []
+        if not isinstance(model, T.ModelT) or self.c.device_set.shard_params:
+            return []  # sharded: each gathered param's gradient is reduce-scattered where it's read
         by_dtype: dict[str, list[tuple[str, sympy.Expr]]] = {}
         for path, tensor, count in params(model):
             by_dtype.setdefault(tensor.dtype, []).append((path, count * numel(tensor)))
@@ -293,16 +352,26 @@ class _Builder:
             if isinstance(node, A.Name) and node.id in variables and t is not None:
                 yield self.layout(fn, node.id, node.span, t)
 
+    def model_layout(self, name: str, fn: str | None, span: Span, ty: T.ModelT | T.StackT) -> Layout:
+        """A model's copy on each device, or with `shard params` each device's pieces of its params."""
+        model, count = (ty, 1) if isinstance(ty, T.ModelT) else (ty.model, ty.count)
+        if not self.sharding:
+            return Layout(name, fn, span, ty.show(), "model", bytes=self.size(model_bytes(model) * count))
+        buffers = self.size((model_bytes(model) - param_bytes(model)) * count)
+        return Layout(name, fn, span, ty.show(), "model", bytes=self.size(param_bytes(model, self.count) * count),
+                      sharded=True, buffers=buffers)
+
     def layout(self, fn: FnInfo, name: str, span: Span, ty: T.Ty) -> Layout:
         shown = ty.show()
         if isinstance(ty, (T.ModelT, T.StackT)):
-            model = ty if isinstance(ty, T.ModelT) else ty.model
-            bytes_ = model_bytes(model) * (1 if isinstance(ty, T.ModelT) else ty.count)
-            return Layout(name, fn.name, span, shown, "model", bytes=self.size(bytes_))
+            return self.model_layout(name, fn.name, span, ty)
         if isinstance(ty, T.OptT):  # AdamW keeps two moments per param value; SGD's momentum is optional
-            state = 2 * sympy.Add(*(c * numel(t) * DTYPE_BYTES[t.dtype] for _, t, c in params(ty.model)))
+            state = 2 * param_bytes(ty.model, self.count if self.sharding else 1)
             return Layout(name, fn.name, span, shown, "optimizer",
-                          bytes=self.size(state) if ty.kind == "AdamW" else None)
+                          bytes=self.size(state) if ty.kind == "AdamW" else None, sharded=self.sharding)
+        if isinstance(ty, T.GradT) and self.sharding:
+            return Layout(name, fn.name, span, shown, "whole", bytes=self.size(param_bytes(ty.model, self.count)),
+                          sharded=True)
         where = self.where(fn)
         if where == "controller" and not isinstance(ty, T.BatchT):
             return Layout(name, fn.name, span, shown, "controller")
@@ -330,6 +399,18 @@ def params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.Integer(
             yield prefix + m.name, m.tensor, count
         elif m.kind == "sub" and m.model is not None:
             yield from params(m.model, f"{prefix}{m.name}.", count * (m.count if m.count is not None else 1))
+
+
+def _count(times: sympy.Expr | int) -> sympy.Expr | int:
+    """How often a collective runs: an int where the dims' sizes make it one."""
+    value = sympy.sympify(times)
+    return int(value) if value.is_Integer else value
+
+
+def param_bytes(model: T.ModelT, devices: int = 1) -> sympy.Expr:
+    """The bytes of a model's trained params; with `devices`, of one device's pieces of them (each
+    param cut into that many equal pieces, the last padded)."""
+    return sympy.Add(*(c * sympy.ceiling(numel(t) / devices) * DTYPE_BYTES[t.dtype] for _, t, c in params(model)))
 
 
 def model_bytes(model: T.ModelT) -> sympy.Expr:

@@ -59,13 +59,30 @@ def shares_text(table: DeviceTable, batch: int | None = None) -> str:
 
 # -- hovers ------------------------------------------------------------------------------------------
 
+def share_word(count: int) -> str:
+    """One device's share of N: "half", "a third", "a quarter", "1/5"."""
+    return {2: "half", 3: "a third", 4: "a quarter"}.get(count, f"1/{count}")
+
+
 def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
     head = f"`{v.name}`: {v.type}"
     if table.count == 1:
         return f"{head}, on {table.devices}" + (f": {bytes_text(v.bytes)}" if v.bytes is not None else "")
+    if v.kind == "model" and v.sharded:
+        assert v.bytes is not None and v.buffers is not None
+        buffers = f", and its buffers whole: {bytes_text(v.buffers)}" if v.buffers != 0 else ""
+        model = v.type.rpartition(" ")[2]  # a stack's `[L] Block`: Block
+        return (f"{head}, sharded: each device holds {share_word(table.count)} of every param of {model}, "
+                f"{bytes_text(v.bytes)} of its params{buffers}")
     if v.kind == "model":
         assert v.bytes is not None  # a model's size is always known
         return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"
+    if v.kind == "optimizer" and v.sharded:
+        state = f": {bytes_text(v.bytes)} of state each (two moments per value of its pieces)" if v.bytes is not None else ""
+        return f"{head}, on every device, beside its pieces of the model's params{state}"
+    if v.kind == "whole" and v.sharded:  # gradients
+        assert v.bytes is not None
+        return f"{head}, sharded: each device holds its piece of every gradient, {bytes_text(v.bytes)}"
     if v.kind == "optimizer":
         state = f": {bytes_text(v.bytes)} of state each (two moments per param value)" if v.bytes is not None else ""
         return f"{head}, on every device, beside each copy of the model{state}"
@@ -106,7 +123,12 @@ def item_lines(table: DeviceTable, item: LineItem) -> list[str]:
         c = item.collective
         text = f"- {c.op} of {c.what}: {number_text(c.count)} × {c.dtype} = {bytes_text(c.bytes)}"
         fn = table.fns.get(c.fn)
-        if fn is not None and fn.differentiated and c.dtype in ("f16", "bf16", "f32", "f64"):
+        if fn is not None and fn.differentiated and item.backward is not None:
+            b = item.backward
+            text += (f"; when value_and_grad differentiates `{c.fn}`, the backward pass gathers it again (it is "
+                     f"freed after use) and sends a {b.op} of {b.what}: {number_text(b.count)} × {b.dtype} = "
+                     f"{bytes_text(b.bytes)}")
+        elif fn is not None and fn.differentiated and c.dtype in ("f16", "bf16", "f32", "f64"):
             text += f"; as much again in the backward pass when value_and_grad differentiates `{c.fn}`"
         return [text]
     out = []
@@ -208,6 +230,9 @@ def layout_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         parts = table.shares(batch)
         n = batch if batch is not None else table.batch
         return f"split along {v.axis}" + (f": {'/'.join(map(str, parts))} of {n}" if parts else "")
+    if v.sharded:
+        return {"model": f"sharded: {share_word(table.count)} of every param on each device",
+                "optimizer": "beside each device's pieces of its model"}.get(v.kind, "a piece of each on every device")
     return {"model": "a copy on every device", "optimizer": "beside each copy of its model",
             "controller": "in the controller"}.get(v.kind, "whole on every device")
 
@@ -223,7 +248,7 @@ def sent_json(s: Sent) -> dict[str, Any]:
     c = s.collective
     return {"op": c.op, "what": c.what, "fn": c.fn, "line": c.span.line, "col": c.span.col,
             "count": int(c.count) if c.count.is_Integer else D.show(c.count), "dtype": c.dtype,
-            "times": s.times, "via": list(s.via), "size": size_json(s.bytes)}
+            "times": s.times if isinstance(s.times, int) else D.show(s.times), "via": list(s.via), "size": size_json(s.bytes)}
 
 
 def to_json(checked: Checked, batch: int | None = None) -> dict[str, Any]:

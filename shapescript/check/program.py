@@ -89,6 +89,25 @@ NO_SPLIT = SplitFacts({}, {}, {})
 
 
 @dataclass(frozen=True)
+class ShardedRead:
+    """A read of a sharded param (`m.w1` on the workers with `shard params`): an all-gather of every
+    device's piece, `values` in all (the param's, padded to a multiple of the devices)."""
+    model: str  # the model type's name
+    param: str
+    dtype: str
+    values: Any  # a sympy expression: the declared dims' sizes are put in by whoever reads it
+
+
+@dataclass(frozen=True)
+class LayoutFacts:
+    """What the layout options planned: the reads of params gathered from the pieces, by node."""
+    reads: Mapping[int, ShardedRead]
+
+
+NO_LAYOUT = LayoutFacts({})
+
+
+@dataclass(frozen=True)
 class Checked:
     program: A.Program
     file: str
@@ -103,6 +122,7 @@ class Checked:
     recipes: dict[int, Recipe] = field(default_factory=dict)  # id(expr) -> how to lower it
     placements: Mapping[str, Placement] = field(default_factory=dict)  # each fn's, by name
     split: SplitFacts = NO_SPLIT  # on several devices, what the batch split found
+    layout: LayoutFacts = NO_LAYOUT  # on several devices, the layout options' plan (check/layout.py)
 
     @functools.cached_property
     def devices(self) -> "DeviceTable":

@@ -58,7 +58,7 @@ class _Elaborator:
             return N.Const(ty, span, node.value)
         if isinstance(node, A.Attr):
             live = isinstance(self.c.types.get(id(node.obj)), T.ModelT)  # the tensor training updates
-            return N.Member(ty, span, self.expr(node.obj), node.name, live)
+            return N.Member(ty, span, self.expr(node.obj), node.name, live, id(node) in self.c.layout.reads)
         if isinstance(node, A.TupleExpr):
             return N.TupleOf(ty, span, tuple(self.expr(i) for i in node.items))
         if isinstance(node, A.Binary):

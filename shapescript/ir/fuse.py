@@ -6,7 +6,7 @@ program's own unfused build):
   becomes `F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=...)`: one kernel that
   never holds the masked scores, forward or backward;
 - `layer_norm(x, over=D) * gain + bias` (the std library's layer_norm, over the last axis)
-  becomes the affine `F.layer_norm(x, gain.shape, gain, bias)`;
+  becomes the affine `F.layer_norm(x, gain.shape, gain, bias)` (`_rt.affine_layer_norm`);
 - a causal mask that only masks (`masked_fill(x, causal(i, j), v)`) is built once per size and
   device and shared, rather than at each call, in each layer, at every step.
 

@@ -47,10 +47,12 @@ class Const(Expr):
 
 @dataclass(frozen=True)
 class Member(Expr):
-    """`obj.name`: a model's member (`live`: the tensor itself, which training updates) or a field."""
+    """`obj.name`: a model's member (`live`: the tensor itself, which training updates) or a field.
+    `gathered`: a param each device holds a piece of (`shard params`), gathered where it's read."""
     obj: Expr
     name: str
     live: bool
+    gathered: bool = False
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,8 @@ class _Writer:
         self.emit("")
         self.emit(f"DIMS = {literal(dict(c.dim_values))}")
         self.emit(f"DEVICE = {literal(device_of(c))}  # where tensors live; the loader may set it")
+        if self.target is Target.WORKER and c.device_set.shard_params:
+            self.emit("SHARD_PARAMS = True  # each worker holds a piece of every param (`shard params`)")
         if self.target is Target.CONTROLLER:
             for line in targets.CONTROLLER_RUNTIME:
                 self.emit(line)

@@ -22,7 +22,7 @@ from .type_checks import TypeChecks
 
 # Names the generated module binds itself, or calls: a user's name among them is renamed.
 RESERVED = {"torch", "_F", "_rt", "annotations", "types", "sys", "getattr", "tuple", "float",
-            "DIMS", "DEVICE", "GUARDS", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
+            "DIMS", "DEVICE", "SHARD_PARAMS", "GUARDS", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
 
 
 def py_name(name: str) -> str:
@@ -115,6 +115,8 @@ class BodyPrinter:
             return literal(node.value)
         if isinstance(node, N.Member):
             obj = self.expr(node.obj, nested=True)
+            if node.gathered:  # each device's piece, gathered into the whole param
+                return f"_rt.gather_param({obj}, {literal(MEMBER_PREFIX + node.name)}, {literal(str(node.span))})"
             if node.live:  # the live tensor; `m.w` from Python is a copy
                 return f"{obj}.{MEMBER_PREFIX}{node.name}"
             if keyword.iskeyword(node.name):
@@ -142,8 +144,7 @@ class BodyPrinter:
             scale = "" if node.scale is None else f", scale={self.expr(node.scale)}"
             return f"_F.scaled_dot_product_attention({q}, {k}, {v}, is_causal=True{scale})"
         if isinstance(node, N.LayerNorm):
-            gain = self.expr(node.gain)
-            return f"_F.layer_norm({self.expr(node.x)}, {gain}.shape, {gain}, {self.expr(node.bias)})"
+            return f"_rt.affine_layer_norm({self.expr(node.x)}, {self.expr(node.gain)}, {self.expr(node.bias)})"
         if isinstance(node, N.CausalMask):
             return f"_rt.causal_mask({', '.join(size_text(s) for s in node.sizes)}, DEVICE)"
         raise AssertionError(f"can't lower {node!r}")

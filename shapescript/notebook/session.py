@@ -20,7 +20,7 @@ from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
 from .report import CellCompileError, Located, NotebookError, Rich, locate_all, runtime_error_lines
-from .workers import describe_loss, pool_of, status_table
+from .workers import describe_loss, measured_memory, pool_of, status_table
 
 PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program
 PROGRAM_VARIABLE = "ss_program"  # the notebook's name for the Program
@@ -184,7 +184,8 @@ class Session:
             found = draft.locate(line)
             return f"{found[0].cell.label}, line {found[1]}" if found is not None else None
 
-        return DeviceTableView(program.checked.devices, program.checked.source, place)
+        measured = tuple(measured_memory(program, "the DeviceTable"))  # () unless the workers are running
+        return DeviceTableView(program.checked.devices, program.checked.source, place, measured)
 
     def view_of(self, table: DeviceTable) -> DeviceTableView:
         """A DeviceTable as the notebook shows it: the program's with its text and cells, another as it is."""

@@ -19,6 +19,7 @@ from typing import Any
 from ..api import Program
 from ..errors import ShapeScriptError
 from ..parallel.loading import Datasets
+from ..parallel.memory import WorkerMemory
 from ..parallel.pool import WorkerPool
 from ..parallel.remote import RemoteModel, RemoteOptimizer
 from .models import _size  # the model table's wording of bytes
@@ -77,15 +78,21 @@ def _named_handles(pool: WorkerPool, user_ns: Mapping[str, Any], datasets: Datas
     return held
 
 
-def ask_workers(pool: WorkerPool) -> list[dict[str, Any]] | None:
-    """Each worker's objects and device memory, or None if it can't be asked now (still starting,
-    or stopped)."""
+def ask_workers(pool: WorkerPool, handler: str = "objects", where: str = "%shapescript status") -> list[Any] | None:
+    """Each worker's answer to `handler` ("objects": what it holds and its device memory; "memory":
+    its WorkerMemory), or None if it can't be asked now (still starting, or stopped)."""
     if pool.state != "running":
         return None
     try:
-        return pool.call("objects", (), where="%shapescript status")
+        return pool.call(handler, (), where=where)
     except ShapeScriptError:  # a worker gone, or the pending program failing to load: said by the next call
         return None
+
+
+def measured_memory(program: Program | None, where: str) -> list[WorkerMemory]:
+    """What the workers of `program` measured of their memory; [] when no running workers can say."""
+    pool = pool_of(program)
+    return (ask_workers(pool, "memory", where) or []) if pool is not None else []
 
 
 def held_objects(pool: WorkerPool, user_ns: Mapping[str, Any], answers: list[dict[str, Any]] | None = None,
@@ -125,25 +132,67 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
         return render_rows(f"ShapeScript on {program.devices}: no workers running", [], [],
                            ["They start when the program next needs them."])
     answers = ask_workers(pool)
+    measured = ask_workers(pool, "memory") if answers else None
     state = pool.state  # after asking, which may have found a worker gone
     rss = _memory(pool.pids)
     header = ["rank", "device", "pid", "memory (RSS)", "objects"]
     cuda = pool.devices.kind == "cuda"
     if cuda:
         header.append("device memory")
+    header += MEMORY_HEADER
     rows = []
     for rank, (index, pid) in enumerate(zip(pool.indices, pool.pids)):
         answer = answers[rank] if answers else None
-        row = [str(rank), f"{pool.devices.kind}:{index}", str(pid), _mib(rss.get(pid)),
+        now = measured[rank].now if measured and not cuda else None  # the worker's own RSS without psutil
+        row = [str(rank), f"{pool.devices.kind}:{index}", str(pid), _mib(rss.get(pid, now)),
                str(len(answer["objects"])) if answer else "?"]
         if cuda:
             row.append(_mib(answer["device_memory"]) if answer else "?")
-        rows.append(row)
+        rows.append(row + _memory_cells(measured[rank] if measured else None))
     held = held_objects(pool, user_ns, answers, program.datasets) if state == "running" else []
     notes = [f"Every worker holds: {', '.join(map(str, held))}." if held else "The workers hold nothing."]
+    notes += _memory_notes(measured or [])
     if state == "starting":
         notes = ["The workers are starting; the next call waits for them."]
     return render_rows(f"ShapeScript workers on {pool.devices}: {state}", header, rows, notes)
+
+
+# The measured columns: the last call's peak, and its breakdown (parallel/memory.py).
+MEMORY_HEADER = ["params", "optimizer state", "last call: before", "peak", "activations and the rest"]
+
+
+def short_bytes(n: int | None) -> str:
+    """`794 KiB`, `1.55 MiB`, `315 MiB`: a figure short enough for a table's cell."""
+    if n is None:
+        return "?"
+    value, unit = float(n), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    if unit == "bytes":
+        return f"{n} bytes"
+    return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}" if value >= 10 else f"{value:.2f} {unit}"
+
+
+def _memory_cells(m: WorkerMemory | None) -> list[str]:
+    if m is None:
+        return ["?"] * len(MEMORY_HEADER)
+    call = m.last
+    return [short_bytes(m.params), short_bytes(m.optimizer_state),
+            *((short_bytes(call.before), short_bytes(call.peak), short_bytes(call.added)) if call else ["-"] * 3)]
+
+
+def _memory_notes(measured: list[WorkerMemory]) -> list[str]:
+    """What the measured columns mean, said once under the table."""
+    if not measured:
+        return []
+    last = measured[0].last
+    if last is None:
+        return ["No call has run on the workers yet: their memory is measured around each one."]
+    return [f"Memory measured on each worker around its last call, {last.what}: peak is {measured[0].how}; "
+            "activations and the rest = peak - before; no gradients are held between calls "
+            "(value_and_grad's live within a step and count in its peak)."]
 
 
 def _memory(pids: list[int]) -> dict[int, int]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from shapescript.parallel import loading
+from shapescript.parallel import loading, sharded_state
 from shapescript.parallel.handlers import handler
-from shapescript.runtime import calls, checkpoint, collectives
+from shapescript.runtime import calls, checkpoint, collectives, sharding
 from shapescript.runtime.data import Batch, TensorDataset
 from shapescript.runtime.model import Model, leaves
 from shapescript.runtime.modes import Mode
@@ -31,7 +31,11 @@ def load_program(state: Any, source: str, module_file: str, device_name: str, sc
 
 @handler("init_model")
 def init_model(state: Any, handle: int, model: str, seed: int) -> None:
-    state.objects[handle] = Model.init(state.program[f"{model}_spec"], seed, state.device)
+    """Every worker draws the same model; with `shard params` each keeps its piece of every param."""
+    made = Model.init(state.program[f"{model}_spec"], seed, state.device)
+    if state.program.get("SHARD_PARAMS") and state.world > 1:
+        sharding.shard(made, state.rank, state.world)
+    state.objects[handle] = made
 
 
 @handler("make_optimizer")
@@ -102,29 +106,43 @@ def call(state: Any, name: str, args: tuple, part: tuple[int, int] | None = None
 
 @handler("read")
 def read(state: Any, handle: int, name: str) -> Any:
-    value = getattr(state.objects[handle], name)
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    raise AttributeError(f"`{name}` is a sub-model; read its fields one by one, or use state_dict()")
+    """A member of a model, whole (with `shard params`, every worker sends its piece of a param)."""
+    model = state.objects[handle]
+    value = getattr(model, name)
+    if not isinstance(value, torch.Tensor):
+        raise AttributeError(f"`{name}` is a sub-model; read its fields one by one, or use state_dict()")
+    if sharding.sharding(model) is not None:
+        value = sharded_state.read_whole(model, name)
+    return value.detach().cpu().clone()
 
 
 @handler("state_dict")
 def state_dict(state: Any, handle: int) -> dict[str, torch.Tensor]:
-    return {k: v.cpu() for k, v in state.objects[handle].state_dict().items()}
+    model = state.objects[handle]
+    whole = sharding.whole_state(model) if sharding.sharding(model) is not None else model.state_dict()
+    return {k: v.cpu() for k, v in whole.items()}
 
 
 @handler("save")
 def save(state: Any, path: str, model: int, opt: int | None) -> None:
-    """Worker 0 writes the checkpoint one device would write; the others hold the same."""
-    if state.rank == 0:
-        checkpoint.save(path, state.objects[model], state.objects[opt] if opt is not None else None)
+    """Worker 0 writes the checkpoint one device would write; the others hold the same (with
+    `shard params`, every worker sends its pieces to make it)."""
+    held, optimizer = state.objects[model], state.objects[opt] if opt is not None else None
+    if sharding.sharding(held) is not None:
+        sharded_state.save(path, held, optimizer, state.rank)
+    elif state.rank == 0:
+        checkpoint.save(path, held, optimizer)
 
 
 @handler("restore")
 def restore(state: Any, path: str, model: int, opt: int | None) -> dict[str, Any] | None:
-    """Every worker loads the file; the optimizer's settings as restored go back to the controller."""
-    optimizer = state.objects[opt] if opt is not None else None
-    checkpoint.load(path, state.objects[model], optimizer)
+    """Every worker loads the file (with `shard params`, keeping its pieces); the optimizer's
+    settings as restored go back to the controller."""
+    held, optimizer = state.objects[model], state.objects[opt] if opt is not None else None
+    if sharding.sharding(held) is not None:
+        sharded_state.load(path, held, optimizer)
+    else:
+        checkpoint.load(path, held, optimizer)
     return dict(optimizer.hyper) if optimizer is not None else None
 
 
@@ -139,10 +157,10 @@ def free(state: Any, handles: list[int]) -> None:
 @handler("record_collectives")
 def record_collectives(state: Any, on: bool) -> list[tuple[str, int, str]]:
     """Start recording every collective (on), or stop and return what was recorded: (.ss location,
-    values, dtype) each, to compare with the DeviceTable."""
+    values, dtype, operation) each, to compare with the DeviceTable."""
     done = collectives.recorded or []
     collectives.recorded = [] if on else None
-    return [(where, n, str(dtype).removeprefix("torch.")) for where, n, dtype in done]
+    return [(where, n, str(dtype).removeprefix("torch."), op) for where, n, dtype, op in done]
 
 
 def describe(obj: Any) -> str:

@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from shapescript.errors import ShapeScriptError, WorkerError
 from shapescript.parallel.handlers import HANDLERS
+from shapescript.parallel.memory import Meter, measured
 from shapescript.runtime.leftovers import ending
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
@@ -130,8 +131,10 @@ class WorkerState:
     group_ready: bool = False  # the default torch.distributed process group is initialized
     kind: str = IDLE
     text: str = ""
+    meter: Meter = field(init=False)  # the memory of the calls that run the program's code
 
     def __post_init__(self) -> None:
+        self.meter = Meter(self.device)
         with open(self.status_path, "wb") as f:
             f.write(b"\0" * STATUS_SIZE)
         with open(self.status_path, "r+b") as f:
@@ -339,7 +342,9 @@ def _serve(conn: Connection, state: WorkerState) -> bool:
             fn = HANDLERS.get(name)
             if fn is None:
                 raise WorkerError(f"the workers have no handler named {name!r}; they have {', '.join(sorted(HANDLERS))}")
-            reply: tuple[Any, ...] = ("ok", fn(state, *args))
+            with measured(state, name):
+                result = fn(state, *args)
+            reply: tuple[Any, ...] = ("ok", result)
         except Exception as exc:
             reply = ("err", error_payload(exc, state))
         _send(conn, reply, f"the result of {where} on worker {state.rank}")

@@ -27,9 +27,10 @@ from shapescript.names import MEMBER_PREFIX
 status_hook: Callable[[str], AbstractContextManager[object]] | None = None
 
 
-# Set by a test or a profiler: every collective is appended as (its .ss location, values, dtype).
-# The DeviceTable (check/comms.py) says beforehand what this will hold.
-recorded: list[tuple[str, int, torch.dtype]] | None = None
+# Set by a test or a profiler: every collective is appended as (its .ss location, values, dtype,
+# operation: "all-reduce", "all-gather", "reduce-scatter"). The DeviceTable (check/comms.py) says
+# beforehand what this will hold.
+recorded: list[tuple[str, int, torch.dtype, str]] | None = None
 
 
 # Set by a worker around each call: where its part lies in the whole batch, (offset, the whole
@@ -84,15 +85,21 @@ def check_statistics_count(count: int, where: str) -> None:
                          f"examples, or Eval, which uses the running statistics")
 
 
-def _waiting_at(where: str) -> AbstractContextManager[object]:
+def waiting_at(where: str) -> AbstractContextManager[object]:
+    """Around each collective: a worker stuck in it says where (`status_hook`)."""
     return status_hook(where) if status_hook is not None else nullcontext()
 
 
-def _all_reduce(t: torch.Tensor, where: str) -> None:
-    """Every collective of the compiled code goes through here: a sum over the workers, in place."""
+def record(where: str, values: int, dtype: torch.dtype, op: str) -> None:
+    """Every collective of the compiled code is recorded here, when a test or a profiler asks."""
     if recorded is not None:
-        recorded.append((where, t.numel(), t.dtype))
-    with _waiting_at(where):
+        recorded.append((where, values, dtype, op))
+
+
+def _all_reduce(t: torch.Tensor, where: str) -> None:
+    """A sum over the workers, in place: every all-reduce of the compiled code goes through here."""
+    record(where, t.numel(), t.dtype, "all-reduce")
+    with waiting_at(where):
         dist.all_reduce(t)
 
 

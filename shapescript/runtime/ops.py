@@ -8,22 +8,32 @@ import functools
 import torch
 
 from shapescript.errors import ShapeError
-from shapescript.runtime.collectives import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, caller_location,
+from shapescript.runtime.collectives import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, all_sum, caller_location,
                                             check_statistics_count, running_statistics)
 from shapescript.runtime.optim import Grads
 
 
-def grad_norm(g: Grads) -> torch.Tensor:
-    """The 2-norm of all of a model's gradients together, as torch's clip_grad_norm_ measures it."""
-    return torch.nn.utils.get_total_norm(g.tensors)
+def grad_norm(g: Grads, where: str = "norm") -> torch.Tensor:
+    """The 2-norm of all of a model's gradients together, as torch's clip_grad_norm_ measures it.
+    Of sharded gradients: every worker's pieces' squares added up (one all-reduce of one number)."""
+    total = torch.nn.utils.get_total_norm(g.tensors)
+    if not g.pieces:
+        return total
+    return all_sum(total.reshape(1) ** 2, where).sqrt().reshape(())
 
 
-def clip_norm(g: Grads, max_norm: float) -> Grads:
+def clip_norm(g: Grads, max_norm: float, where: str = "clip_norm") -> Grads:
     """The gradients scaled down so that their norm is at most `max_norm` (torch's clip_grad_norm_
     formula, without changing them in place)."""
-    total = torch.nn.utils.get_total_norm(g.tensors)
+    total = grad_norm(g, where)
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    return Grads(g.model_spec, [t * scale for t in g.tensors])
+    return Grads(g.model_spec, [t * scale for t in g.tensors], g.pieces)
+
+
+def affine_layer_norm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """layer_norm over the last axis, times `gain`, plus `bias`: torch's one kernel (ir/fuse.py). A
+    function of its own so that each argument is evaluated once (a sharded gain is gathered once)."""
+    return torch.nn.functional.layer_norm(x, gain.shape, gain, bias)
 
 
 def causal(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:

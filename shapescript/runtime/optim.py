@@ -18,18 +18,21 @@ import torch
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.collectives import average_grads
+from shapescript.runtime.sharding import keeping_pieces, sharding
 from shapescript.names import similar
 from shapescript.runtime.model import Model, ModelSpec, leaves, param_names, type_text
 
 
 class Grads:
-    """The gradients of a model's trained params, aligned with `model.params()`."""
+    """The gradients of a model's trained params, aligned with `model.params()`. `pieces`: each
+    worker holds its piece of each (`shard params`), so a norm adds up every worker's squares."""
 
-    __slots__ = ("model_spec", "tensors")
+    __slots__ = ("model_spec", "tensors", "pieces")
 
-    def __init__(self, model_spec: ModelSpec, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, model_spec: ModelSpec, tensors: list[torch.Tensor], pieces: bool = False) -> None:
         self.model_spec = model_spec
         self.tensors = tensors
+        self.pieces = pieces
 
     def named(self) -> dict[str, torch.Tensor]:
         return dict(zip(param_names(self.model_spec), self.tensors))
@@ -42,7 +45,7 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: 
                    ) -> tuple[torch.Tensor, Grads]:
     """`f(m, *args)` and its gradient with respect to `m`'s trained params."""
     params = m.params()
-    with torch.enable_grad():
+    with torch.enable_grad(), keeping_pieces(m):
         v = f(m, *args)
         if not isinstance(v, torch.Tensor) or v.ndim != 0 or not v.is_floating_point():
             what = (f"a {type_text(v.shape, v.dtype)} tensor" if isinstance(v, torch.Tensor)
@@ -54,6 +57,9 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: 
         else:  # v does not depend on any param: autograd.grad would refuse
             grads = (None,) * len(params)
     tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    pieces = sharding(m)
+    if pieces is not None:  # each piece's gradient is already every worker's sum (a reduce-scatter)
+        return v.detach(), Grads(m.spec, [t / pieces.world for t in tensors], pieces=True)
     return v.detach(), Grads(m.spec, average_grads(tensors, where))
 
 

@@ -23,12 +23,11 @@ TORCH_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16":
 
 
 def expected(prog, fn: str) -> Counter:
-    """What the table says one call of `fn` sends: (line, column, values, dtype), each as often as it runs."""
+    """What the table says one call of `fn` sends: (line, column, values, dtype, operation), each as
+    often as it runs."""
     plan = prog.device_table.fns[fn]
-    return Counter({(s.collective.span.line, s.collective.span.col, int(s.collective.count), s.collective.dtype): 0
-                    for s in plan.sent}) + Counter(
-        (s.collective.span.line, s.collective.span.col, int(s.collective.count), s.collective.dtype)
-        for s in plan.sent for _ in range(s.times))
+    return Counter((s.collective.span.line, s.collective.span.col, int(s.collective.count), s.collective.dtype,
+                    s.collective.op) for s in plan.sent for _ in range(s.times))
 
 
 def recorded(prog, *args) -> tuple[Counter, int]:
@@ -36,12 +35,12 @@ def recorded(prog, *args) -> tuple[Counter, int]:
     pool.call("record_collectives", (True,))
     prog.train_step(*args)
     runs = pool.call("record_collectives", (False,))
-    assert runs[0] == runs[1]  # both workers ran the same collectives
+    assert all(run == runs[0] for run in runs)  # every worker ran the same collectives
     out = Counter()
     nbytes = 0
-    for where, values, dtype in runs[0]:
+    for where, values, dtype, op in runs[0]:
         line, col = map(int, re.fullmatch(r".*:(\d+):(\d+)", where).groups())
-        out[(line, col, values, TORCH_NAMES[dtype])] += 1
+        out[(line, col, values, TORCH_NAMES[dtype], op)] += 1
         nbytes += values * DTYPE_BYTES[TORCH_NAMES[dtype]]
     return out, nbytes
 
@@ -55,11 +54,37 @@ CASES = {
 }
 
 
+def sharded(source: str) -> str:
+    """The program with `shard params` under its devices line (one on `cpu` if it has none: the
+    devices it is loaded on replace it, the option stays)."""
+    line = next((text for text in source.splitlines() if text.startswith("devices ")), None)
+    if line is None:
+        return "devices cpu\n    shard params\n" + source
+    return source.replace(line, f"{line}\n    shard params", 1)
+
+
+SHARDED = [("mlp", "cpu[0 1]"), ("mlp", "cpu[0 1 2]"), ("attention", "cpu[0 1 2]")]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_table_says_what_a_step_sends(case: str) -> None:
+    _compare_a_step(*CASES[case], "cpu[0 1]")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,devices", SHARDED)
+def test_the_table_says_what_a_sharded_step_sends(case: str, devices: str) -> None:
+    """With `shard params`: each read's all-gather, gathered again in the backward pass, its
+    gradient's reduce-scatter, clip_norm's one number; no all-reduce of the gradients."""
     source, dims, model, args = CASES[case]
-    prog = ss.load(source, devices="cpu[0 1]", dims=dims, name="prog.ss")
+    ops = _compare_a_step(sharded(source), dims, model, args, devices)
+    assert ops["all-gather"] == 2 * ops["reduce-scatter"] > 0
+    assert ops["all-reduce"] == (3 if case == "attention" else 2)  # the loss's sum and count, forward and backward; clip_norm's
+
+
+def _compare_a_step(source: str, dims, model: str, args, devices: str) -> Counter:
+    prog = ss.load(source, devices=devices, dims=dims, name="prog.ss")
     try:
         m = getattr(prog, model).init(seed=0)
         opt = ss.adamw(m, lr=1e-3)
@@ -68,6 +93,7 @@ def test_the_table_says_what_a_step_sends(case: str) -> None:
         assert got == want
         assert nbytes == int(prog.device_table.fns["train_step"].bytes)
         assert len(want) >= 2  # the gradients and the loss at least
+        return Counter(op for (*_, op), times in got.items() for _ in range(times))
     finally:
         prog.stop()
 

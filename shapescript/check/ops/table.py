@@ -3,8 +3,8 @@
 An `Op` is one entry: its parameters, its typing rule (the checker), its lowering (the code
 generator prints it), what it does along the batch axis when a program runs on several devices
 (the batch split marks it, the code generator prints the all-reduce, the DeviceTable counts what
-it sends), and a slot for its layout rule (for `split H` and `shard params`, still empty). The
-stages read the table; none of them lists ops of its own.
+it sends), and its layout rule: what it sends when each device holds a piece of every param
+(`shard params`; `split H` to come). The stages read the table; none of them lists ops of its own.
 
 The built-ins of training steps (steps.py), of the controller's statements and the modes
 (controller.py) are ops of the table too; `value_and_grad` is one whose call resolves as a call of
@@ -127,6 +127,15 @@ PER_EXAMPLE = Across()  # each example by itself, or nothing with the batch axis
 
 
 @dataclass(frozen=True)
+class Layout:
+    """An op's layout rule. `sharded`: what a call sends when each device holds a piece of every
+    param (`shard params`): norm and clip_norm of gradients add up every device's pieces' squares.
+    (A read of a param, gathered from the pieces, is no op: check/layout.py plans those.)"""
+
+    sharded: Callable[[CallView], Payload | None] | None = None
+
+
+@dataclass(frozen=True)
 class Op:
     name: str
     params: tuple[str, ...]
@@ -134,7 +143,7 @@ class Op:
     rule: Rule
     lower: Lower
     across: Across
-    layout: None = None  # how a split along H (`split H`) and sharded params pass through it
+    layout: "Layout | None" = None  # what it does with the layout options' pieces (None: nothing of its own)
     # After an error in the arguments' places, check each argument for errors of its own; not for
     # ops whose arguments name dims (`causal(i, j)`), which aren't values.
     check_rest: bool = True

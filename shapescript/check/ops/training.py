@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+import sympy
+
 from ...syntax import ast as A
 from .. import types as T
 from ..builtins import literal_number, number_arg, over_axis, tensor_arg
 from ..options import CallOptions
-from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Payload, Typed, reduces_batch, register
+from .table import PER_EXAMPLE, Across, Args, CallView, Layout, LowerCall, Op, Payload, Typed, reduces_batch, register
 
 if TYPE_CHECKING:
     from ..bodies import BodyChecker
@@ -57,7 +59,7 @@ def norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
 
 def norm_lower(call: LowerCall) -> str:
     if call.options.grads:
-        return f"_rt.grad_norm({call.args[0]})"
+        return f"_rt.grad_norm({call.args[0]}, {call.where})"
     axis = call.options.axis
     return f"torch.linalg.vector_norm({call.args[0]}{'' if axis is None else f', dim={axis}'})"
 
@@ -154,10 +156,24 @@ def batch_norm_payload(view: CallView) -> Payload:
     return Payload(BATCH_NORM_SENDS, 2 * x.axes[view.options.axis].size + 1, "f64")
 
 
+SQUARES = "the sums of the squares of every device's pieces of the gradients"
+
+
+def grads_squares(view: CallView) -> Payload | None:
+    """The norm of sharded gradients: each device's sum of its pieces' squares, added up (one number)."""
+    grads = view.arg_types[0]
+    if not isinstance(grads, T.GradT):
+        return None  # the norm of a tensor: nothing of the pieces
+    dtypes = _param_dtypes(grads.model)
+    return Payload(SQUARES, sympy.Integer(1), dtypes.pop() if len(dtypes) == 1 else "f32")
+
+
 register(
-    Op("norm", ("x", "over"), 1, norm_rule, norm_lower, Across(over_batch=reduces_batch)),
+    Op("norm", ("x", "over"), 1, norm_rule, norm_lower, Across(over_batch=reduces_batch),
+       layout=Layout(sharded=grads_squares)),
     Op("clip_norm", ("grads", "max"), 2, clip_norm_rule,
-       lambda call: f"_rt.clip_norm({call.args[0]}, {call.args[1]})", PER_EXAMPLE),
+       lambda call: f"_rt.clip_norm({call.args[0]}, {call.args[1]}, {call.where})", PER_EXAMPLE,
+       layout=Layout(sharded=grads_squares)),
     Op("dropout", ("x", "p", "mode"), 3, dropout_rule,
        lambda call: f"_rt.dropout({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options.batch_axis})",
        Across(split_options=dropout_split_options)),

@@ -1,0 +1,102 @@
+"""A sharded model's state as one device would hold it, and back: what reading a field or the
+state_dict from Python, save and load do on workers that each hold a piece of every param
+(`shard params`). Every worker runs these together, since each gather is a collective; the file a
+sharded program saves is the file one device would write, and any checkpoint loads into pieces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shapescript.runtime import checkpoint
+from shapescript.runtime.model import Model, copy_state, leaves, live_name
+from shapescript.runtime.optim import Optimizer, adamw, sgd, torch_optimizer
+from shapescript.runtime.sharding import Pieces, cut, gathered, sharding, whole_state
+
+MAKERS = {"AdamW": adamw, "Sgd": sgd}
+
+
+def make_optimizer(model: Model, kind: str, hyper: dict[str, Any]) -> Optimizer:
+    return MAKERS[kind](model, **hyper)
+
+
+def _torch_params(opt: Optimizer) -> list[torch.Tensor]:
+    """The optimizer's params in torch's order, which numbers its state."""
+    return [p for group in opt.torch_opt.param_groups for p in group["params"]]
+
+
+def _per_value(value: object, param: torch.Tensor) -> bool:
+    """A state tensor with one value per value of the param (AdamW's moments, SGD's momentum), as
+    opposed to one for the whole param (AdamW's step count)."""
+    return isinstance(value, torch.Tensor) and value.shape == param.shape
+
+
+def whole_copy(model: Model, opt: Optimizer | None) -> tuple[Model, Optimizer | None]:
+    """An unsharded model (and optimizer) equal to the sharded ones: every piece gathered."""
+    whole = _blank(model)
+    copy_state(whole, whole_state(model))
+    if opt is None:
+        return whole, None
+    whole_opt = make_optimizer(whole, opt.kind, dict(opt.hyper))
+    state = opt.torch_opt.state_dict()
+    per_param: dict[int, dict[str, Any]] = {}
+    for index, (piece, param) in enumerate(zip(_torch_params(opt), _torch_params(whole_opt))):
+        values = state["state"].get(index)
+        if values is not None:
+            per_param[index] = {key: gathered(v, tuple(param.shape), "the optimizer's state").clone()
+                                if _per_value(v, piece) else v for key, v in values.items()}
+    whole_opt.torch_opt.load_state_dict({"state": per_param, "param_groups": state["param_groups"]})
+    return whole, whole_opt
+
+
+def _blank(model: Model) -> Model:
+    """A whole model of the same spec on the same device, its values to be copied in."""
+    params = model.params()
+    return Model.init(model.spec, 0, params[0].device if params else "cpu")
+
+
+def read_whole(model: Model, name: str) -> torch.Tensor:
+    """Member `name` of a sharded model, whole (a param gathered; a buffer as it is)."""
+    pieces = sharding(model)
+    assert pieces is not None
+    live = live_name(name)
+    value = model.__dict__[live].detach()
+    shape = pieces.shapes.get(live)
+    return gathered(value, shape, f"reading {name}").clone() if shape is not None else value.clone()
+
+
+def save(path: str, model: Model, opt: Optimizer | None, rank: int) -> None:
+    """Every worker gathers the pieces; worker 0 writes the file one device would write."""
+    whole, whole_opt = whole_copy(model, opt)
+    if rank == 0:
+        checkpoint.save(path, whole, whole_opt)
+
+
+def load(path: str, model: Model, opt: Optimizer | None) -> None:
+    """Load a checkpoint of the whole model into this worker's pieces, every check made on the whole
+    first: on any mismatch nothing is changed."""
+    pieces = sharding(model)
+    assert pieces is not None
+    whole = _blank(model)
+    whole_opt = make_optimizer(whole, opt.kind, dict(opt.hyper)) if opt is not None else None
+    checkpoint.load(path, whole, whole_opt)
+    fresh = None
+    if opt is not None and whole_opt is not None:
+        fresh = torch_optimizer(opt.kind, model, whole_opt.hyper)
+        state = whole_opt.torch_opt.state_dict()
+        params = _torch_params(whole_opt)
+        per_param = {index: {key: cut(v, pieces.rank, pieces.world) if _per_value(v, params[index]) else v
+                             for key, v in values.items()} for index, values in state["state"].items()}
+        fresh.load_state_dict({"state": per_param, "param_groups": state["param_groups"]})
+    _copy_pieces(model, whole, pieces)
+    if opt is not None and fresh is not None and whole_opt is not None:
+        opt.torch_opt = fresh
+        opt.hyper.update(whole_opt.hyper)
+
+
+def _copy_pieces(model: Model, whole: Model, pieces: Pieces) -> None:
+    with torch.no_grad():
+        for name, leaf in leaves(model.spec):
+            source = whole._leaf(name)
+            model._leaf(name).copy_(cut(source, pieces.rank, pieces.world) if leaf.kind == "param" else source)
