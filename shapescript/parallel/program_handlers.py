@@ -123,6 +123,15 @@ def state_dict(state: Any, handle: int) -> dict[str, torch.Tensor]:
     return {k: v.cpu() for k, v in whole.items()}
 
 
+@handler("optimizer_state")
+def optimizer_state(state: Any, handle: int) -> dict[str, torch.Tensor]:
+    """An optimizer's state by param and key, whole (with `shard params`, gathered from the pieces)."""
+    opt = state.objects[handle]
+    if sharding.sharding(opt.model) is not None:
+        opt = sharded_state.whole_copy(opt.model, opt)[1]
+    return opt.state_dict()
+
+
 @handler("save")
 def save(state: Any, path: str, model: int, opt: int | None) -> None:
     """Worker 0 writes the checkpoint one device would write; the others hold the same (with

@@ -87,8 +87,9 @@ class RemoteModel:
 
     def __repr__(self) -> str:
         # from the spec: asks the workers nothing
-        return (f"RemoteModel[{self.spec.name}] on {self._program.devices}, a copy on every device: "
-                f"{members_text(self.spec)}")
+        devices = self._program.devices
+        held = "a piece of every param on each device" if devices.shard_params else "a copy on every device"
+        return f"RemoteModel[{self.spec.name}] on {devices}, {held}: {members_text(self.spec)}"
 
 
 class RemoteOptimizer:
@@ -99,6 +100,10 @@ class RemoteOptimizer:
     def __init__(self, model: RemoteModel, kind: str, hyper: dict[str, Any], handle: int) -> None:
         self.model, self.kind, self.hyper, self._handle = model, kind, hyper, handle
         _free_with(self, model._pool, handle)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The state by param and key (`w1.exp_avg`), whole, copied from the workers."""
+        return self.model._workers().call("optimizer_state", (self._handle,), where="the optimizer's state")[0]
 
     def __repr__(self) -> str:
         return f"RemoteOptimizer {self.kind}[{self.model.spec.name}] on {self.model._program.devices}"

@@ -28,7 +28,7 @@ from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.leftovers import owner_tag, sweep
 from shapescript.runtime.model import Model, check_state, copy_state, leaves, param_names, type_text
 from shapescript.runtime.optim import (EXTRA_RULES, HYPER_RULES, Optimizer, checked_hyper, grouped_names,
-                                       torch_optimizer)
+                                       named_state, torch_optimizer)
 
 FORMAT = 1
 _META = "shapescript"
@@ -90,17 +90,10 @@ def save(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = Non
     meta: dict[str, Any] = {"format": FORMAT, "model": model.spec.name, "optimizer": None,
                             "hyper": None}
     if opt is not None:
-        names = opt.param_order()  # torch numbers the params group by group
+        state_tensors, state_scalars = named_state(opt)
+        tensors.update({f"opt.{name}": t for name, t in state_tensors.items()})
+        scalars = [f"opt.{name}" for name in state_scalars]  # stored as 0-d f64 tensors
         state = opt.torch_opt.state_dict()
-        scalars = []  # state values torch keeps as Python numbers, stored as 0-d f64 tensors
-        for index, per_param in state["state"].items():
-            for key, value in per_param.items():
-                name = f"opt.{names[index]}.{key}"
-                if isinstance(value, torch.Tensor):
-                    tensors[name] = value.detach().cpu().clone().contiguous()
-                elif value is not None:
-                    tensors[name] = torch.tensor(float(value), dtype=torch.float64)
-                    scalars.append(name)
         group = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
         meta.update(optimizer=opt.kind, hyper=opt.hyper, group=group, scalars=scalars)
     header = {_META: json.dumps(meta, default=_json_value)}

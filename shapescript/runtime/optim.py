@@ -83,9 +83,31 @@ class Optimizer:
         """The params' dotted names in torch's order: its state_dict numbers them this way."""
         return grouped_names(self.model.spec, self.hyper.get("no_decay", ()))
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The state by param and key (`w1.exp_avg`), as detached copies: what a checkpoint holds
+        under `opt.`."""
+        return named_state(self)[0]
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items() if k != "no_decay" or v)
         return f"{self.kind}[{self.model.spec.name}]({args})"
+
+
+def named_state(opt: Optimizer) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """`opt`'s state by `param.key` as detached copies, and the names of the values torch keeps as
+    Python numbers (made 0-d f64 tensors here)."""
+    names = opt.param_order()  # torch numbers the params group by group
+    tensors: dict[str, torch.Tensor] = {}
+    scalars = []
+    for index, per_param in opt.torch_opt.state_dict()["state"].items():
+        for key, value in per_param.items():
+            name = f"{names[index]}.{key}"
+            if isinstance(value, torch.Tensor):
+                tensors[name] = value.detach().cpu().clone().contiguous()
+            elif value is not None:
+                tensors[name] = torch.tensor(float(value), dtype=torch.float64)
+                scalars.append(name)
+    return tensors, scalars
 
 
 def grouped_names(spec: ModelSpec, no_decay: Any) -> list[str]:
