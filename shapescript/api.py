@@ -132,10 +132,6 @@ def compile_program(source: str, file: str, devices: DeviceSet | str | None = No
     checked = check_source(source, file, parse_devices(devices) if devices is not None else None, sizes)
     if sizes:
         _warn_replaced_dims(checked, sizes)
-    devices_now = checked.device_set
-    if devices_now.count > 1 and devices_now.split:
-        warnings.warn(f"{checked.file}: `split {devices_now.split}` is checked but not yet carried out: every "
-                      f"device holds whole values, as without it", stacklevel=3)
     return checked
 
 

@@ -1,5 +1,6 @@
-"""`shard params` and `split NAME` under `devices`: checked now (E1902–E1904), carried out later
-(issue 13); until then a program that has them says so when it loads."""
+"""`shard params` and `split NAME` under `devices`: what the checker refuses (E1902–E1904), and the
+options kept when the devices are given when loading. (tests/several/test_sharding.py and
+test_heads.py run them.)"""
 
 from __future__ import annotations
 
@@ -21,9 +22,15 @@ def codes_of(source: str, **kwargs: object) -> list[str]:
 def test_a_size_given_when_loading_is_checked_against_the_devices() -> None:
     source = "devices cpu[0 1 2]\n    split H\n\n" + HEADS
     assert codes_of(source, dims={"H": 10}) == ["E1902"]
-    with pytest.warns(UserWarning, match="`split H` is checked but not yet carried out"):
-        prog = ss.load(source, dims={"H": 12})
+    prog = ss.load(source, dims={"H": 12})
     assert prog.devices.split == "H" and prog.devices.count == 3
+
+
+def test_devices_given_when_loading_keep_the_programs_options() -> None:
+    source = "devices cuda[0 1 2]\n    shard params\n    split H\n\n" + HEADS
+    prog = ss.load(source, devices="cpu[0 1]", dims={"H": 4})
+    assert (prog.devices.count, prog.devices.shard_params, prog.devices.split) == (2, True, "H")
+    assert codes_of(source, devices="cpu[0 1 2]", dims={"H": 4}) == ["E1902"]
 
 
 def test_a_split_of_a_generic_dim_or_a_field_is_not_a_dim() -> None:
@@ -31,11 +38,11 @@ def test_a_split_of_a_generic_dim_or_a_field_is_not_a_dim() -> None:
     assert codes_of("devices cpu[0 1]\n    split x\n\n" + HEADS, dims={"H": 4}) == ["E1904"]
 
 
-def test_one_device_and_no_options_say_nothing() -> None:
+def test_the_options_load_without_a_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ss.load("devices cpu\n    split H\n\n" + HEADS, dims={"H": 5})  # one device divides every size
-        ss.load("devices cpu[0 1]\n\n" + HEADS, dims={"H": 5})
+        ss.load("devices cpu[0 1]\n    split H\n    shard params\n\n" + HEADS, dims={"H": 4})
 
 
 def test_the_errors_point_at_the_option() -> None:

@@ -30,6 +30,10 @@ SENDS_COUNTED_BY_COMMS = {"value_and_grad"}
 # With `shard params`, a norm of gradients adds up every device's pieces' squares (one number).
 SENDS_WITH_PIECES = {"norm", "clip_norm"}
 
+# Ops whose result a device can't compute from its part of H alone, however called: their split
+# operands must be gathered (no `heads` rule), as an extern fn's are.
+NEVER_LOCAL_ALONG_H = {"cross_entropy", "dropout", "batch_norm", "embedding", "one_hot", "split", "repeat"}
+
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: str) -> None:
@@ -47,10 +51,11 @@ def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: st
         assert op.across.lower is not None and op.across.payload is None
     else:  # combined: the DeviceTable must be able to say what it sends
         assert op.across.payload is not None
-    # A layout rule of its own: only where the op sends something when the params are in pieces.
-    assert (op.layout is not None) == (name in SENDS_WITH_PIECES)
-    if op.layout is not None:
-        assert op.layout.sharded is not None
+    # Its layout rule: what it sends when the params are in pieces (norms of gradients only), and how
+    # it works on values split along H (none: it takes them whole, which is always right).
+    assert (op.layout is not None and op.layout.sharded is not None) == (name in SENDS_WITH_PIECES)
+    if op.layout is not None and op.layout.heads is not None:
+        assert name not in NEVER_LOCAL_ALONG_H
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -84,9 +84,11 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         if not ctx.diagnostics:
             checked = ctx.checked = dataclasses.replace(checked, placements=place(ctx))
         if not ctx.diagnostics and checked.device_set.count > 1:
-            from .layout import lay_out
+            from .layout import heads_facts, lay_out
             from .split import split_batches
-            checked = dataclasses.replace(checked, split=split_batches(ctx))
+            # With `split H` batches are whole on every device: no batch split.
+            split = heads_facts(checked) if checked.device_set.split else split_batches(ctx)
+            checked = dataclasses.replace(checked, split=split)
             checked = dataclasses.replace(checked, layout=lay_out(checked))
     if ctx.diagnostics:
         ctx.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))

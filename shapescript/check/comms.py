@@ -27,7 +27,7 @@ from ..errors import Span
 from ..syntax import ast as A
 from . import types as T
 from .program import Checked, FnInfo, ShardedRead
-from .ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
+from .ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
 from .split import iter_nodes, split_axes
 
 DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
@@ -74,6 +74,7 @@ class LineItem:
     callee: str | None = None
     differentiated: bool = False  # the callee, under value_and_grad: forward and backward
     backward: Collective | None = None
+    again: bool = False  # a sharded param's gather, run again in the backward pass before `backward`
     repeats: sympy.Expr = sympy.Integer(1)  # how often one call of `fn` runs the line (a loop over a stack)
 
     @property
@@ -93,8 +94,9 @@ class Layout:
     axis: str | None = None
     bytes: sympy.Expr | None = None  # the whole value's; a model's params and buffers on one device
     per_example: sympy.Expr | None = None  # a split value's bytes per example
-    sharded: bool = False  # a model, optimizer or gradients each device holds a piece of (`shard params`)
-    buffers: sympy.Expr | None = None  # a sharded model's buffers, whole on each device
+    sharded: bool = False  # a model, optimizer or gradients each device holds parts of (`shard params`, `split H`)
+    buffers: sympy.Expr | None = None  # such a model's buffers, whole on each device
+    split_params: tuple[str, ...] = ()  # such a model's params split along H (`split H`)
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ class DeviceTable:
     lines: dict[int, list[LineItem]] = field(default_factory=dict)
     file: str = ""
     shard_params: bool = False
+    heads: str | None = None  # `split H`'s dim
+    heads_size: int | None = None
 
     @classmethod
     def of(cls, checked: Checked) -> "DeviceTable":
@@ -163,8 +167,10 @@ class _Builder:
 
     def build(self) -> DeviceTable:
         batch, batch_span = self._batch_size()
+        heads = self.c.layout.heads
         table = DeviceTable(str(self.c.device_set), self.count, batch, batch_span, file=self.c.file,
-                            shard_params=self.sharding)
+                            shard_params=self.sharding, heads=heads,
+                            heads_size=self.c.dim_values.get(heads) if heads else None)
         for name, model in self.c.models.items():
             table.models[name] = self.model_layout(name, None, model.node.name_span, model)
         for fn in self.c.fns.values():
@@ -227,6 +233,8 @@ class _Builder:
             if read is not None:
                 yield dataclasses.replace(self.gathered(fn, node, read, differentiated), repeats=times)
                 continue
+            for item in self.heads_items(fn, node, differentiated):  # `split H`'s, and then the node's own
+                yield dataclasses.replace(item, repeats=times)
             collective = self.collective(fn, node) or self.sharded(fn, node)
             if collective is not None:
                 twice = differentiated and collective.dtype in T.FLOAT_DTYPES
@@ -292,16 +300,56 @@ class _Builder:
         scatter = Collective("reduce-scatter", f"the gradient of `{read.param}`, every device's part added up "
                              f"and cut into the pieces", fn.name, node.span, values, read.dtype)
         sent = (Sent(gather, 2), Sent(scatter)) if differentiated else (Sent(gather),)
-        return LineItem(node.span, fn.name, sent, gather, backward=scatter)
+        return LineItem(node.span, fn.name, sent, gather, backward=scatter, again=True)
+
+    def heads_items(self, fn: FnInfo, node: A.Node, differentiated: bool) -> Iterator[LineItem]:
+        """`split H` at a value: a gather is an all-gather (its backward a reduce-scatter), a sum of
+        partial results an all-reduce (its backward one as big); a cut sends nothing."""
+        t = self.c.types.get(id(node))
+        for mark in self.c.layout.marks.get(id(node), ()):
+            if mark.kind == CUT or not isinstance(t, T.TensorT):
+                continue
+            values = self.size(numel(t))
+            if mark.kind == SUM:
+                total = Collective("all-reduce", f"the partial results of every device's part of "
+                                   f"{self.c.layout.heads}, added up", fn.name, node.span, values, t.dtype)
+                twice = differentiated and t.dtype in T.FLOAT_DTYPES
+                yield LineItem(node.span, fn.name, (Sent(total, 2 if twice else 1),), total)
+                continue
+            axis = t.axes[mark.axes[0]] if mark.axes and mark.axes[0] is not None else None
+            along = f" along {axis.show()}" if axis is not None else ""
+            gather = Collective("all-gather", f"a {t.show()} whole from every device's part{along}", fn.name,
+                                node.span, values, t.dtype)
+            scatter = Collective("reduce-scatter", "its gradient, every device's added up and cut into the "
+                                 "parts", fn.name, node.span, values, t.dtype)
+            floats = t.dtype in T.FLOAT_DTYPES
+            sent = (Sent(gather), Sent(scatter)) if differentiated and floats else (Sent(gather),)
+            yield LineItem(node.span, fn.name, sent, gather, backward=scatter if floats else None)
+
+    def heads_layout(self, fn: FnInfo, name: str, span: Span, ty: T.Ty) -> Layout | None:
+        """With `split H`, a value split along H (or a group starting with it); None otherwise."""
+        split = self.c.split_of(fn.name)
+        if split is None or not split.heads or not isinstance(ty, T.TensorT):
+            return None
+        from .layout import head_axis
+        k = head_axis(split.dims, ty)
+        if k is None:
+            return None
+        whole = numel(ty) * DTYPE_BYTES[ty.dtype]
+        return Layout(name, fn.name, span, ty.show(), "heads", ty.axes[k].show(), self.size(whole),
+                      self.size(whole / self.count))
 
     def sharded(self, fn: FnInfo, node: A.Node) -> Collective | None:
         """What an op sends of its own when each device holds pieces of the params (its layout rule)."""
         info = self.c.calls.get(id(node))
         op = OPS.get(info.name) if info is not None and info.kind == "builtin" else None
-        if not self.c.device_set.shard_params or op is None or op.layout is None or op.layout.sharded is None:
+        if op is None or op.layout is None or op.layout.sharded is None:
             return None
         assert info is not None
         types = self.c.types
+        grads = types.get(id(info.args[0])) if info.args else None
+        if not (isinstance(grads, T.GradT) and self.parts(grads.model)):
+            return None
         view = CallView(info.options, tuple(types.get(id(a)) for a in info.args), types.get(id(node)),
                         lambda t: [], lambda size: False)
         sent = op.layout.sharded(view)
@@ -320,17 +368,20 @@ class _Builder:
     def gradients(self, fn: FnInfo, node: A.Node, model_arg: A.Node) -> list[Collective]:
         """value_and_grad's all-reduce of the whole params' gradients: one per dtype."""
         model = self.c.types.get(id(model_arg))
-        if not isinstance(model, T.ModelT) or self.c.device_set.shard_params:
+        if not isinstance(model, T.ModelT) or self.sharding:
             return []  # sharded: each gathered param's gradient is reduce-scattered where it's read
         by_dtype: dict[str, list[tuple[str, sympy.Expr]]] = {}
-        for path, tensor, count in params(model):
-            by_dtype.setdefault(tensor.dtype, []).append((path, count * numel(tensor)))
+        heads = self.c.layout.heads
+        for (path, tensor, count), (owner, name, _, _) in zip(params(model), param_parts(model)):
+            if (owner, name) not in self.c.layout.head_params:  # a part along H: each device's gradient is its own
+                by_dtype.setdefault(tensor.dtype, []).append((path, count * numel(tensor)))
         out = []
         for dtype, items in by_dtype.items():
             names = [f"`{p}`" for p, _ in items]
             listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
-            what = (f"the gradients of `{model.name}`'s params {listed}, every device's part of the "
-                    f"batch added up")
+            what = (f"the gradients of `{model.name}`'s params {listed}, " + (
+                f"each device's from its own part of {heads}, added up" if heads else
+                "every device's part of the batch added up"))
             out.append(Collective("all-reduce", what, fn.name, node.span,
                                   self.size(sympy.Add(*(v for _, v in items))), dtype))
         return out
@@ -353,25 +404,48 @@ class _Builder:
                 yield self.layout(fn, node.id, node.span, t)
 
     def model_layout(self, name: str, fn: str | None, span: Span, ty: T.ModelT | T.StackT) -> Layout:
-        """A model's copy on each device, or with `shard params` each device's pieces of its params."""
+        """A model's copy on each device; with `shard params` each device's pieces of its params, with
+        `split H` its part of those with H (and the others whole, or in pieces with both)."""
         model, count = (ty, 1) if isinstance(ty, T.ModelT) else (ty.model, ty.count)
-        if not self.sharding:
+        if not self.parts(model):
             return Layout(name, fn, span, ty.show(), "model", bytes=self.size(model_bytes(model) * count))
         buffers = self.size((model_bytes(model) - param_bytes(model)) * count)
-        return Layout(name, fn, span, ty.show(), "model", bytes=self.size(param_bytes(model, self.count) * count),
-                      sharded=True, buffers=buffers)
+        split = tuple(path for (path, _, _), (owner, p, _, _) in zip(params(model), param_parts(model))
+                      if (owner, p) in self.c.layout.head_params)
+        return Layout(name, fn, span, ty.show(), "model", bytes=self.size(self.param_bytes(model) * count),
+                      sharded=True, buffers=buffers, split_params=split)
+
+    def parts(self, model: T.ModelT) -> bool:
+        """Whether each device holds parts of some of the model's params (`shard params`, `split H`)."""
+        return self.sharding or any((owner, p) in self.c.layout.head_params for owner, p, _, _ in param_parts(model))
+
+    def param_bytes(self, model: T.ModelT) -> sympy.Expr:
+        """The bytes of one device's part of each of a model's trained params: 1/N of each with H
+        (`split H`); ceil(n / N) values of every other one with `shard params`, else all of it."""
+        total = sympy.Integer(0)
+        for owner, name, t, count in param_parts(model):
+            values = numel(t)
+            if (owner, name) in self.c.layout.head_params:
+                values = values / self.count
+            elif self.sharding:
+                values = sympy.ceiling(values / self.count)
+            total += count * values * DTYPE_BYTES[t.dtype]
+        return total
 
     def layout(self, fn: FnInfo, name: str, span: Span, ty: T.Ty) -> Layout:
         shown = ty.show()
         if isinstance(ty, (T.ModelT, T.StackT)):
             return self.model_layout(name, fn.name, span, ty)
         if isinstance(ty, T.OptT):  # AdamW keeps two moments per param value; SGD's momentum is optional
-            state = 2 * param_bytes(ty.model, self.count if self.sharding else 1)
+            state = 2 * self.param_bytes(ty.model)
             return Layout(name, fn.name, span, shown, "optimizer",
-                          bytes=self.size(state) if ty.kind == "AdamW" else None, sharded=self.sharding)
-        if isinstance(ty, T.GradT) and self.sharding:
-            return Layout(name, fn.name, span, shown, "whole", bytes=self.size(param_bytes(ty.model, self.count)),
+                          bytes=self.size(state) if ty.kind == "AdamW" else None, sharded=self.parts(ty.model))
+        if isinstance(ty, T.GradT) and self.parts(ty.model):
+            return Layout(name, fn.name, span, shown, "whole", bytes=self.size(self.param_bytes(ty.model)),
                           sharded=True)
+        heads = self.heads_layout(fn, name, span, ty)
+        if heads is not None:
+            return heads
         where = self.where(fn)
         if where == "controller" and not isinstance(ty, T.BatchT):
             return Layout(name, fn.name, span, shown, "controller")
@@ -381,7 +455,7 @@ class _Builder:
         dims = self.split_dims(fn)
         split = [a for a in axes if a.size in dims] if self.count > 1 else []
         whole = sympy.Mul(*(a.size for a in axes)) * per_example
-        if isinstance(ty, T.BatchT) and (split or where == "controller"):
+        if isinstance(ty, T.BatchT) and (split or where == "controller") and not self.c.layout.heads:
             first = ty.axes[0]
             return Layout(name, fn.name, span, shown, "split" if self.count > 1 else "whole", first.show(),
                           self.size(whole), self.size(whole / first.size))
@@ -389,6 +463,16 @@ class _Builder:
             return Layout(name, fn.name, span, shown, "split", split[0].show(), self.size(whole),
                           self.size(whole / split[0].size))
         return Layout(name, fn.name, span, shown, "whole", bytes=self.size(whole))
+
+
+def param_parts(model: T.ModelT, count: sympy.Expr = sympy.Integer(1)
+                ) -> Iterator[tuple[str, str, T.TensorT, sympy.Expr]]:
+    """Every trained param of `model` as (the model type holding it, its name, type, copies)."""
+    for m in model.members.values():
+        if m.kind == "param" and m.tensor is not None:
+            yield model.name, m.name, m.tensor, count
+        elif m.kind == "sub" and m.model is not None:
+            yield from param_parts(m.model, count * (m.count if m.count is not None else 1))
 
 
 def params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.Integer(1)

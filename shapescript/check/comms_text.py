@@ -72,8 +72,13 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         assert v.bytes is not None and v.buffers is not None
         buffers = f", and its buffers whole: {bytes_text(v.buffers)}" if v.buffers != 0 else ""
         model = v.type.rpartition(" ")[2]  # a stack's `[L] Block`: Block
-        return (f"{head}, sharded: each device holds {share_word(table.count)} of every param of {model}, "
-                f"{bytes_text(v.bytes)} of its params{buffers}")
+        split = ", ".join(f"`{p}`" for p in v.split_params)
+        if not table.shard_params:
+            return (f"{head}, its params with {table.heads} split along it ({split}), the others whole on "
+                    f"every device: {bytes_text(v.bytes)} of params on each device{buffers}")
+        with_heads = f" ({split} split along {table.heads}, the others in pieces)" if split else ""
+        return (f"{head}, sharded: each device holds {share_word(table.count)} of every param of {model}"
+                f"{with_heads}, {bytes_text(v.bytes)} of its params{buffers}")
     if v.kind == "model":
         assert v.bytes is not None  # a model's size is always known
         return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"
@@ -90,6 +95,10 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         fn = table.fns.get(v.fn or "")
         why = f" (`{fn.name}` runs there: it {fn.reason})" if fn is not None and fn.reason else ""
         return f"{head}, in the controller{why}"
+    if v.kind == "heads":
+        assert v.per_example is not None
+        return (f"{head}, split along {heads_text(table, v)}: "
+                f"{bytes_text(v.per_example)} of it on each device")
     if v.kind == "split":
         size = f"; {bytes_text(v.per_example)} per example" if v.per_example is not None else ""
         fn = table.fns.get(v.fn or "")
@@ -99,6 +108,14 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         return (f"{head}, split across the {table.count} devices along {v.axis}, "
                 f"{shares_text(table, batch)}{size}")
     return f"{head}, whole on every device" + (f": {bytes_text(v.bytes)}" if v.bytes is not None else "")
+
+
+def heads_text(table: DeviceTable, v: Layout) -> str:
+    """"H: each device holds 4 of H = 12"; for a group, "(H Dh), a block of whole heads: ..."."""
+    heads, size = table.heads or "H", table.heads_size
+    share = (f"each device holds {size // table.count} of {heads} = {size}" if size is not None else
+             f"each device holds {heads} / {table.count} of {heads}")
+    return f"{heads}: {share}" if v.axis == heads else f"{v.axis}, a block of whole heads: {share}"
 
 
 def fn_text(table: DeviceTable, f: FnPlan) -> str:
@@ -125,9 +142,9 @@ def item_lines(table: DeviceTable, item: LineItem) -> list[str]:
         fn = table.fns.get(c.fn)
         if fn is not None and fn.differentiated and item.backward is not None:
             b = item.backward
-            text += (f"; when value_and_grad differentiates `{c.fn}`, the backward pass gathers it again (it is "
-                     f"freed after use) and sends a {b.op} of {b.what}: {number_text(b.count)} × {b.dtype} = "
-                     f"{bytes_text(b.bytes)}")
+            again = " gathers it again (it is freed after use) and" if item.again else ""
+            text += (f"; when value_and_grad differentiates `{c.fn}`, the backward pass{again} sends a {b.op} of "
+                     f"{b.what}: {number_text(b.count)} × {b.dtype} = {bytes_text(b.bytes)}")
         elif fn is not None and fn.differentiated and c.dtype in ("f16", "bf16", "f32", "f64"):
             text += f"; as much again in the backward pass when value_and_grad differentiates `{c.fn}`"
         return [text]
@@ -187,7 +204,9 @@ def report(checked: Checked, batch: int | None = None) -> str:
     """`shapescript comms`: every function, model, value and line that sends, in words."""
     table = checked.devices
     out = [f"{checked.file} on {table.devices}"]
-    if table.count > 1:
+    if table.count > 1 and table.heads:
+        out[0] += f": split along {table.heads}, every device holding whole batches"
+    elif table.count > 1:
         parts = table.shares(batch)
         n = batch if batch is not None else table.batch
         out[0] += (f": a batch of {n} splits {'/'.join(map(str, parts))}" if parts else
@@ -230,6 +249,11 @@ def layout_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         parts = table.shares(batch)
         n = batch if batch is not None else table.batch
         return f"split along {v.axis}" + (f": {'/'.join(map(str, parts))} of {n}" if parts else "")
+    if v.kind == "heads":
+        return f"split along {heads_text(table, v)}"
+    if v.sharded and not table.shard_params:
+        return {"model": f"params with {table.heads} split along it", "optimizer": "beside each device's parts of "
+                "its model"}.get(v.kind, "a part of each on every device")
     if v.sharded:
         return {"model": f"sharded: {share_word(table.count)} of every param on each device",
                 "optimizer": "beside each device's pieces of its model"}.get(v.kind, "a piece of each on every device")

@@ -70,10 +70,12 @@ ANYWHERE = Placement("anywhere")
 @dataclass(frozen=True)
 class BatchSplit:
     """How a function on the workers takes the batch (check/split.py): which generic dims are split
-    across the devices, and the split axis of each parameter and of the result (None: whole)."""
+    across the devices, and the split axis of each parameter and of the result (None: whole).
+    `heads`: split along a dim of `split H` (check/layout.py) rather than along the batch axis."""
     dims: frozenset[Any]
     params: tuple[int | None, ...]
     result: int | None
+    heads: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,23 @@ class ShardedRead:
 
 
 @dataclass(frozen=True)
+class HeadsMark:
+    """What `split H` does to a value where it's computed (check/layout.py): `gather` it whole from
+    every device's part along `axes[0]`, `cut` a whole value to this device's part along its axis
+    (a tuple's: along each element's, None: whole), or `sum` every device's partial result."""
+    kind: str  # gather | cut | sum
+    axes: tuple[int | None, ...] = ()
+
+
+@dataclass(frozen=True)
 class LayoutFacts:
-    """What the layout options planned: the reads of params gathered from the pieces, by node."""
+    """What the layout options planned: the reads of params gathered from the pieces, by node; with
+    `split H`, the dim, the params each device holds a part of ((model, param) -> axis), and the
+    marks on the values the split gathers, cuts or sums, by node, in the order they apply."""
     reads: Mapping[int, ShardedRead]
+    heads: str | None = None
+    head_params: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    marks: Mapping[int, tuple[HeadsMark, ...]] = field(default_factory=dict)
 
 
 NO_LAYOUT = LayoutFacts({})

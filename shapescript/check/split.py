@@ -22,7 +22,7 @@ from . import types as T
 from .checker import Context
 from .ops.table import OPS, PARTIAL, CallView
 from .options import NO_RECIPE, CallOptions
-from .program import BatchSplit, CallInfo, FnInfo, SplitFacts
+from .program import BatchSplit, CallInfo, Checked, FnInfo, SplitFacts
 
 SplitDims = set[Any]  # a function's generic dims that are the batch axis
 
@@ -78,12 +78,12 @@ def seeds(ctx: Context, fn: FnInfo) -> SplitDims:
     return out
 
 
-def call_sites(ctx: Context, fns: list[FnInfo]) -> Iterator[tuple[FnInfo, A.Call, FnInfo, Mapping[D.Dim, D.Dim]]]:
+def call_sites(checked: Checked, fns: list[FnInfo]) -> Iterator[tuple[FnInfo, A.Call, FnInfo, Mapping[D.Dim, D.Dim]]]:
     """(caller, call, callee, binding of the callee's generic dims) for each call between functions."""
     by_name = {f.name: f for f in fns}
     for fn in fns:
         for node in iter_nodes(fn.node):
-            info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None
+            info = checked.calls.get(id(node)) if isinstance(node, A.Call) else None
             if info is not None and info.kind in ("fn", "grad") and info.name in by_name:
                 assert isinstance(node, A.Call)
                 yield fn, node, by_name[info.name], info.mapping
@@ -95,13 +95,13 @@ def propagate(ctx: Context, fns: list[FnInfo], dims: dict[str, SplitDims]) -> No
     changed = True
     while changed:
         changed = False
-        for caller, _, callee, mapping in call_sites(ctx, fns):
+        for caller, _, callee, mapping in call_sites(ctx.checked, fns):
             for generic, dim in mapping.items():
                 if dim in dims[caller.name] and generic not in dims[callee.name]:
                     dims[callee.name].add(generic)
                     changed = True
     first_split: dict[tuple[str, object], Span] = {}
-    sites = list(call_sites(ctx, fns))
+    sites = list(call_sites(ctx.checked, fns))
     for caller, node, callee, mapping in sites:
         for generic, dim in mapping.items():
             if dim in dims[caller.name]:

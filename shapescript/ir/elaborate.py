@@ -48,6 +48,12 @@ class _Elaborator:
     # ---- expressions --------------------------------------------------------------------------
 
     def expr(self, node: A.Expr) -> N.Expr:
+        out = self._expr(node)
+        for mark in self.c.layout.marks.get(id(node), ()):  # `split H`'s gathers, cuts and sums, in order
+            out = N.Heads(out.ty, out.span, mark.kind, mark.axes, out)
+        return out
+
+    def _expr(self, node: A.Expr) -> N.Expr:
         ty, span = self.c.types.get(id(node), T.UNKNOWN), node.span
         recipe = self.c.recipes.get(id(node), NO_RECIPE)
         if isinstance(node, A.Name):

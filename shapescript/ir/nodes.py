@@ -56,6 +56,16 @@ class Member(Expr):
 
 
 @dataclass(frozen=True)
+class Heads(Expr):
+    """What `split H` does at a value (check/layout.py): `gather` it whole from every device's part
+    along axes[0], `cut` it to this device's part along each axis (a tuple's elements'), `sum` every
+    device's partial result."""
+    kind: str  # gather | cut | sum
+    axes: tuple[int | None, ...]
+    value: Expr
+
+
+@dataclass(frozen=True)
 class TupleOf(Expr):
     items: tuple[Expr, ...]
 

@@ -76,6 +76,9 @@ class _Writer:
         self.emit(f"DEVICE = {literal(device_of(c))}  # where tensors live; the loader may set it")
         if self.target is Target.WORKER and c.device_set.shard_params:
             self.emit("SHARD_PARAMS = True  # each worker holds a piece of every param (`shard params`)")
+        if self.target is Target.WORKER and c.layout.heads:
+            self.emit(f"HEAD_PARAMS = {literal(dict(c.layout.head_params))}  # (model, param): the axis split along "
+                      f"{c.layout.heads}")
         if self.target is Target.CONTROLLER:
             for line in targets.CONTROLLER_RUNTIME:
                 self.emit(line)

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from ..check import types as T
 from ..check.ops import OPS, LowerCall
+from ..check.ops.table import CUT, GATHER
 from ..check.options import NO_OPTIONS, NO_RECIPE
 from ..errors import Span
 from ..ir import nodes as N
@@ -22,7 +23,7 @@ from .type_checks import TypeChecks
 
 # Names the generated module binds itself, or calls: a user's name among them is renamed.
 RESERVED = {"torch", "_F", "_rt", "annotations", "types", "sys", "getattr", "tuple", "float",
-            "DIMS", "DEVICE", "SHARD_PARAMS", "GUARDS", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
+            "DIMS", "DEVICE", "SHARD_PARAMS", "HEAD_PARAMS", "GUARDS", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
 
 
 def py_name(name: str) -> str:
@@ -65,9 +66,12 @@ class BodyPrinter:
         self.emit(f"def {py_name(fn.name)}({', '.join(names)}):", fn.span)
         for line in self.type_checks.prologue(fn.params, names) if self.type_checks else ():
             self.emit(line, indent=1)
+        split = fn.split if fn.split is not None and fn.split.heads else None
         for source in fn.sizes:  # read before the body can rebind the parameter
             param, axis = source
             read = f"{py_name(param)}.size" if axis == "size" else f"{py_name(param)}.shape[{axis}]"
+            if split is not None and any(k == axis and p.name == param for k, p in zip(split.params, fn.params)):
+                read += " * _rt.world()"  # each device holds its part of H: the whole axis is N parts
             self.emit(f"{size_text(source)} = {read}", indent=1)
         if not fn.body:
             self.emit("pass", indent=1)
@@ -124,6 +128,8 @@ class BodyPrinter:
             return f"{obj}.{node.name}"
         if isinstance(node, N.TupleOf):
             return "(" + ", ".join(self.expr(i) for i in node.items) + ",)"
+        if isinstance(node, N.Heads):
+            return self.heads(node)
         if isinstance(node, N.BinOp):
             return self.binary(node)
         if isinstance(node, N.UnOp):
@@ -166,6 +172,15 @@ class BodyPrinter:
         if node.across:  # contracts the batch axis: each device's part is a partial sum
             return f"_rt.all_sum({text}, {literal(str(node.span))})"
         return text
+
+    def heads(self, node: N.Heads) -> str:
+        """`split H`: a value gathered whole, cut to this device's heads, or its partial sums added up."""
+        value, where = self.expr(node.value), literal(str(node.span))
+        if node.kind == GATHER:
+            return f"_rt.gather_heads({value}, {node.axes[0]}, {where})"
+        if node.kind == CUT:
+            return f"_rt.cut_heads({value}, {literal(node.axes if len(node.axes) > 1 else node.axes[0])})"
+        return f"_rt.all_sum({value}, {where})"
 
     def op_call(self, node: N.OpCall) -> str:
         """The op table's lowering, or its all-reduce on several devices."""

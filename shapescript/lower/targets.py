@@ -70,6 +70,8 @@ def remote_stub(checked: Checked, fn: FnInfo, name: str) -> str:
     its part of the arguments, split along the batch axis as the checker decided."""
     split = checked.split_of(fn.name)
     assert split is not None, fn.name  # every fn on the workers has one on several devices
-    plan = f"_remote.SplitCall({literal(f'`{fn.name}` ({fn.span})')}, {literal(split.params)}, {literal(split.result)})"
+    heads = ", heads=True" if split.heads else ""
+    plan = (f"_remote.SplitCall({literal(f'`{fn.name}` ({fn.span})')}, {literal(split.params)}, "
+            f"{literal(split.result)}{heads})")
     return f"{name} = _remote.RemoteFunction(lambda: {WORKERS_NAME}, {plan}, {literal(name)})"
 

@@ -12,7 +12,7 @@ from shapescript.parallel import loading, sharded_state
 from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives, sharding
 from shapescript.runtime.data import Batch, TensorDataset
-from shapescript.runtime.model import Model, leaves
+from shapescript.runtime.model import Model, leaves, live_name
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer, adamw, sgd
 
@@ -31,10 +31,12 @@ def load_program(state: Any, source: str, module_file: str, device_name: str, sc
 
 @handler("init_model")
 def init_model(state: Any, handle: int, model: str, seed: int) -> None:
-    """Every worker draws the same model; with `shard params` each keeps its piece of every param."""
+    """Every worker draws the same model, and keeps its part of each param the layout options cut:
+    along H (`split H`), or a flat piece (`shard params`)."""
     made = Model.init(state.program[f"{model}_spec"], seed, state.device)
-    if state.program.get("SHARD_PARAMS") and state.world > 1:
-        sharding.shard(made, state.rank, state.world)
+    pieces, heads = bool(state.program.get("SHARD_PARAMS")), state.program.get("HEAD_PARAMS", {})
+    if (pieces or heads) and state.world > 1:
+        sharding.shard(made, state.rank, state.world, pieces, heads)
     state.objects[handle] = made
 
 
@@ -112,7 +114,7 @@ def read(state: Any, handle: int, name: str) -> Any:
     if not isinstance(value, torch.Tensor):
         raise AttributeError(f"`{name}` is a sub-model; read its fields one by one, or use state_dict()")
     if sharding.sharding(model) is not None:
-        value = sharded_state.read_whole(model, name)
+        value = sharding.whole_of(model, name, model.__dict__[live_name(name)])
     return value.detach().cpu().clone()
 
 

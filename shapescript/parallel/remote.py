@@ -166,6 +166,7 @@ class SplitCall:
     where: str  # the function as messages name it: "`train_step` (mlp.ss:12:1)"
     params: tuple[int | None, ...]  # per argument: the batch axis it is split along, or None (whole)
     result: int | None  # the result's batch axis, along which the workers' parts are joined
+    heads: bool = False  # split along H (`split H`): each argument in N equal parts of its own axis
 
 
 class RemoteFunction:
@@ -184,6 +185,11 @@ class RemoteFunction:
         split = [(a, k) for a, k in zip(args, self.plan.params) if k is not None]
         if not split:
             replies = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
+        elif self.plan.heads:  # each worker its heads of each argument; no batch is split
+            columns = [split_value(a, k, shares(batch_size(a, k), workers.world)) if k is not None else
+                       [a] * workers.world for a, k in zip(args, self.plan.params)]
+            per_worker = [(self.name, tuple(encode(c[w]) for c in columns)) for w in range(workers.world)]
+            replies = workers.call("call", per_worker, where=self.where)
         else:
             n = batch_size(*split[0])
             parts = shares(n, workers.world)

@@ -1,7 +1,7 @@
-"""A sharded model's state as one device would hold it, and back: what reading a field or the
-state_dict from Python, save and load do on workers that each hold a piece of every param
-(`shard params`). Every worker runs these together, since each gather is a collective; the file a
-sharded program saves is the file one device would write, and any checkpoint loads into pieces."""
+"""A model whose params are in parts (`shard params`, `split H`) as one device would hold it, and
+back: what the state_dict and the optimizer's state from Python, save and load do on the workers.
+Every worker runs these together, since each gather is a collective; the file saved is the file one
+device would write, and any checkpoint loads into each worker's parts."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from shapescript.runtime import checkpoint
-from shapescript.runtime.model import Model, copy_state, leaves, live_name
+from shapescript.runtime.model import Model, copy_state, leaves
 from shapescript.runtime.optim import Optimizer, adamw, sgd, torch_optimizer
-from shapescript.runtime.sharding import Pieces, cut, gathered, sharding, whole_state
+from shapescript.runtime.sharding import this_part, whole_of, whole_state
 
 MAKERS = {"AdamW": adamw, "Sgd": sgd}
 
@@ -22,7 +22,7 @@ def make_optimizer(model: Model, kind: str, hyper: dict[str, Any]) -> Optimizer:
 
 
 def _torch_params(opt: Optimizer) -> list[torch.Tensor]:
-    """The optimizer's params in torch's order, which numbers its state."""
+    """The optimizer's params in torch's order, which numbers its state (`param_order`'s names)."""
     return [p for group in opt.torch_opt.param_groups for p in group["params"]]
 
 
@@ -33,7 +33,7 @@ def _per_value(value: object, param: torch.Tensor) -> bool:
 
 
 def whole_copy(model: Model, opt: Optimizer | None) -> tuple[Model, Optimizer | None]:
-    """An unsharded model (and optimizer) equal to the sharded ones: every piece gathered."""
+    """A model (and optimizer) holding everything whole, equal to these: every part gathered."""
     whole = _blank(model)
     copy_state(whole, whole_state(model))
     if opt is None:
@@ -41,11 +41,11 @@ def whole_copy(model: Model, opt: Optimizer | None) -> tuple[Model, Optimizer | 
     whole_opt = make_optimizer(whole, opt.kind, dict(opt.hyper))
     state = opt.torch_opt.state_dict()
     per_param: dict[int, dict[str, Any]] = {}
-    for index, (piece, param) in enumerate(zip(_torch_params(opt), _torch_params(whole_opt))):
+    for index, (name, part) in enumerate(zip(opt.param_order(), _torch_params(opt))):
         values = state["state"].get(index)
         if values is not None:
-            per_param[index] = {key: gathered(v, tuple(param.shape), "the optimizer's state").clone()
-                                if _per_value(v, piece) else v for key, v in values.items()}
+            per_param[index] = {key: whole_of(model, name, v) if _per_value(v, part) else v
+                                for key, v in values.items()}
     whole_opt.torch_opt.load_state_dict({"state": per_param, "param_groups": state["param_groups"]})
     return whole, whole_opt
 
@@ -56,28 +56,16 @@ def _blank(model: Model) -> Model:
     return Model.init(model.spec, 0, params[0].device if params else "cpu")
 
 
-def read_whole(model: Model, name: str) -> torch.Tensor:
-    """Member `name` of a sharded model, whole (a param gathered; a buffer as it is)."""
-    pieces = sharding(model)
-    assert pieces is not None
-    live = live_name(name)
-    value = model.__dict__[live].detach()
-    shape = pieces.shapes.get(live)
-    return gathered(value, shape, f"reading {name}").clone() if shape is not None else value.clone()
-
-
 def save(path: str, model: Model, opt: Optimizer | None, rank: int) -> None:
-    """Every worker gathers the pieces; worker 0 writes the file one device would write."""
+    """Every worker gathers the parts; worker 0 writes the file one device would write."""
     whole, whole_opt = whole_copy(model, opt)
     if rank == 0:
         checkpoint.save(path, whole, whole_opt)
 
 
 def load(path: str, model: Model, opt: Optimizer | None) -> None:
-    """Load a checkpoint of the whole model into this worker's pieces, every check made on the whole
+    """Load a checkpoint of the whole model into this worker's parts, every check made on the whole
     first: on any mismatch nothing is changed."""
-    pieces = sharding(model)
-    assert pieces is not None
     whole = _blank(model)
     whole_opt = make_optimizer(whole, opt.kind, dict(opt.hyper)) if opt is not None else None
     checkpoint.load(path, whole, whole_opt)
@@ -85,18 +73,13 @@ def load(path: str, model: Model, opt: Optimizer | None) -> None:
     if opt is not None and whole_opt is not None:
         fresh = torch_optimizer(opt.kind, model, whole_opt.hyper)
         state = whole_opt.torch_opt.state_dict()
-        params = _torch_params(whole_opt)
-        per_param = {index: {key: cut(v, pieces.rank, pieces.world) if _per_value(v, params[index]) else v
+        names, params = whole_opt.param_order(), _torch_params(whole_opt)
+        per_param = {index: {key: this_part(model, names[index], v) if _per_value(v, params[index]) else v
                              for key, v in values.items()} for index, values in state["state"].items()}
         fresh.load_state_dict({"state": per_param, "param_groups": state["param_groups"]})
-    _copy_pieces(model, whole, pieces)
+    with torch.no_grad():
+        for name, _ in leaves(model.spec):
+            model._leaf(name).copy_(this_part(model, name, whole._leaf(name)))
     if opt is not None and fresh is not None and whole_opt is not None:
         opt.torch_opt = fresh
         opt.hyper.update(whole_opt.hyper)
-
-
-def _copy_pieces(model: Model, whole: Model, pieces: Pieces) -> None:
-    with torch.no_grad():
-        for name, leaf in leaves(model.spec):
-            source = whole._leaf(name)
-            model._leaf(name).copy_(cut(source, pieces.rank, pieces.world) if leaf.kind == "param" else source)

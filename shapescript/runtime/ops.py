@@ -16,10 +16,14 @@ from shapescript.runtime.optim import Grads
 def grad_norm(g: Grads, where: str = "norm") -> torch.Tensor:
     """The 2-norm of all of a model's gradients together, as torch's clip_grad_norm_ measures it.
     Of sharded gradients: every worker's pieces' squares added up (one all-reduce of one number)."""
-    total = torch.nn.utils.get_total_norm(g.tensors)
-    if not g.pieces:
-        return total
-    return all_sum(total.reshape(1) ** 2, where).sqrt().reshape(())
+    if not any(g.pieces):
+        return torch.nn.utils.get_total_norm(g.tensors)
+    parts = torch.nn.utils.get_total_norm([t for t, part in zip(g.tensors, g.pieces) if part])
+    squares = all_sum(parts.reshape(1) ** 2, where).reshape(())
+    whole = [t for t, part in zip(g.tensors, g.pieces) if not part]
+    if whole:
+        squares = squares + torch.nn.utils.get_total_norm(whole).to(squares.dtype) ** 2
+    return squares.sqrt()
 
 
 def clip_norm(g: Grads, max_norm: float, where: str = "clip_norm") -> Grads:

@@ -24,12 +24,13 @@ from shapescript.runtime.model import Model, ModelSpec, leaves, param_names, typ
 
 
 class Grads:
-    """The gradients of a model's trained params, aligned with `model.params()`. `pieces`: each
-    worker holds its piece of each (`shard params`), so a norm adds up every worker's squares."""
+    """The gradients of a model's trained params, aligned with `model.params()`. `pieces`: for each,
+    whether each worker holds a part of it (`shard params`, `split H`), so that a norm adds up every
+    worker's squares of them; () where every worker holds them all."""
 
     __slots__ = ("model_spec", "tensors", "pieces")
 
-    def __init__(self, model_spec: ModelSpec, tensors: list[torch.Tensor], pieces: bool = False) -> None:
+    def __init__(self, model_spec: ModelSpec, tensors: list[torch.Tensor], pieces: tuple[bool, ...] = ()) -> None:
         self.model_spec = model_spec
         self.tensors = tensors
         self.pieces = pieces
@@ -58,9 +59,14 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: 
             grads = (None,) * len(params)
     tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
     pieces = sharding(m)
-    if pieces is not None:  # each piece's gradient is already every worker's sum (a reduce-scatter)
-        return v.detach(), Grads(m.spec, [t / pieces.world for t in tensors], pieces=True)
-    return v.detach(), Grads(m.spec, average_grads(tensors, where))
+    if pieces is None:
+        return v.detach(), Grads(m.spec, average_grads(tensors, where))
+    # A part's gradient is already every worker's (a reduce-scatter, or its own heads'): N times its
+    # share of the whole batch's, as each worker's loss seeds it with 1. A whole param's is averaged.
+    whole = average_grads([t for t, part in zip(tensors, pieces.parted) if not part], where)
+    averaged = iter(whole)
+    out = [t / pieces.world if part else next(averaged) for t, part in zip(tensors, pieces.parted)]
+    return v.detach(), Grads(m.spec, out, pieces.parted)
 
 
 class Optimizer:

@@ -17,9 +17,10 @@ is what the DeviceTable (check/comms.py) counts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from shapescript.runtime.collectives import record, waiting_at
+from shapescript.runtime.heads import gather_along
 from shapescript.runtime.model import Model, ParamSpec, SubSpec, leaves, live_name
 
 SHARD = "_shard"  # a sharded model's attribute (and each of its sub-models'): its `Pieces`
@@ -35,11 +37,15 @@ SHARD = "_shard"  # a sharded model's attribute (and each of its sub-models'): i
 
 @dataclass(frozen=True)
 class Pieces:
-    """How a sharded model's params are cut: this worker's rank of `world`, and each param's whole
-    shape by its live name (`_m_w1`), which generated code reads it by."""
+    """How a model's params are cut over the workers: this worker's rank of `world`, and the whole
+    shape of each param it holds a part of, by its live name (`_m_w1`, as generated code reads it):
+    a flat piece (`shard params`), or along an axis for those in `heads` (`split H`). A param in
+    neither is whole. `parted`: for each of the model's `params()`, whether it is a part."""
     rank: int
     world: int
     shapes: dict[str, tuple[int, ...]]
+    heads: dict[str, int]
+    parted: tuple[bool, ...] = ()
 
 
 def piece_size(numel: int, world: int) -> int:
@@ -74,19 +80,75 @@ def _models(model: Model) -> Iterator[Model]:
                 yield from _models(sub)
 
 
-def shard(model: Model, rank: int, world: int) -> Model:
-    """Keep only this worker's piece of each of `model`'s params (buffers stay whole), in place."""
+def shard(model: Model, rank: int, world: int, pieces: bool, heads: Mapping[tuple[str, str], int]) -> Model:
+    """Keep only this worker's part of `model`'s params, in place: along its axis for a param in
+    `heads` ((model, param) -> axis: `split H`), a flat piece of every other one if `pieces`
+    (`shard params`). Buffers stay whole."""
     for m in _models(model):
-        shapes = {}
+        shapes, axes = {}, {}
         for member in m.spec.members:
-            if isinstance(member, ParamSpec) and member.kind == "param":
-                name = live_name(member.name)
-                m.__dict__[name] = cut(m.__dict__[name], rank, world).requires_grad_(True)
-                shapes[name] = member.shape
-        m.__dict__[SHARD] = Pieces(rank, world, shapes)
+            if not (isinstance(member, ParamSpec) and member.kind == "param"):
+                continue
+            name, axis = live_name(member.name), heads.get((m.spec.name, member.name))
+            if axis is None and not pieces:
+                continue
+            shapes[name] = member.shape
+            if axis is not None:
+                axes[name] = axis
+            whole = m.__dict__[name]
+            part = part_of(whole, rank, world, axis)
+            m.__dict__[name] = part.requires_grad_(True)
+        m.__dict__[SHARD] = Pieces(rank, world, shapes, axes)
     for m in reversed(list(_models(model))):  # each model's list of params, its sub-models' included
-        m.__dict__["_params"] = [m._leaf(name) for name, leaf in leaves(m.spec) if leaf.kind == "param"]
+        named = [(name, m._leaf(name)) for name, leaf in leaves(m.spec) if leaf.kind == "param"]
+        m.__dict__["_params"] = [t for _, t in named]
+        own = m.__dict__[SHARD]
+        m.__dict__[SHARD] = dataclasses.replace(own, parted=tuple(_is_part(m, name) for name, _ in named))
     return model
+
+
+def part_of(whole: torch.Tensor, rank: int, world: int, axis: int | None) -> torch.Tensor:
+    """Worker `rank`'s part of a whole param: along `axis` (a block of whole heads), or a flat piece."""
+    if axis is None:
+        return cut(whole, rank, world)
+    size = whole.shape[axis] // world
+    return whole.detach().narrow(axis, rank * size, size).clone()
+
+
+def owner(model: Model, dotted: str) -> tuple[Model, str]:
+    """The model (or sub-model) that holds leaf `dotted` (`blocks.0.attn.w_o`), and the leaf's live name."""
+    *path, last = dotted.split(".")
+    obj: Any = model
+    for part in path:
+        obj = obj[int(part)] if isinstance(obj, tuple) else obj.__dict__[live_name(part)]
+    return obj, live_name(last)
+
+
+def _is_part(model: Model, dotted: str) -> bool:
+    holder, name = owner(model, dotted)
+    pieces = sharding(holder)
+    return pieces is not None and name in pieces.shapes
+
+
+def whole_of(model: Model, dotted: str, part: torch.Tensor) -> torch.Tensor:
+    """Leaf `dotted`'s whole value from every worker's `part` of it (a copy if it is whole)."""
+    holder, name = owner(model, dotted)
+    pieces = sharding(holder)
+    if pieces is None or name not in pieces.shapes:
+        return part.detach().clone()
+    axis = pieces.heads.get(name)
+    if axis is not None:
+        return gather_along(part.detach(), axis, f"the state of `{dotted}`").clone()
+    return gathered(part.detach(), pieces.shapes[name], f"the state of `{dotted}`").clone()
+
+
+def this_part(model: Model, dotted: str, whole: torch.Tensor) -> torch.Tensor:
+    """This worker's part of leaf `dotted`'s whole value (the value itself if the leaf is whole)."""
+    holder, name = owner(model, dotted)
+    pieces = sharding(holder)
+    if pieces is None or name not in pieces.shapes:
+        return whole
+    return part_of(whole, pieces.rank, pieces.world, pieces.heads.get(name))
 
 
 def gathered(pieces: torch.Tensor, shape: tuple[int, ...], where: str) -> torch.Tensor:
@@ -203,11 +265,5 @@ def keeping_pieces(model: Model) -> Iterator[None]:
 
 
 def whole_state(model: Model) -> dict[str, torch.Tensor]:
-    """Every param and buffer of a sharded model, whole (each param gathered from the pieces)."""
-    out = {}
-    for name, leaf in leaves(model.spec):
-        value = model._leaf(name).detach()
-        if leaf.kind == "param":
-            value = gathered(value, leaf.shape, f"the state of `{name}`")
-        out[name] = value.clone()
-    return out
+    """Every param and buffer of a model whose params are in parts, whole (gathered from the parts)."""
+    return {name: whole_of(model, name, model._leaf(name)) for name, _ in leaves(model.spec)}

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ...syntax import ast as A
 from .. import types as T
 from ..builtins import tensor_arg
-from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register
+from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 
 if TYPE_CHECKING:
     from ..bodies import BodyChecker
@@ -38,7 +38,7 @@ def unary(name: str, torch_fn: str, floats: bool) -> Op:
     def lower(call: LowerCall) -> str:
         return f"{torch_fn}({call.args[0]})"
 
-    return Op(name, ("x",), 1, rule, lower, PER_EXAMPLE)
+    return Op(name, ("x",), 1, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT)
 
 
 register(*(unary(name, torch_fn, floats) for name, torch_fn, floats in (

@@ -12,7 +12,7 @@ from .. import dims as D
 from .. import types as T
 from ..builtins import broadcast, literal_number, number_arg, placed_within, tensor_arg
 from ..options import CallOptions
-from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register
+from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 
 if TYPE_CHECKING:
     from ..bodies import BodyChecker
@@ -44,7 +44,7 @@ def pairwise(name: str) -> Op:
     def lower(call: LowerCall) -> str:
         return f"torch.{name}({call.place(0, call.recipe.left)}, {call.place(1, call.recipe.right)})"
 
-    return Op(name, ("a", "b"), 2, rule, lower, PER_EXAMPLE)
+    return Op(name, ("a", "b"), 2, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT)
 
 
 def clamp_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
@@ -203,10 +203,11 @@ def valid_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
 register(
     pairwise("maximum"),
     pairwise("minimum"),
-    Op("clamp", ("x", "min", "max"), 1, clamp_rule, clamp_lower, PER_EXAMPLE),
-    Op("where", ("cond", "a", "b"), 3, where_rule, where_lower, PER_EXAMPLE),
-    Op("masked_fill", ("x", "mask", "value"), 3, masked_fill_rule, masked_fill_lower, PER_EXAMPLE),
-    Op("to", ("x", "dtype"), 2, to_rule, to_lower, PER_EXAMPLE),
+    Op("clamp", ("x", "min", "max"), 1, clamp_rule, clamp_lower, PER_EXAMPLE, layout=LOCAL_LAYOUT),
+    Op("where", ("cond", "a", "b"), 3, where_rule, where_lower, PER_EXAMPLE, layout=LOCAL_LAYOUT),
+    Op("masked_fill", ("x", "mask", "value"), 3, masked_fill_rule, masked_fill_lower, PER_EXAMPLE,
+       layout=LOCAL_LAYOUT),
+    Op("to", ("x", "dtype"), 2, to_rule, to_lower, PER_EXAMPLE, layout=LOCAL_LAYOUT),
     Op("one_hot", ("labels",), 1, one_hot_rule,
        lambda call: f"_F.one_hot({call.args[0]}, {call.options.classes}).to(torch.float32)", PER_EXAMPLE),
     Op("embedding", ("table", "ids"), 2, embedding_rule,

@@ -16,7 +16,7 @@ from .. import types as T
 from ..builtins import matmul, over_axis, tensor_arg
 from ..options import CallOptions
 from .reductions import mask_of
-from .table import (PARTIAL, PARTIAL_PRODUCTS, Across, Args, CallView, LowerCall, Op, Payload, Typed, register,
+from .table import (PARTIAL, PARTIAL_PRODUCTS, Across, Layout, heads_contraction, Args, CallView, LowerCall, Op, Payload, Typed, register,
                     result_values)
 
 if TYPE_CHECKING:
@@ -115,5 +115,6 @@ register(
     Op("cross_entropy", ("logits", "labels", "over", "mask"), 3, cross_entropy_rule, cross_entropy_lower,
        Across(labels_split, "cross_entropy", all_cross_entropy, cross_entropy_payload)),
     Op("matmul", ("a", "b"), 2, matmul_rule, matmul_lower,
-       Across(contracts_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS))),
+       Across(contracts_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)),
+       layout=Layout(heads=heads_contraction)),
 )

@@ -13,7 +13,7 @@ from .. import types as T
 from ..builtins import over_axis, placed_within, tensor_arg
 from ..options import CallOptions
 from .elementwise import refused_dtype
-from .table import (PARTIAL, Across, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
+from .table import (PARTIAL, Across, Layout, heads_along, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
                     reduces_batch, register, result_values)
 
 if TYPE_CHECKING:
@@ -87,7 +87,8 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
         return f"{torch_fn}({x}{'' if axis is None else f', dim={axis}'})"
 
     params = ("x", "over", "mask") if maskable else ("x", "over")
-    return Op(name, params, 1, rule, lower, across or Across(over_batch=reduces_batch))
+    return Op(name, params, 1, rule, lower, across or Across(over_batch=reduces_batch),
+              layout=Layout(heads=heads_along(sums=name == "sum")))
 
 
 def all_mean(call: LowerCall) -> str:
@@ -122,7 +123,8 @@ def along_axis(name: str, template: str, floats: bool = False) -> Op:
     def lower(call: LowerCall) -> str:
         return template.format(x=call.args[0], axis=call.options.axis)
 
-    return Op(name, ("x", "over"), 2, rule, lower, Across(over_batch=along_batch))
+    return Op(name, ("x", "over"), 2, rule, lower, Across(over_batch=along_batch),
+              layout=Layout(heads=heads_along(sums=False)))
 
 
 register(

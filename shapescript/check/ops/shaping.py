@@ -20,7 +20,7 @@ from .. import types as T
 from ..builtins import _unused_args, called_name, tensor_arg
 from ..options import CallOptions
 from ..patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
-from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Args, CallView, Lower, LowerCall, Op, Typed,
+from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Layout, heads_contraction, heads_rearrange, Args, CallView, Lower, LowerCall, Op, Typed,
                     register, result_values)
 
 if TYPE_CHECKING:
@@ -422,7 +422,7 @@ def drops_batch(view: CallView) -> bool:
 
 register(
     Op("rearrange", ("x", "pattern"), 2, rearrange, printed("rearrange", recipe_parts, _rearranged), PER_EXAMPLE,
-       own_args=True),
+       own_args=True, layout=Layout(heads=heads_rearrange)),
     Op("split", ("x", "pattern"), 2, rearrange, printed("split_parts", recipe_parts, _parts), PER_EXAMPLE,
        own_args=True),
     Op("repeat", ("x", "pattern"), 2, repeat, printed("repeat", repeat_parts, _repeated), PER_EXAMPLE, own_args=True),
@@ -432,5 +432,6 @@ register(
               refused_as=lambda view: f"`reduce` with {view.options.op}"), own_args=True),
     Op("einsum", ("tensors", "pattern"), 2, einsum,
        lambda call: f"torch.einsum({call.literal(call.options.spec)}, {', '.join(call.args)})",
-       Across(drops_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)), own_args=True),
+       Across(drops_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)), own_args=True,
+       layout=Layout(heads=heads_contraction)),
 )

@@ -126,13 +126,57 @@ class Across:
 PER_EXAMPLE = Across()  # each example by itself, or nothing with the batch axis
 
 
+# What an op does with values split along H (`split H`), given its call (CallView.split_axes says
+# where a type is split): each device works on its part alone (LOCAL), or its results are partial
+# sums that every device's add up to the whole (SUM), or it needs its split operands whole (GATHER).
+LOCAL, SUM, GATHER = "local", "sum", "gather"
+CUT = "cut"  # a value computed whole, of which each device keeps its part (check/layout.py's marks)
+HeadsRule = Callable[[CallView], str]
+
+
 @dataclass(frozen=True)
 class Layout:
     """An op's layout rule. `sharded`: what a call sends when each device holds a piece of every
     param (`shard params`): norm and clip_norm of gradients add up every device's pieces' squares.
-    (A read of a param, gathered from the pieces, is no op: check/layout.py plans those.)"""
+    (A read of a param, gathered from the pieces, is no op: check/layout.py plans those.) `heads`:
+    how it works on values split along H; None: it takes them whole (GATHER), always right."""
 
     sharded: Callable[[CallView], Payload | None] | None = None
+    heads: HeadsRule | None = None
+
+
+def heads_local(view: CallView) -> str:
+    """Value by value (and broadcasting): each device's part alone."""
+    return LOCAL
+
+
+def heads_contraction(view: CallView) -> str:
+    """`@`, matmul, einsum: H kept in the result is each device's own; H contracted, partial sums."""
+    return LOCAL if view.split_axes(view.result) else SUM
+
+
+def heads_along(sums: bool) -> HeadsRule:
+    """An op along one axis (`over=`), or over everything: along another axis than H, each device's
+    part alone; along H (or over everything), a sum is partial sums (`sums`), anything else whole."""
+    def rule(view: CallView) -> str:
+        where = view.split_axes(view.arg_types[0] if view.arg_types else None)
+        if not where or (view.options.axis is not None and view.options.axis not in where):
+            return LOCAL
+        return SUM if sums else GATHER
+    return rule
+
+
+def heads_rearrange(view: CallView) -> str:
+    """A pattern that moves H's axis without splitting it (permutes, merges it first into a group)
+    works on each device's heads; one that splits it into atoms needs its size, so the whole."""
+    where = view.split_axes(view.arg_types[0] if view.arg_types else None)
+    split = view.options.split
+    if where and view.split_axes(view.result) and (split is None or split[where[0]] is None):
+        return LOCAL
+    return LOCAL if not where else GATHER
+
+
+LOCAL_LAYOUT = Layout(heads=heads_local)
 
 
 @dataclass(frozen=True)
