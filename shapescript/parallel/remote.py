@@ -178,6 +178,16 @@ class RemoteFunction:
         self.link, self.plan, self.name = link, plan, name
         self.where = plan.where
 
+    def heads_of(self, value: Any, axis: int | None, index: int, world: int) -> list[Any]:
+        """Each worker's part of an argument split along H (`split H`): N equal parts of its axis."""
+        if axis is None:
+            return [value] * world
+        size = batch_size(value, axis)
+        if size % world:
+            raise ShapeError(f"{self.where}: argument {index + 1} is split along its axis {axis} across the "
+                             f"{world} devices (split H), but that axis has {size} entries, not a multiple of {world}")
+        return split_value(value, axis, shares(size, world))
+
     def __call__(self, *args: Any) -> Any:
         for a in args:  # before workers(), which would start a new pool for a stale handle's call
             check_handle(a)
@@ -186,8 +196,7 @@ class RemoteFunction:
         if not split:
             replies = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
         elif self.plan.heads:  # each worker its heads of each argument; no batch is split
-            columns = [split_value(a, k, shares(batch_size(a, k), workers.world)) if k is not None else
-                       [a] * workers.world for a, k in zip(args, self.plan.params)]
+            columns = [self.heads_of(a, k, n, workers.world) for n, (a, k) in enumerate(zip(args, self.plan.params))]
             per_worker = [(self.name, tuple(encode(c[w]) for c in columns)) for w in range(workers.world)]
             replies = workers.call("call", per_worker, where=self.where)
         else:
