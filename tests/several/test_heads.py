@@ -172,3 +172,21 @@ def test_checkpoints_move_between_every_layout(programs, tmp_path) -> None:
             assert torch.equal(value, saved[f"model.{name}"]), (source, target, name)
         for name, value in opt2.state_dict().items():
             assert torch.equal(value, saved[f"opt.{name}"]), (source, target, name)
+
+
+def test_the_programs_own_loop_takes_whole_batches() -> None:
+    """The attention example's `train`: with split H every worker loads every batch whole."""
+    g = torch.Generator().manual_seed(0)
+    data = ss.TensorDataset(tokens=torch.randint(0, 11, (70, 8), generator=g),
+                            targets=torch.randint(0, 11, (70, 8), generator=g))
+    runs = []
+    for source, devices in ((GPT, "cpu"), (with_options(GPT, "split H"), "cpu[0 1 2]")):
+        prog = ss.load(source, devices=devices, dims=HEADS_DIMS, name="gpt.ss")
+        try:
+            m = prog.Gpt.init(seed=0)
+            log = ss.sinks.memory()
+            prog.train(m, ss.adamw(m, lr=1e-3), data, ss.Eval, log)
+            runs.append([record["loss"] for record in log.records])
+        finally:
+            prog.stop()
+    assert len(runs[0]) == 3 and runs[1] == pytest.approx(runs[0], abs=1e-5)  # batches of 32 from 70
