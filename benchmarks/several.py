@@ -202,9 +202,11 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int, kind: str, ind
 
 
 class DdpRanks:
-    """The DDP ranks as the controller drives them."""
+    """The DDP ranks as the controller drives them (`rank_main`: another rank with ddp_rank's arguments
+    and its "steps" and "stop" messages, as benchmarks/sharded.py's FSDP2 ranks)."""
 
-    def __init__(self, threads: int, kind: str, indices: tuple[int, ...]) -> None:
+    def __init__(self, threads: int, kind: str, indices: tuple[int, ...],
+                 rank_main: Callable[..., None] = ddp_rank) -> None:
         import multiprocessing as mp
         ctx = mp.get_context("spawn")
         self.folder = tempfile.mkdtemp(prefix="ddp-bench-")
@@ -213,7 +215,7 @@ class DdpRanks:
         self.conns, self.procs = [], []
         for rank in range(self.world):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=ddp_rank, daemon=True,
+            proc = ctx.Process(target=rank_main, daemon=True,
                                args=(rank, os.path.join(self.folder, "store"), theirs, threads, kind, indices))
             proc.start()
             theirs.close()

@@ -55,9 +55,10 @@ def test_the_errors_point_at_the_option() -> None:
 
 def test_the_table_says_how_split_h_lays_out_the_attention_example() -> None:
     """What docs/several-devices.md quotes of `shapescript comms` for the attention example."""
-    from shapescript.check.comms_text import report
     from programs import GPT
-    text = report(ss.load("devices cuda[0 1 2]\n    split H\n" + GPT, name="gpt.ss").checked)
+    from shapescript.api import compile_program
+    from shapescript.check.comms_text import report
+    text = report(compile_program("devices cuda[0 1 2]\n    split H\n" + GPT, "gpt.ss"))
     assert "`q`: [b H n Dh], split along H: each device holds 4 of H = 12" in text
     assert "its params with H split along it (`blocks.attn.w_o`), the others whole" in text
     assert "all-reduce of the partial results of every device's part of H, added up: 768·b·n × f32 = 3,072·b·n bytes" in text
