@@ -179,7 +179,7 @@ class BodyPrinter:
         if node.kind == GATHER:
             return f"_rt.gather_heads({value}, {node.axes[0]}, {where})"
         if node.kind == CUT:
-            return f"_rt.cut_heads({value}, {literal(node.axes if len(node.axes) > 1 else node.axes[0])})"
+            return f"_rt.cut_heads({value}, {literal(node.axes if len(node.axes) > 1 else node.axes[0])}, {where})"
         return f"_rt.all_sum({value}, {where})"
 
     def op_call(self, node: N.OpCall) -> str:

@@ -88,7 +88,8 @@ class RemoteModel:
     def __repr__(self) -> str:
         # from the spec: asks the workers nothing
         devices = self._program.devices
-        held = "a piece of every param on each device" if devices.shard_params else "a copy on every device"
+        held = ("a piece of every param on each device" if devices.shard_params else
+                f"its params with {devices.split} split along it" if devices.split else "a copy on every device")
         return f"RemoteModel[{self.spec.name}] on {devices}, {held}: {members_text(self.spec)}"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shapescript.errors import ShapeError
 from shapescript.runtime.collectives import record, waiting_at, world
 
 
@@ -56,13 +57,17 @@ def gather_heads(part: torch.Tensor, axis: int, where: str) -> torch.Tensor:
     return _GatherHeads.apply(part, axis, where) if world() > 1 else part
 
 
-def cut_heads(value: Any, axes: int | None | tuple[int | None, ...]) -> Any:
+def cut_heads(value: Any, axes: int | None | tuple[int | None, ...], where: str = "") -> Any:
     """This device's part of a whole value along `axes` (a tuple's: each element along its own)."""
     if isinstance(value, tuple):
         assert isinstance(axes, tuple)
-        return tuple(cut_heads(v, a) for v, a in zip(value, axes))
+        return tuple(cut_heads(v, a, where) for v, a in zip(value, axes))
     if axes is None or world() == 1:
         return value
     assert isinstance(axes, int)
-    size = value.shape[axes] // dist.get_world_size()
-    return value.narrow(axes, dist.get_rank() * size, size)
+    n = dist.get_world_size()
+    whole = value.shape[axes]
+    if whole % n:  # a generic dim that another call binds to H, given a size the devices don't divide
+        raise ShapeError(f"{where}: this value is split along its axis {axes} across the {n} devices (split H), "
+                         f"but that axis has {whole} entries, not a multiple of {n}")
+    return value.narrow(axes, dist.get_rank() * (whole // n), whole // n)

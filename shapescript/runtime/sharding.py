@@ -40,12 +40,14 @@ class Pieces:
     """How a model's params are cut over the workers: this worker's rank of `world`, and the whole
     shape of each param it holds a part of, by its live name (`_m_w1`, as generated code reads it):
     a flat piece (`shard params`), or along an axis for those in `heads` (`split H`). A param in
-    neither is whole. `parted`: for each of the model's `params()`, whether it is a part."""
+    neither is whole. `parted`: for each of the model's `params()`, whether it is a part; `gathered`:
+    whether any of them is a flat piece, gathered where it's read."""
     rank: int
     world: int
     shapes: dict[str, tuple[int, ...]]
     heads: dict[str, int]
     parted: tuple[bool, ...] = ()
+    gathered: bool = False
 
 
 def piece_size(numel: int, world: int) -> int:
@@ -103,7 +105,8 @@ def shard(model: Model, rank: int, world: int, pieces: bool, heads: Mapping[tupl
         named = [(name, m._leaf(name)) for name, leaf in leaves(m.spec) if leaf.kind == "param"]
         m.__dict__["_params"] = [t for _, t in named]
         own = m.__dict__[SHARD]
-        m.__dict__[SHARD] = dataclasses.replace(own, parted=tuple(_is_part(m, name) for name, _ in named))
+        m.__dict__[SHARD] = dataclasses.replace(own, parted=tuple(_is_part(m, name) for name, _ in named),
+                                                gathered=any(_is_part(m, name, flat=True) for name, _ in named))
     return model
 
 
@@ -124,10 +127,11 @@ def owner(model: Model, dotted: str) -> tuple[Model, str]:
     return obj, live_name(last)
 
 
-def _is_part(model: Model, dotted: str) -> bool:
+def _is_part(model: Model, dotted: str, flat: bool = False) -> bool:
+    """Whether each worker holds a part of leaf `dotted` (`flat`: a flat piece, not along H)."""
     holder, name = owner(model, dotted)
     pieces = sharding(holder)
-    return pieces is not None and name in pieces.shapes
+    return pieces is not None and name in pieces.shapes and not (flat and name in pieces.heads)
 
 
 def whole_of(model: Model, dotted: str, part: torch.Tensor) -> torch.Tensor:
@@ -253,7 +257,8 @@ def keeping_pieces(model: Model) -> Iterator[None]:
     """Differentiate a value of a sharded `model` without keeping its gathered params: autograd
     saves each read instead, gathered again in the backward pass. Nothing for a whole model."""
     global _live
-    if sharding(model) is None or _live is not None:
+    pieces = sharding(model)
+    if pieces is None or not pieces.gathered or _live is not None:
         yield
         return
     _live = {}

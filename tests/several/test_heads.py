@@ -42,6 +42,15 @@ def test_the_attention_example_split_along_h_equals_one_device(devices: str, opt
     compare(reference, run(with_options(GPT, *options), devices, "Gpt", batches, (ss.Eval,), HEADS_DIMS))
 
 
+def test_dropout_in_train_draws_one_devices_masks() -> None:
+    """With split H every device draws the whole mask of a value (each the same, as one device
+    draws it) and keeps its heads' part: in Train too, results are one device's."""
+    batches = text_batches(5)
+    reference = run(GPT, "cpu", "Gpt", batches, (ss.Train(seed=3),), HEADS_DIMS)
+    compare(reference, run(with_options(GPT, "split H"), "cpu[0 1 2]", "Gpt", batches, (ss.Train(seed=3),),
+                           HEADS_DIMS))
+
+
 @pytest.mark.parametrize("options", [("split H",), ("split H", "shard params")])
 def test_the_table_says_what_a_step_split_along_h_sends(options: tuple[str, ...]) -> None:
     """Every collective of a step, its line, values, dtype and operation, as the DeviceTable says:
@@ -116,7 +125,7 @@ def test_each_rule_of_the_plan_computes_what_one_device_computes() -> None:
 def test_the_plan_gathers_cuts_and_sums_where_the_rules_say() -> None:
     prog = ss.load(with_options(RULES, "split H"), devices="cpu[0 1 2]", name="rules.ss")
     checked, source = prog.checked, prog.worker_source
-    assert "_rt.cut_heads((batch.x @ m._m_q).unflatten(1, (2, 6)).permute(1, 0, 2).unbind(0), (1, 1))" in source
+    assert "_rt.cut_heads((batch.x @ m._m_q).unflatten(1, (2, 6)).permute(1, 0, 2).unbind(0), (1, 1), " in source
     assert "scale(x @ m._m_w, m._m_u)" in source  # each device's part of w, of its columns' values
     assert "_rt.gather_heads(s, 1, " in source  # softmax and logsumexp along H take it whole
     assert "_rt.all_sum(p @ m._m_v, " in source  # a contraction over H: partial sums
