@@ -282,17 +282,19 @@ def race(sides: list[Callable[[int], list[tuple[float, float]]]], warmup: int, b
     return times, rounds, worst
 
 
-def timed_steps(prog: Any, m: Any, opt: Any, data: Batches) -> Callable[[int], list[tuple[float, float]]]:
-    """k steps of `prog.train_step`, each on the next batch (drawn outside the timing): (time, loss)."""
+def timed_steps(prog: Any, m: Any, opt: Any, data: Any, fields: tuple[str, str] = ("img", "label"),
+                extra: tuple[Any, ...] = ()) -> Callable[[int], list[tuple[float, float]]]:
+    """k steps of `prog.train_step(m, opt, batch, *extra)`, each on the next batch of `data` (a
+    Batches or anything whose next() gives two tensors, named `fields`; drawn outside the timing):
+    (time, loss)."""
     train_step = synced(prog.train_step, prog.device.type)  # (on several devices the controller's: cpu)
 
     def steps(k: int) -> list[tuple[float, float]]:
         out = []
         for _ in range(k):
-            x, y = data.next()
-            batch = {"img": x, "label": y}
+            batch = dict(zip(fields, data.next()))
             t0 = time.perf_counter()
-            loss = train_step(m, opt, batch)
+            loss = train_step(m, opt, batch, *extra)
             out.append((time.perf_counter() - t0, float(loss)))
         return out
     return steps
