@@ -149,7 +149,7 @@ class DeviceTableView:
         return text
 
     def _model_row(self, m: Layout) -> str:
-        layout = "a copy on every device" if self.several else f"on {self.table.devices}"
+        layout = layout_text(self.table, m) if self.several else f"on {self.table.devices}"
         size = bytes_text(m.bytes) if m.bytes is not None else "?"
         measured = self.measured_note(m.name)  # once the workers ran a call: what they hold, and its peak
         layout_cell = M.esc(layout) + (M.note(measured) if measured else "")

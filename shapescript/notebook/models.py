@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from ..check.comms_text import bytes_text
-from ..runtime.model import ParamSpec, dtype_name, leaves, shape_text, type_text
+from ..runtime.model import ModelSpec, ParamSpec, dtype_name, leaves, shape_text, type_text
 from . import markup as M
 
 if TYPE_CHECKING:
@@ -37,6 +37,17 @@ def _bytes(leaf: ParamSpec) -> int:
     return math.prod(leaf.shape) * leaf.dtype.itemsize
 
 
+def _device_bytes(m: AnyModel, name: str, leaf: ParamSpec) -> int:
+    """A leaf's bytes on each device: its part of it where each holds a part (the layout options)."""
+    where = layout(m, name) if is_remote(m) else ""
+    count = m._program.devices.count if is_remote(m) else 1
+    if where.startswith("split along"):
+        return _bytes(leaf) // count
+    if where == "a piece on each device":
+        return math.ceil(math.prod(leaf.shape) / count) * leaf.dtype.itemsize
+    return _bytes(leaf)
+
+
 def _size(n: int) -> str:
     return bytes_text(sympy.Integer(n))  # the DeviceTable's wording: "813,056 bytes (794 KiB)"
 
@@ -50,10 +61,40 @@ def workers_gone(m: AnyModel) -> bool:
 
 
 def layout(m: AnyModel, name: str) -> str:
-    """Where a param lies: every device's copy for a RemoteModel, the tensor's device for a Model."""
-    if is_remote(m):
-        return "a copy on every device"
-    return f"on {m._leaf(name).device}"
+    """Where a param lies: for a RemoteModel every device's copy, or with the program's layout options
+    each device's part of it; for a Model the tensor's device."""
+    if not is_remote(m):
+        return f"on {m._leaf(name).device}"
+    devices = m._program.devices
+    owner, leaf = _owner(m.spec, name)
+    checked = getattr(m._program, "checked", None)
+    if devices.split and checked is not None and (owner, leaf.name) in checked.layout.head_params:
+        return f"split along {devices.split}"
+    if devices.shard_params and leaf.kind == "param":
+        return "a piece on each device"
+    return "a copy on every device"
+
+
+def _owner(spec: ModelSpec, dotted: str) -> tuple[str, ParamSpec]:
+    """The name of the model type that declares leaf `dotted` (`blocks.0.attn.w_o`), and the leaf."""
+    for part in dotted.split("."):
+        if part.isdigit():
+            continue  # a stack's index
+        member = next(mm for mm in spec.members if mm.name == part)
+        if isinstance(member, ParamSpec):
+            return spec.name, member
+        spec = member.model
+    raise KeyError(dotted)
+
+
+def _held(m: AnyModel) -> str:
+    """How a RemoteModel's params lie, in a few words, from the program's layout options."""
+    devices = m._program.devices
+    if devices.shard_params:
+        return "a piece of every param on each device"
+    if devices.split:
+        return f"its params with {devices.split} split along it"
+    return "a copy on every device"
 
 
 def title(m: AnyModel) -> str:
@@ -63,10 +104,10 @@ def title(m: AnyModel) -> str:
     buffers = len(members) - params
     counts = f"{params} param{'' if params == 1 else 's'}" + (
         f" and {buffers} buffer{'' if buffers == 1 else 's'}" if buffers else "")
-    total = _size(sum(_bytes(leaf) for _, leaf in members))
+    total = _size(sum(_device_bytes(m, name, leaf) for name, leaf in members))
     if is_remote(m):
         gone = "; its workers have stopped, and its values are gone" if workers_gone(m) else ""
-        return f"{m.spec.name} on {m._program.devices}, a copy on every device: {counts}, {total} on each device{gone}"
+        return f"{m.spec.name} on {m._program.devices}, {_held(m)}: {counts}, {total} on each device{gone}"
     where = layout(m, members[0][0]).removeprefix("on ") if members else "no device"
     return f"{m.spec.name} on {where}: {counts}, {total}"
 
@@ -76,7 +117,7 @@ def model_html(m: AnyModel) -> str:
     rows = [M.header(["name", "kind", "shape", "dtype", "layout", "bytes" + (" per device" if is_remote(m) else "")])]
     for name, leaf in leaves(m.spec):
         cells = [M.code(name), leaf.kind, shape_text(leaf.shape), dtype_name(leaf.dtype),
-                 layout(m, name), _size(_bytes(leaf))]
+                 layout(m, name), _size(_device_bytes(m, name, leaf))]
         rows.append(M.row([c if c.startswith("<code>") else M.esc(c) for c in cells], cls="ss-member",
                           numeric=[5], title=f"declared at {leaf.where}"))
     return f"{M.STYLE}<div><b>{M.esc(title(m))}</b></div>{M.table('ss-model-table', rows)}"

@@ -13,11 +13,13 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+import sympy
 import torch
 from IPython.core.formatters import DisplayFormatter
 
 import shapescript as ss
 from shapescript.check.comms_text import bytes_text, number_text, report
+from shapescript.devices import DeviceSet
 from shapescript.notebook import progress
 from shapescript.notebook.device_table import DeviceTableView
 from shapescript.notebook.live import LiveSink, charts_html, svg_chart
@@ -220,10 +222,24 @@ class FakePool:
         return [self.model.state_dict()] * self.world
 
 
-def remote(program: ss.Program, seed: int = 0) -> tuple[RemoteModel, FakePool]:
+def remote(program: ss.Program, seed: int = 0, devices: DeviceSet = DeviceSet("cpu", (0, 1))
+           ) -> tuple[RemoteModel, FakePool]:
     pool = FakePool(program.Lin.init(seed=seed))
-    stub = types.SimpleNamespace(_pool=pool, devices="cpu[0 1]")
+    stub = types.SimpleNamespace(_pool=pool, devices=devices)
     return RemoteModel(stub, program.Lin.spec, handle=1), pool
+
+
+def test_a_sharded_models_display_says_each_device_holds_pieces(fit_cpu: ss.Program) -> None:
+    m, pool = remote(fit_cpu, devices=DeviceSet("cpu", (0, 1, 2), shard_params=True))
+    listed = rows(shown_html(m), "ss-member")
+    for name, _, shape, _, where, size in listed:
+        values = 1
+        for n in shape.strip("[]").split(", "):
+            values *= int(n) if n else 1
+        param = name != "steps"  # the buffer stays whole
+        assert where == ("a piece on each device" if param else "a copy on every device")
+        assert size == bytes_text(sympy.Integer((-(-values // 3) if param else values) * (4 if param else 8)))
+    assert "a piece of every param on each device" in repr(m) and pool.calls == []
 
 
 def test_a_remote_models_display_asks_the_workers_nothing(fit_cpu: ss.Program) -> None:

@@ -4,16 +4,15 @@ the collectives the workers run, and checkpoints between every layout."""
 
 from __future__ import annotations
 
-import itertools
 import textwrap
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import shapescript as ss
 from programs import GPT
 from test_comms import _compare_a_step
+from checkpoints import check_checkpoints_move
 from test_equivalence import compare, run
 
 pytestmark = pytest.mark.slow
@@ -159,28 +158,11 @@ def test_checkpoints_move_between_every_layout(programs, tmp_path) -> None:
     """Saved in each layout after two steps, loaded in every other one, saved again: the same file,
     every param and every value of the optimizer's state bit for bit; from Python, whole tensors."""
     batches = text_batches(2, seed=3)
-    for source, target in itertools.product(LAYOUTS, repeat=2):
-        prog = programs[source]
-        m = prog.Gpt.init(seed=1)
-        opt = ss.adamw(m, lr=1e-3)
+
+    def train(prog, m, opt) -> None:
         for b in batches:
             prog.train_step(m, opt, b, ss.Eval)
-        first = tmp_path / f"{source}.safetensors"
-        ss.save(first, m, opt)
-        other = programs[target]
-        m2 = other.Gpt.init(seed=2)
-        opt2 = ss.adamw(m2, lr=5e-2)
-        ss.restore(first, m2, opt2)
-        again = tmp_path / f"{source} to {target}.safetensors"
-        ss.save(again, m2, opt2)
-        saved, resaved = load_file(first), load_file(again)
-        assert saved.keys() == resaved.keys() and any(k.startswith("opt.") for k in saved)
-        for key in saved:
-            assert torch.equal(saved[key], resaved[key]), (source, target, key)
-        for name, value in m2.state_dict().items():
-            assert torch.equal(value, saved[f"model.{name}"]), (source, target, name)
-        for name, value in opt2.state_dict().items():
-            assert torch.equal(value, saved[f"opt.{name}"]), (source, target, name)
+    check_checkpoints_move(programs, "Gpt", train, tmp_path)
 
 
 def test_the_programs_own_loop_takes_whole_batches() -> None:

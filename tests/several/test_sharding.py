@@ -4,16 +4,15 @@ DeviceTable's sizes against what the workers hold, and checkpoints between every
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import shapescript as ss
 from programs import BATCH_NORM, GPT, GPT_DIMS, README
 from test_cli import cli
 from test_comms import sharded
+from checkpoints import check_checkpoints_move
 from test_equivalence import compare, digits, run
 
 pytestmark = pytest.mark.slow
@@ -155,24 +154,8 @@ def test_checkpoints_move_between_every_layout(programs, tmp_path) -> None:
     """Saved in each layout after two steps, loaded in every other one, saved again: the same file,
     every param and every value of the optimizer's state bit for bit."""
     batches = digits(2, 12, 784, 10, seed=3)
-    for source, target in itertools.product(LAYOUTS, repeat=2):
-        prog = programs[source]
-        m = prog.Mlp.init(seed=1)
-        opt = ss.adamw(m, lr=1e-3)
+
+    def train(prog, m, opt) -> None:
         for b in batches:
             prog.train_step(m, opt, b)
-        first = tmp_path / f"{source}.safetensors"
-        ss.save(first, m, opt)
-        other = programs[target]
-        m2 = other.Mlp.init(seed=2)
-        opt2 = ss.adamw(m2, lr=5e-2)
-        ss.restore(first, m2, opt2)
-        again = tmp_path / f"{source} to {target}.safetensors"
-        ss.save(again, m2, opt2)
-        saved, resaved = load_file(first), load_file(again)
-        assert saved.keys() == resaved.keys() and any(k.startswith("opt.") for k in saved)
-        for key in saved:
-            assert torch.equal(saved[key], resaved[key]), (source, target, key)
-        assert opt2.hyper["lr"] == 1e-3
-        for name, value in m2.state_dict().items():
-            assert torch.equal(value, saved[f"model.{name}"]), (source, target, name)
+    check_checkpoints_move(programs, "Mlp", train, tmp_path)
