@@ -33,11 +33,12 @@ def load_program(state: Any, source: str, module_file: str, device_name: str, sc
 def init_model(state: Any, handle: int, model: str, seed: int) -> None:
     """Every worker draws the same model, and keeps its part of each param the layout options cut:
     along H (`split H`), or a flat piece (`shard params`)."""
-    made = Model.init(state.program[f"{model}_spec"], seed, state.device)
+    spec = state.program[f"{model}_spec"]
     pieces, heads = bool(state.program.get("SHARD_PARAMS")), state.program.get("HEAD_PARAMS", {})
     if (pieces or heads) and state.world > 1:
-        sharding.shard(made, state.rank, state.world, pieces, heads)
-    state.objects[handle] = made
+        state.objects[handle] = sharding.init_parts(spec, seed, state.device, state.rank, state.world, pieces, heads)
+    else:
+        state.objects[handle] = Model.init(spec, seed, state.device)
 
 
 @handler("make_optimizer")

@@ -14,7 +14,7 @@ import math
 import numbers
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,11 @@ class ParamSpec:
         if self.init in ("normal", "uniform") and not self.dtype.is_floating_point:
             raise ValueError(f"{self.where}: {self.init}() cannot fill `{self.name}` of dtype "
                              f"{dtype_name(self.dtype)}")
+
+
+# A worker's choice of the part of a param it keeps (runtime/sharding.py): (the model declaring it,
+# the param, its whole value) -> the part.
+Keep = Callable[["ModelSpec", ParamSpec, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -229,8 +234,12 @@ class Model:
     is_remote = False  # a RemoteModel's is True
 
     @classmethod
-    def init(cls, spec: ModelSpec, seed: int, device: str | torch.device = "cpu") -> "Model":
-        """Deterministic: one CPU generator seeded with `seed` draws every member in order."""
+    def init(cls, spec: ModelSpec, seed: int, device: str | torch.device = "cpu",
+             keep: Keep | None = None) -> "Model":
+        """Deterministic: one CPU generator seeded with `seed` draws every member in order. `keep`
+        (a worker's, with the layout options): the part of each param it keeps, given the model
+        declaring it, the param and the whole drawn value, so that no more than one param is ever
+        whole at once."""
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise TypeError(f"{spec.name}.init: seed must be an int, got {type(seed).__name__} "
                             f"{seed!r}")
@@ -240,11 +249,12 @@ class Model:
             raise DomainError(f"{spec.name}.init: {device!r} is not a device ({e})") from None
         if where.type == "cuda":
             require_visible((where.index or 0,), str(where), f"{spec.name}.init")
-        _check_fits(spec, where)
-        return cls._build(spec, torch.Generator().manual_seed(int(seed)), where)
+        if keep is None:  # a worker keeping parts never holds the whole model, only one param at a time
+            _check_fits(spec, where)
+        return cls._build(spec, torch.Generator().manual_seed(int(seed)), where, keep)
 
     @classmethod
-    def _build(cls, spec: ModelSpec, g: torch.Generator, device: torch.device) -> "Model":
+    def _build(cls, spec: ModelSpec, g: torch.Generator, device: torch.device, keep: Keep | None = None) -> "Model":
         kind = model_class(spec)
         m = kind.__new__(kind)
         values: dict[str, object] = {}
@@ -252,12 +262,14 @@ class Model:
         for member in spec.members:
             if isinstance(member, SubSpec):
                 # A stack is a tuple of models, drawn one after another from the same generator.
-                subs = tuple(Model._build(member.model, g, device) for _ in range(member.count or 1))
+                subs = tuple(Model._build(member.model, g, device, keep) for _ in range(member.count or 1))
                 values[live_name(member.name)] = subs if member.count is not None else subs[0]
                 for sub in subs:
                     params.extend(sub._params)
                 continue
             t = _draw(member, g).to(device)
+            if member.kind == "param" and keep is not None:
+                t = keep(spec, member, t)
             if member.kind == "param":
                 t.requires_grad_(True)
                 params.append(t)

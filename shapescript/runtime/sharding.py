@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from shapescript.runtime.collectives import record, waiting_at
 from shapescript.runtime.heads import gather_along
-from shapescript.runtime.model import Model, ParamSpec, SubSpec, leaves, live_name
+from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec, leaves, live_name
 
 SHARD = "_shard"  # a sharded model's attribute (and each of its sub-models'): its `Pieces`
 
@@ -82,10 +82,19 @@ def _models(model: Model) -> Iterator[Model]:
                 yield from _models(sub)
 
 
-def shard(model: Model, rank: int, world: int, pieces: bool, heads: Mapping[tuple[str, str], int]) -> Model:
-    """Keep only this worker's part of `model`'s params, in place: along its axis for a param in
-    `heads` ((model, param) -> axis: `split H`), a flat piece of every other one if `pieces`
-    (`shard params`). Buffers stay whole."""
+def init_parts(spec: ModelSpec, seed: int, device: torch.device, rank: int, world: int, pieces: bool,
+               heads: Mapping[tuple[str, str], int]) -> Model:
+    """`spec`'s model as this worker holds it: its part of each param, along its axis for a param in
+    `heads` ((model, param) -> axis: `split H`), a flat piece of every other one if `pieces` (`shard
+    params`); buffers whole. Each param is drawn whole, as one device draws it, and cut at once."""
+    def keep(owner: ModelSpec, param: ParamSpec, whole: torch.Tensor) -> torch.Tensor:
+        axis = heads.get((owner.name, param.name))
+        return whole if axis is None and not pieces else part_of(whole, rank, world, axis)
+    return mark_parts(Model.init(spec, seed, device, keep), rank, world, pieces, heads)
+
+
+def mark_parts(model: Model, rank: int, world: int, pieces: bool, heads: Mapping[tuple[str, str], int]) -> Model:
+    """Record on `model` and each sub-model which of its params are parts (`init_parts` cut them)."""
     for m in _models(model):
         shapes, axes = {}, {}
         for member in m.spec.members:
@@ -97,13 +106,9 @@ def shard(model: Model, rank: int, world: int, pieces: bool, heads: Mapping[tupl
             shapes[name] = member.shape
             if axis is not None:
                 axes[name] = axis
-            whole = m.__dict__[name]
-            part = part_of(whole, rank, world, axis)
-            m.__dict__[name] = part.requires_grad_(True)
         m.__dict__[SHARD] = Pieces(rank, world, shapes, axes)
-    for m in reversed(list(_models(model))):  # each model's list of params, its sub-models' included
+    for m in _models(model):
         named = [(name, m._leaf(name)) for name, leaf in leaves(m.spec) if leaf.kind == "param"]
-        m.__dict__["_params"] = [t for _, t in named]
         own = m.__dict__[SHARD]
         m.__dict__[SHARD] = dataclasses.replace(own, parted=tuple(_is_part(m, name) for name, _ in named),
                                                 gathered=any(_is_part(m, name, flat=True) for name, _ in named))
