@@ -25,6 +25,7 @@ from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
 from .runtime import calls
 from .runtime.model import Model, require_visible
+from .stale import current_models
 from .syntax import ast as A
 
 def parse_devices(text: str | DeviceSet) -> DeviceSet:
@@ -214,6 +215,12 @@ class Program:
         """The running (or starting) worker pool, or None."""
         return self._pool if self._pool is not None and self._pool.alive else None
 
+    @property
+    def last_pool(self) -> Any:
+        """The pool this program used last, running or not (one that failed says how its workers
+        ended); None before the first, and after `stop()`."""
+        return self._pool
+
     def adopt_workers(self, old: "Program", keep_datasets: bool = False) -> bool:
         """Take over `old`'s running workers if both programs run on the same devices: they load
         this program's code with their next call, and keep the models and optimizer state they
@@ -319,7 +326,8 @@ class Function:
             devices = self.program.checked.device_set
             if devices.kind == "cuda":  # at the first call, not at load: a program can be read anywhere
                 require_visible(devices.indices or (0,), str(devices), f"`{self.name}`")
-            self._guards = self.program.namespace["GUARDS"][self.name]  # printed by the built module
+            # printed by the built module; a model argument is also checked against this program's shapes
+            self._guards = current_models(self.program, self.program.namespace["GUARDS"][self.name])
         bindings: dict = {}
         checked = [g(v, bindings) for g, v in zip(self._guards, values)]
         grad_was = torch.is_grad_enabled()

@@ -10,6 +10,7 @@ and each collective). The text is
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,13 +130,17 @@ class DeviceTableView:
     # -- rows ------------------------------------------------------------------------------------
 
     def _line_cell(self, line: int) -> str:
+        """The program's line and, in the notebook, its cell: `6 cell 2:3`, on one line (the row
+        puts it in a `nowrap` column), with the full "cell [2], line 3" as its tooltip."""
         where = self.place(line) if self.place is not None else None
-        return str(line) + (f'<div class="ss-note">{M.esc(where)}</div>' if where else "")
+        if not where:
+            return str(line)
+        return f'{line} <span class="ss-note" title="{M.esc(where)}">{M.esc(compact_place(where))}</span>'
 
     def _fn_row(self, f: FnPlan) -> str:
         where = _PLACES.get(f.placement, "anywhere") + (f": it {f.reason}" if f.reason else "")
         return M.row([self._line_cell(f.span.line), M.code(f.name), M.esc(where), M.esc(self._per_call(f))],
-                     cls="ss-fn", numeric=[3], title=fn_text(self.table, f))
+                     cls="ss-fn", numeric=[3], nowrap=[0], title=fn_text(self.table, f))
 
     def _per_call(self, f: FnPlan) -> str:
         # As fn_text says it: a controller's function, or one device, has no figure of its own.
@@ -154,7 +159,7 @@ class DeviceTableView:
         measured = self.measured_note(m.name)  # once the workers ran a call: what they hold, and its peak
         layout_cell = M.esc(layout) + (M.note(measured) if measured else "")
         return M.row([self._line_cell(m.span.line), M.code(m.name), layout_cell, M.esc(size)],
-                     cls="ss-model", numeric=[3], title=value_text(self.table, m))
+                     cls="ss-model", numeric=[3], nowrap=[0], title=value_text(self.table, m))
 
     def _value_row(self, v: Layout) -> str:
         name = f"{M.code(v.name)}: {M.esc(v.type)}<div class=\"ss-note\">in {M.code(v.fn or '')}</div>"
@@ -163,7 +168,7 @@ class DeviceTableView:
         else:
             size = bytes_text(v.bytes) if v.bytes is not None else ""
         return M.row([self._line_cell(v.span.line), name, M.esc(layout_text(self.table, v)), M.esc(size)],
-                     cls="ss-value", numeric=[3], title=value_text(self.table, v))
+                     cls="ss-value", numeric=[3], nowrap=[0], title=value_text(self.table, v))
 
     def _line_row(self, line: int) -> str:
         items = self.table.line(line)
@@ -171,11 +176,21 @@ class DeviceTableView:
         listed = "<ul>" + "".join(f"<li>{_inline_code(s)}</li>" for s in sends) + "</ul>"
         total = bytes_text(sympy.Add(*(i.bytes for i in items)))
         return M.row([self._line_cell(line), M.code(self._source_line(line)), listed, M.esc(total)],
-                     cls="ss-line", numeric=[3])
+                     cls="ss-line", numeric=[3], nowrap=[0])
 
     def _source_line(self, line: int) -> str:
         lines = self.source.splitlines()
         return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+# How session.py names a line of a Jupyter cell: "cell [3], line 2".
+_CELL_LINE = re.compile(r"cell \[(?P<cell>[^\]]+)\], line (?P<line>\d+)")
+
+
+def compact_place(where: str) -> str:
+    """"cell [3], line 2" as the table's short "cell 3:2"; any other place (a magic's) as it is."""
+    found = _CELL_LINE.fullmatch(where)
+    return f"cell {found['cell']}:{found['line']}" if found else where
 
 
 def _file_text(file: str) -> str:

@@ -9,16 +9,32 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-# One look for every table of the extension: left-aligned, tight, readable in light and dark themes.
-STYLE = ("<style>"
-         "table[class^=ss-]{border-collapse:collapse;margin:0.3em 0;font-size:0.92em}"
-         "table[class^=ss-] th,table[class^=ss-] td{text-align:left;vertical-align:top;"
-         "padding:0.15em 0.7em 0.15em 0;border:none}"
-         "table[class^=ss-] tr.ss-section th{padding-top:0.6em;border-bottom:1px solid rgba(127,127,127,0.4)}"
-         "table[class^=ss-] td.ss-num{text-align:right;white-space:nowrap}"
-         "table[class^=ss-] ul{margin:0;padding-left:1.2em}"
-         ".ss-note{color:rgba(127,127,127,0.95);font-size:0.9em}"
-         "</style>")
+# JupyterLab right-aligns output tables with `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`
+# (two classes and an element), the classic Notebook with `.rendered_html td`: under those containers
+# each rule below is written again with their class in front, one class more, so that ours wins; the
+# bare rule serves nbconvert's HTML, VS Code and the rest.
+_SCOPES = ("", ".jp-RenderedHTMLCommon ", ".rendered_html ")
+
+# One look for every table of the extension: left-aligned, tight, readable in light and dark themes;
+# figures right-aligned, and a table's locations ("6 cell 2:3") on one line.
+_TABLE_RULES = (
+    ("table[class^=ss-]", "border-collapse:collapse;margin:0.3em 0;font-size:0.92em"),
+    ("table[class^=ss-] th,table[class^=ss-] td",
+     "text-align:left;vertical-align:top;padding:0.15em 0.7em 0.15em 0;border:none"),
+    ("table[class^=ss-] tr.ss-section th", "padding-top:0.6em;border-bottom:1px solid rgba(127,127,127,0.4)"),
+    ("table[class^=ss-] td.ss-num", "text-align:right;white-space:nowrap"),
+    ("table[class^=ss-] td.ss-nowrap", "white-space:nowrap"),
+    ("table[class^=ss-] ul", "margin:0;padding-left:1.2em"),
+)
+
+
+def _scoped(selectors: str) -> str:
+    """`selectors` (comma-separated) under each of _SCOPES."""
+    return ",".join(scope + one for scope in _SCOPES for one in selectors.split(","))
+
+
+STYLE = ("<style>" + "".join(f"{_scoped(selectors)}{{{body}}}" for selectors, body in _TABLE_RULES)
+         + ".ss-note{color:rgba(127,127,127,0.95);font-size:0.9em}</style>")
 
 
 def esc(text: object) -> str:
@@ -29,12 +45,16 @@ def code(text: str) -> str:
     return f"<code>{esc(text)}</code>"
 
 
-def row(cells: Sequence[str], cls: str = "", numeric: Sequence[int] = (), title: str = "") -> str:
-    """One `<tr>` of cells that are already HTML; the columns in `numeric` align right, and `title`
-    is the row's tooltip (plain text)."""
-    tds = "".join(f'<td class="ss-num">{c}</td>' if k in numeric else f"<td>{c}</td>" for k, c in enumerate(cells))
+def row(cells: Sequence[str], cls: str = "", numeric: Sequence[int] = (), title: str = "",
+        nowrap: Sequence[int] = ()) -> str:
+    """One `<tr>` of cells that are already HTML; the columns in `numeric` align right, those in
+    `nowrap` stay on one line, and `title` is the row's tooltip (plain text)."""
+    def td(k: int, content: str) -> str:
+        td_class = "ss-num" if k in numeric else "ss-nowrap" if k in nowrap else ""
+        return f'<td class="{td_class}">{content}</td>' if td_class else f"<td>{content}</td>"
+
     attrs = (f' class="{cls}"' if cls else "") + (f' title="{esc(title)}"' if title else "")
-    return f"<tr{attrs}>{tds}</tr>"
+    return f"<tr{attrs}>" + "".join(td(k, c) for k, c in enumerate(cells)) + "</tr>"
 
 
 def header(cells: Sequence[str]) -> str:

@@ -16,6 +16,7 @@ from ..codes import explain
 from ..errors import CompileError, ShapeScriptError
 from ..parallel.remote import RemoteModel
 from ..runtime.model import Model
+from ..stale import name_holders, stale_notes
 from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
@@ -25,6 +26,10 @@ from .workers import describe_loss, measured_memory, pool_of, status_table
 PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program
 PROGRAM_VARIABLE = "ss_program"  # the notebook's name for the Program
 _MISSING = object()
+
+
+def _is_model(value: Any) -> bool:
+    return isinstance(value, (Model, RemoteModel))
 
 
 class Session:
@@ -65,6 +70,9 @@ class Session:
         kinds = {k: c.kind for k, c in (*self.items.items(), *items.items())}
         notes = self._move_workers(program, keep_datasets=not any(kinds[k] in ("data", "dim") for k in changed))
         notes += self._stale_models(changed, kinds)
+        # models whose type a changed dim (or sub-model) reshaped: said now, refused at their next call
+        notes += stale_notes(program, dict(self.user_ns), _is_model, skip={k for k in changed if kinds[k] == "model"})
+        name_holders(program, self._holders_of)
         self.items, self.program = items, program
         self._bind(program, defined)
         return notes
@@ -90,12 +98,16 @@ class Session:
         notes = []
         for name in sorted(k for k in changed if kinds[k] == "model" and k in self.items):
             holders = [n for n, v in list(self.user_ns.items()) if not n.startswith("_")
-                       and isinstance(v, (Model, RemoteModel)) and v.spec.name == name]
+                       and _is_model(v) and v.spec.name == name]
             if holders:
                 were = "was" if len(holders) == 1 else "were"
                 notes.append(f"model {name} changed: {', '.join(holders)} {were} made from its old definition; "
                              f"make new models with {name}.init(seed=...).")
         return notes
+
+    def _holders_of(self, value: Any) -> list[str]:
+        """The notebook's variables that hold `value`."""
+        return [n for n, v in list(self.user_ns.items()) if v is value and not n.startswith("_")]
 
     def _bind(self, program: Program, defined: set[str]) -> None:
         """Bind the program's models, data types and functions by name. A name the user has since

@@ -21,6 +21,7 @@ from ..errors import ShapeScriptError
 from ..parallel.loading import Datasets
 from ..parallel.memory import WorkerMemory
 from ..parallel.pool import WorkerPool
+from ..parallel.processes import STOPPED_BY_CONTROLLER
 from ..parallel.remote import RemoteModel, RemoteOptimizer
 from .models import _size  # the model table's wording of bytes
 from .report import Rich, render_rows
@@ -129,11 +130,14 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
     if not program.several:
         return render_rows(f"ShapeScript on {program.devices}: one device, in this kernel; no workers", [], [], [])
     if pool is None:
-        return render_rows(f"ShapeScript on {program.devices}: no workers running", [], [],
-                           ["They start when the program next needs them."])
+        return ended_table(program.last_pool) or render_rows(
+            f"ShapeScript on {program.devices}: no workers running", [], [],
+            ["They start when the program next needs them."])
     answers = ask_workers(pool)
     measured = ask_workers(pool, "memory") if answers else None
     state = pool.state  # after asking, which may have found a worker gone
+    if state == "dead" and (ended := ended_table(pool)) is not None:
+        return ended
     rss = _memory(pool.pids)
     header = ["rank", "device", "pid", "memory (RSS)", "objects"]
     cuda = pool.devices.kind == "cuda"
@@ -155,6 +159,19 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
     if state == "starting":
         notes = ["The workers are starting; the next call waits for them."]
     return render_rows(f"ShapeScript workers on {pool.devices}: {state}", header, rows, notes)
+
+
+def ended_table(pool: WorkerPool | None) -> Rich | None:
+    """How the workers of a pool that failed ended: each one's signal or exit code (processes.py's
+    how_it_stopped), or that the controller stopped it with the others. None unless `pool` failed."""
+    if pool is None or pool.state != "dead" or not pool.exits:
+        return None
+    rows = [[str(e.rank), e.label, str(e.pid), e.how] for e in pool.exits]
+    first = next((e for e in pool.exits if e.how != STOPPED_BY_CONTROLLER), None)
+    why = f"worker {first.rank} ({first.label}) stopped: {first.how}" if first else "the workers were stopped"
+    return render_rows(f"ShapeScript workers on {pool.devices}: stopped", ["rank", "device", "pid", "how it stopped"],
+                       rows, [f"{why[0].upper()}{why[1:]}. What the workers held is gone; new workers start when "
+                              "the program next needs them (new models, or a checkpoint, are needed to go on)."])
 
 
 # The measured columns: the last call's peak, and its breakdown (parallel/memory.py).

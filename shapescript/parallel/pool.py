@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
@@ -37,9 +38,11 @@ from typing import Any, Self
 from shapescript.devices import DeviceSet
 from shapescript.errors import ShapeScriptError, WorkerError
 # collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
-from shapescript.parallel.processes import (MAX_TIMEOUT, TIMEOUT_ENV, WorkerProcess, collective_timeout,  # noqa: F401
-                                           current_collective_timeout, is_stopped, loopback, ranks_text, shutdown,
-                                           sweep_stale_folders, timeout_seconds, torch_settings)
+from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, TIMEOUT_ENV,  # noqa: F401
+                                           WorkerExit, WorkerProcess, collective_timeout, current_collective_timeout,
+                                           is_stopped, loopback, ranks_text, shutdown, sweep_stale_folders,
+                                           timeout_seconds, torch_settings)
+from shapescript.parallel.interrupts import step_interrupt, until_the_step_ends
 from shapescript.parallel.worker import WAITING, describe_status, dumps, read_status
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import require_visible
@@ -87,6 +90,8 @@ class WorkerPool:
         self._lock = threading.RLock()  # one call at a time; re-entrant for the `first` call inside a call
         self._owner = os.getpid()  # the process that started the workers (set again when it does)
         self._released: list[int] = []  # handles whose last holder in the controller is gone; see release()
+        self._completed: Counter[str] = Counter()  # calls that ended on every worker, by what ran
+        self.exits: tuple[WorkerExit, ...] = ()  # how each worker ended, once the pool has stopped
 
     # -- starting ----------------------------------------------------------------------------------
 
@@ -270,7 +275,11 @@ class WorkerPool:
             self._finalizer.detach()
         if self._foreign():
             return  # the workers, their sockets and folder are the parent's, which goes on using them
+        ended = [(w, w.dead()) for w in self._workers]  # the ones that stopped before we stopped them
         shutdown(self._workers, self._folder, grace, self._owner)
+        self.exits = self.exits or tuple(
+            WorkerExit(w.rank, w.label, w.proc.pid, w.how_it_stopped() if by_itself else STOPPED_BY_CONTROLLER)
+            for w, by_itself in ended)
         if self._senders is not None:  # its threads end once the pipes close
             self._senders.shutdown(wait=False)
 
@@ -317,17 +326,19 @@ class WorkerPool:
         where = where or f"`{handler}`"
         payloads = self._encode(handler, args, where)
         try:
-            self._send(payloads, where)
-            replies, pending, released = self._gather(f"running {where}")
+            with until_the_step_ends() as interrupts:  # the first Ctrl-C waits for the step to end
+                self._send(payloads, where)
+                replies, pending, released = self._gather(f"running {where}")
         except WorkerError:
             raise
-        except BaseException as exc:  # Ctrl-C, or a failure of our own: the workers' state is unknown
+        except BaseException as exc:  # a second Ctrl-C, or a failure of our own: the workers' state is unknown
             self._die(f"interrupted while running {where}")
             if isinstance(exc, KeyboardInterrupt):
                 exc.add_note(f"The workers on {self.devices} were stopped in the middle of {where}: the models "
                              f"and optimizer state on them are gone (their handles now say so). Make new ones, "
                              f"or restore a checkpoint; the next call starts new workers.")
             raise
+        self._completed[where] += 1
         failed = [(rank, r[1]) for rank, r in enumerate(replies) if r is not None and r[0] == "err"]
         if released:
             self._fail_alone(failed, pending, where)
@@ -336,6 +347,8 @@ class WorkerPool:
         if failed:  # the first worker's error, as one device would raise it
             rank, payload = failed[0]
             self._raise_error(self._workers[rank], payload, where)
+        if interrupts.first is not None:  # Ctrl-C during the step, which has ended on every worker
+            raise step_interrupt(where, self.devices, self._completed[where])
         return [r[1] for r in replies]  # type: ignore[index]
 
     def _send(self, payloads: list[bytes], where: str) -> None:

@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -81,7 +82,10 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
-def how_it_stopped(returncode: int | None) -> str:
+def how_it_stopped(returncode: int | None, pid: int | None = None) -> str:
+    """"it was killed by SIGKILL (perhaps out of memory)", "it exited with code 3": a worker's end
+    from its exit status (negative: the signal). A SIGKILL that the kernel log (if readable) says
+    its OOM killer sent to `pid` says so."""
     if returncode is None:
         return "its connection to the controller closed"
     if returncode < 0:
@@ -89,9 +93,60 @@ def how_it_stopped(returncode: int | None) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        oom = " (as when the system runs out of memory)" if name == "SIGKILL" else ""
-        return f"it was killed by {name}{oom}"
+        if name != "SIGKILL":
+            return f"it was killed by {name}"
+        if pid is not None and oom_killed(pid):
+            return "it was killed by SIGKILL from the kernel's OOM killer: the system ran out of memory"
+        return "it was killed by SIGKILL (perhaps out of memory)"
     return f"it exited with code {returncode}"
+
+
+KERNEL_LOG = "/dev/kmsg"
+_MAX_RECORDS = 1 << 20  # a bound on reading the kernel's ring buffer, which holds far fewer
+
+
+def oom_killed(pid: int, log: str | None = None) -> bool:
+    """Whether the kernel log says its OOM killer ended process `pid`: "Out of memory: Killed process
+    1234 (python)" or "oom-kill:...,pid=1234,...". False where the log can't be read without
+    privileges (kernel.dmesg_restrict) or isn't there. A pid used again since could match an older
+    record: the message says so only of a process that did die of SIGKILL. `log`: KERNEL_LOG."""
+    log = log if log is not None else KERNEL_LOG
+    said = re.compile(rf"(Killed process {pid} \(|[,:]pid={pid}[,\s])".encode())
+    try:
+        if not stat.S_ISCHR(os.stat(log).st_mode):  # a saved log (a test's): its lines
+            with open(log, "rb") as f:
+                return any(said.search(line) for line in f)
+        fd = os.open(log, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        for _ in range(_MAX_RECORDS):  # /dev/kmsg gives one record per read, then EAGAIN at the end
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                return False
+            except BrokenPipeError:  # records overwritten while we read: go on with the next ones
+                continue
+            except OSError:
+                return False
+            if said.search(record):
+                return True
+        return False
+    finally:
+        os.close(fd)
+
+
+STOPPED_BY_CONTROLLER = "stopped by the controller"  # a WorkerExit's `how` for a worker that was alive
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How one worker of a pool ended, for `%shapescript status` once the pool is gone."""
+
+    rank: int
+    label: str
+    pid: int
+    how: str  # how_it_stopped's words, or STOPPED_BY_CONTROLLER
 
 
 @dataclass(eq=False)
@@ -108,7 +163,7 @@ class WorkerProcess:
 
     def how_it_stopped(self) -> str:
         try:
-            return how_it_stopped(self.proc.wait(timeout=1.0))
+            return how_it_stopped(self.proc.wait(timeout=1.0), self.proc.pid)
         except subprocess.TimeoutExpired:
             return how_it_stopped(None)
 

@@ -146,6 +146,7 @@ def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
             assert "813,072" in table.inner_text()  # train_step's bytes per call, from the DeviceTable
             bar = page.locator(".jp-OutputArea .widget-hprogress").first  # tqdm.auto's bar of the loop
             expect(bar).to_be_visible(timeout=30_000)
+            _assert_tables_aligned(page)
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
             tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t]
             assert not tracebacks, tracebacks
@@ -158,6 +159,29 @@ def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
             browser.close()
     left = lab.stop()
     assert not left, f"processes left after the server stopped: {[p.pid for p in left]}"
+
+
+# Each of our tables on the page: whether JupyterLab's rendered-HTML rules reach it, and the computed
+# style of a text cell, a figure's cell and a location cell (null where the table has none).
+_ALIGNMENT_JS = """() => [...document.querySelectorAll("table[class^=ss-]")].map(t => {
+    const style = (selector, property) => {
+        const cell = t.querySelector(selector);
+        return cell ? getComputedStyle(cell)[property] : null;
+    };
+    return {table: t.className, jupyter: t.closest(".jp-RenderedHTMLCommon") !== null,
+            text: style("td:not(.ss-num)", "textAlign"), figure: style("td.ss-num", "textAlign"),
+            location: style("td.ss-nowrap", "whiteSpace")};
+})"""
+
+
+def _assert_tables_aligned(page) -> None:
+    """Our tables are left-aligned with right-aligned figures, where JupyterLab's
+    `.jp-RenderedHTMLCommon td` rule right-aligns every cell, and the location column doesn't wrap."""
+    tables = page.evaluate(_ALIGNMENT_JS)
+    assert any(t["jupyter"] for t in tables), f"no table of ours under JupyterLab's rendered HTML: {tables}"
+    assert all(t["text"] == "left" for t in tables), tables
+    assert any(t["figure"] for t in tables) and all(t["figure"] in (None, "right") for t in tables), tables
+    assert any(t["location"] for t in tables) and all(t["location"] in (None, "nowrap") for t in tables), tables
 
 
 def _wait_until_done(page, seconds: float = RUN_TIMEOUT_MS / 1000) -> None:

@@ -129,6 +129,23 @@ def fresh(kernel: Kernel) -> Kernel:
     return kernel
 
 
+# A linear classifier and its training step on two devices.
+LINEAR_STEP = """devices cpu[0 1]
+dim D = 3
+dim C = 2
+data Ex:
+    x: [D]
+    y: [] Index[C]
+model Lin:
+    param w: [D C] = zeros()
+fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(batch.x @ m.w, batch.y, over=C)
+fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
+    l, g = value_and_grad(loss, m, batch)
+    update(mut m, mut opt, g)
+    return l
+"""
+
+
 def cell(source: str) -> str:
     return "%%shapescript\n" + source
 
@@ -284,19 +301,42 @@ def test_stop_and_the_kernels_end_leave_no_worker(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_interrupting_the_kernel_mid_call_stops_the_workers_and_says_so(fresh: Kernel) -> None:
+def test_an_interrupt_stops_a_loop_at_a_step_and_the_model_trains_on(fresh: Kernel) -> None:
+    import threading
+
+    fresh.ok(cell(LINEAR_STEP))
+    fresh.ok("m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)\npids = ss_program.pool.pids\n"
+             "batch = {'x': torch.randn(6, 3), 'y': torch.arange(6) % 2}\nsteps = 0")
+    workers = set(fresh.ok("print(json.dumps(pids))").value())
+    timer = threading.Timer(3.0, fresh.manager.interrupt_kernel)
+    timer.start()
+    try:  # a loop of short steps: the interrupt lands during a step (which ends first) or between two
+        run = fresh.run("while True:\n    step(m, opt, batch)\n    steps += 1", timeout=60)
+    finally:
+        timer.cancel()
+    assert run.status == "error" and run.error["ename"] in ("KeyboardInterrupt", "StepInterrupt")
+    assert set(fresh.ok("print(json.dumps(ss_program.pool.pids))").value()) == workers  # the same workers
+    before = fresh.ok("w = m.w\nprint(json.dumps(steps))").value()
+    assert before > 0
+    fresh.ok("step(m, opt, batch)\nassert not torch.equal(m.w, w)")  # it trains on
+
+
+def test_a_second_quick_interrupt_stops_the_workers_and_says_so(fresh: Kernel) -> None:
     import threading
 
     fresh.ok(cell("devices cpu[0 1]\nmodel Lin:\n    param w: [3 2] = zeros()\n"))
     fresh.ok("m = Lin.init(seed=0)\npids = ss_program.pool.pids")
     workers = set(fresh.ok("print(json.dumps(pids))").value())
-    # The interrupt lands while the controller waits for the workers, as during a long step.
-    timer = threading.Timer(3.0, fresh.manager.interrupt_kernel)
-    timer.start()
+    # Two interrupts while the controller waits for the workers, as during a long step: the first
+    # would wait for the step to end; the second, a second later, stops the workers at once.
+    timers = [threading.Timer(delay, fresh.manager.interrupt_kernel) for delay in (3.0, 4.0)]
+    for timer in timers:
+        timer.start()
     try:
         run = fresh.run("ss_program.workers().call('sleep', (60,), where='a long step')", timeout=60)
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
     assert run.status == "error" and run.error["ename"] == "KeyboardInterrupt"
     assert "were stopped in the middle of a long step: the models and optimizer state on them are gone" \
         in run.traceback

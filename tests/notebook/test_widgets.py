@@ -21,7 +21,8 @@ import shapescript as ss
 from shapescript.check.comms_text import bytes_text, number_text, report
 from shapescript.devices import DeviceSet
 from shapescript.notebook import progress
-from shapescript.notebook.device_table import DeviceTableView
+from shapescript.notebook import markup as M
+from shapescript.notebook.device_table import DeviceTableView, compact_place
 from shapescript.notebook.live import LiveSink, charts_html, svg_chart
 from shapescript.notebook.magic import _show_models
 from shapescript.notebook.models import model_html, summary
@@ -158,6 +159,24 @@ def test_one_device_has_no_lines_that_send() -> None:
     assert rows(page, "ss-model")[0][2:] == ["on cpu", "813,056 bytes (794 KiB)"]
 
 
+def test_a_place_is_shortened_only_when_it_is_a_cells_line() -> None:
+    assert compact_place("cell [12], line 7") == "cell 12:7"
+    assert compact_place("%shapescript devices, line 1") == "%shapescript devices, line 1"
+
+
+def test_the_tables_rules_outrank_jupyters_right_alignment() -> None:
+    """JupyterLab's `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td` has two classes and an
+    element; ours under its container has two classes (the attribute counts as one) and two elements.
+    The browser test reads the computed style; this says which rules the style must hold."""
+    rules = dict(re.findall(r"([^{}]+)\{([^{}]*)\}", M.STYLE.removeprefix("<style>").removesuffix("</style>")))
+    left = next(body for selectors, body in rules.items() if ".jp-RenderedHTMLCommon table[class^=ss-] td" in
+                selectors.split(","))
+    right = next(body for selectors, body in rules.items() if ".rendered_html table[class^=ss-] td.ss-num" in
+                 selectors.split(","))
+    assert "text-align:left" in left and "text-align:right" in right
+    assert any("td.ss-nowrap" in selectors and "white-space:nowrap" in body for selectors, body in rules.items())
+
+
 def test_the_notebooks_table_names_each_lines_cell() -> None:
     session = Session({})
     assert session.device_table_view() is None
@@ -166,8 +185,11 @@ def test_the_notebooks_table_names_each_lines_cell() -> None:
     view = session.device_table_view()
     assert view is not None and view.table is session.program.checked.devices
     page = view.table_html()
-    assert rows(page, "ss-fn") == [["6cell [2], line 3", "f", "on the workers: it uses tensors", "—"]]
-    assert rows(page, "ss-model")[0][0] == "3cell [1], line 3"
+    # The location column is short and on one line; the tooltip says it in full.
+    assert rows(page, "ss-fn") == [["6 cell 2:3", "f", "on the workers: it uses tensors", "—"]]
+    assert rows(page, "ss-model")[0][0] == "3 cell 1:3"
+    assert '<td class="ss-nowrap">6 <span class="ss-note" title="cell [2], line 3">' in page
+    assert '<td class="ss-nowrap">3 <span class="ss-note" title="cell [1], line 3">' in page
     assert session.view_of(view.table).table_html() == page  # the program's table: with its cells
     other = ss.load(README, devices="cpu").device_table
     assert session.view_of(other).place is None

@@ -330,15 +330,18 @@ def test_worker_that_never_answers(spares: Spares) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_workers(spares: Spares) -> None:
+def test_ctrl_c_twice_stops_the_workers(spares: Spares) -> None:
+    """A second Ctrl-C soon after the first stops at once (one alone waits for the step to end:
+    tests/parallel/test_interrupts.py)."""
     pool = spares.take()
     pids = pool.pids
-    timer = later(0.5, os.kill, os.getpid(), signal.SIGINT)
+    timers = [later(delay, os.kill, os.getpid(), signal.SIGINT) for delay in (0.5, 1.0)]
     try:
         with pytest.raises(KeyboardInterrupt) as info:
             pool.call("sleep", (60,), where=WHERE)
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
     assert info.value.__notes__ == [  # what state things are in, for the person who pressed it
         f"The workers on cpu[0 1] were stopped in the middle of {WHERE}: the models and optimizer state on them "
         f"are gone (their handles now say so). Make new ones, or restore a checkpoint; the next call starts "

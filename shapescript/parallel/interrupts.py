@@ -1,0 +1,61 @@
+"""Ctrl-C (the notebook's interrupt) during a call on the workers: the first one lets the step that
+is running finish on every worker and then stops the program at that step boundary, so the models
+and optimizer state on the workers stay, as a step leaves them; a second one within a few seconds
+stops at once, and the workers with it, since what they hold is then half-changed.
+
+On one device the same holds by construction: an optimizer step defers Ctrl-C to its end
+(runtime/optim.py)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+SECOND_INTERRUPT_S = 3.0  # a second Ctrl-C within this many seconds of the first stops the workers
+
+
+class StepInterrupt(KeyboardInterrupt):
+    """Ctrl-C that waited for the workers' step to end: the models on the workers are as it left them."""
+
+
+class _Interrupts:
+    """The Ctrl-Cs seen while a call runs: when the first came (None: none yet)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self.first is not None and now - self.first <= SECOND_INTERRUPT_S:
+            raise KeyboardInterrupt  # the second: stop now
+        self.first = now
+
+
+@contextmanager
+def until_the_step_ends() -> Iterator[_Interrupts]:
+    """Around waiting for the workers' replies: Ctrl-C is noted, not raised (a second one within
+    SECOND_INTERRUPT_S raises KeyboardInterrupt). Only the main thread gets signals; elsewhere
+    nothing changes."""
+    seen = _Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = signal.signal(signal.SIGINT, seen)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def step_interrupt(where: str, devices: object, calls: int) -> StepInterrupt:
+    """The interrupt raised once the step has ended on every worker."""
+    exc = StepInterrupt()
+    exc.add_note(f"Interrupted after {where} ended on every worker ({calls} call{'s' if calls != 1 else ''} of it "
+                 f"so far): the models and optimizer state on {devices} are as that step left them, and the "
+                 f"workers go on. Interrupt twice within {SECOND_INTERRUPT_S:g} s to stop them in the middle of "
+                 f"a step.")
+    return exc

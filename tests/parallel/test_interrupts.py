@@ -1,0 +1,89 @@
+"""Ctrl-C during a call on the workers (issue 14, safe interrupt): the first waits for the step to end
+on every worker, and the models stay; a second within a few seconds stops the workers at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import shapescript as ss
+from shapescript.errors import WorkerError
+from shapescript.parallel.interrupts import SECOND_INTERRUPT_S, StepInterrupt
+
+from programs import README
+
+pytestmark = pytest.mark.slow
+
+
+class StrayInterrupt(Exception):
+    """A Ctrl-C that came while no call ran: the test's own handler, so that pytest isn't stopped."""
+
+
+@pytest.fixture
+def no_stray_interrupts() -> Iterator[None]:
+    def stray(signum: int, frame: object) -> None:
+        raise StrayInterrupt
+    previous = signal.signal(signal.SIGINT, stray)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_after(*delays: float) -> threading.Thread:
+    """Ctrl-C this process after each of `delays` seconds (counted from now), from a thread."""
+    def send() -> None:
+        start = time.monotonic()
+        for delay in delays:
+            time.sleep(max(0.0, start + delay - time.monotonic()))
+            os.kill(os.getpid(), signal.SIGINT)
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def test_an_interrupt_waits_for_the_step_and_the_models_stay(no_stray_interrupts: None) -> None:
+    prog = ss.load(README, devices="cpu[0 1]", name="mlp.ss")
+    try:
+        m = prog.Mlp.init(seed=0)
+        opt = ss.adamw(m, lr=1e-3)
+        before = m.w1
+        pool = prog.workers()
+        thread = interrupt_after(0.4)
+        start = time.monotonic()
+        with pytest.raises(StepInterrupt) as info:
+            pool.call("sleep", (1.5,), where="`a long step`")  # a step the interrupt comes in the middle of
+        thread.join()
+        assert time.monotonic() - start >= 1.5  # the step ran to its end
+        assert "`a long step` ended on every worker" in "\n".join(info.value.__notes__)
+        assert pool.alive and torch.equal(m.w1, before)  # the workers and the model are still there
+        batch = {"img": torch.randn(8, 784), "label": torch.arange(8) % 10}
+        assert float(prog.train_step(m, opt, batch)) > 0  # and train on
+        assert not torch.equal(m.w1, before)
+    finally:
+        prog.stop()
+
+
+def test_a_second_interrupt_stops_the_workers_at_once(no_stray_interrupts: None) -> None:
+    prog = ss.load(README, devices="cpu[0 1]", name="mlp.ss")
+    try:
+        m = prog.Mlp.init(seed=0)
+        pool = prog.workers()
+        thread = interrupt_after(0.4, 0.4 + SECOND_INTERRUPT_S / 3)
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt) as info:
+            pool.call("sleep", (30.0,), where="`a long step`")
+        thread.join()
+        assert not isinstance(info.value, StepInterrupt) and time.monotonic() - start < 10
+        assert "were stopped in the middle of `a long step`" in "\n".join(info.value.__notes__)
+        assert not pool.alive
+        with pytest.raises(WorkerError, match="workers that have stopped"):
+            m.w1
+    finally:
+        prog.stop()
