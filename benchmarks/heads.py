@@ -54,7 +54,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from attention import CORPUS, PROGRAM, corpus_ids  # noqa: E402  (benchmarks/attention.py)
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
-from several import quantiles, race, rank_threads, timed_steps  # noqa: E402
+from several import cpu_devices, quantiles, race, rank_threads, timed_steps  # noqa: E402
 from sharded import LOSS_TOLERANCE, MIB, Memory, shapescript_memory  # noqa: E402
 
 import shapescript as ss  # noqa: E402
@@ -176,14 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     ap.add_argument("--devices", default="cpu[0 1]", help="CPU devices as a devices line lists them (default cpu[0 1])")
     args = ap.parse_args(argv)
-    from shapescript.api import parse_devices
-
-    try:
-        device_set = parse_devices(args.devices)
-    except ValueError as e:
-        ap.error(f"--devices: {e}")
-    if device_set.kind != "cpu" or device_set.count < 2 or DIMS["H"] % device_set.count:
-        ap.error(f"--devices {args.devices!r}: list two CPU devices or more that divide H = {DIMS['H']}")
+    device_set = cpu_devices(ap, args.devices, divides=DIMS["H"])
     world, devices = device_set.count, str(device_set)
     ids, V = corpus_ids()
     print(f"gpt.ss ({CORPUS.name}: V = {V}) with {', '.join(f'{k} = {v}' for k, v in DIMS.items())}; AdamW lr {LR}, "

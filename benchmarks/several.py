@@ -71,6 +71,20 @@ LR = 1e-3
 TINY = float(torch.finfo(torch.float32).tiny)
 
 
+def cpu_devices(ap: argparse.ArgumentParser, text: str, divides: int | None = None) -> Any:
+    """--devices as a DeviceSet of two CPU devices or more (that divide `divides`), or the parser's
+    usage error."""
+    from shapescript.api import parse_devices
+    try:
+        device_set = parse_devices(text)
+    except ValueError as e:
+        ap.error(f"--devices: {e}")
+    if device_set.kind != "cpu" or device_set.count < 2 or (divides is not None and divides % device_set.count):
+        ap.error(f"--devices {text!r}: list two CPU devices or more, e.g. 'cpu[0 1]'"
+                 + (f", that divide {divides}" if divides is not None else ""))
+    return device_set
+
+
 def rank_threads(kind: str, world: int) -> int:
     """Torch threads per DDP rank: on cpu[...] as the ShapeScript workers choose them, the CPUs shared
     out; on cuda[...], where the GPUs compute, a few (the workers keep torch's default there)."""

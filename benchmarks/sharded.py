@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
-from several import (Batches, DdpRanks, loop_source, quantiles, race, rank_threads, shares,  # noqa: E402
+from several import (Batches, cpu_devices, DdpRanks, loop_source, quantiles, race, rank_threads, shares,  # noqa: E402
                      timed_loop, timed_steps)
 
 LR = 1e-3
@@ -240,14 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     ap.add_argument("--devices", default="cpu[0 1]", help="CPU devices as a devices line lists them (default cpu[0 1])")
     args = ap.parse_args(argv)
-    from shapescript.api import parse_devices
-
-    try:
-        device_set = parse_devices(args.devices)
-    except ValueError as e:
-        ap.error(f"--devices: {e}")
-    if device_set.kind != "cpu" or device_set.count < 2:
-        ap.error(f"--devices {args.devices!r}: list two CPU devices or more, e.g. 'cpu[0 1]'")
+    device_set = cpu_devices(ap, args.devices)
     world, devices = device_set.count, str(device_set)
     threads = rank_threads("cpu", world)
     print(f"devices {devices}: ShapeScript's {world} workers (shard params) and torch FSDP2's {world} ranks, Gloo; "

@@ -7,15 +7,14 @@ kernel, on cpu and on cpu[0 1] (where the model lives on the workers)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
 
 import shapescript as ss
 from shapescript.errors import ShapeError
-from shapescript.notebook.cells import Cell
-from shapescript.notebook.session import Session
+
+from test_session import Notebook
 
 PROGRAM = ("dim D = 4\n"
            "dim Hd = 3\n"
@@ -40,19 +39,6 @@ PROGRAM = ("dim D = 4\n"
            "    update(mut m, mut opt, g)\n"
            "    return l\n")
 X = torch.arange(8.0).reshape(2, 4) / 8
-
-
-class Notebook:
-    """A Session and its namespace, cells numbered as Jupyter numbers them (as test_session.py's)."""
-
-    def __init__(self) -> None:
-        self.ns: dict[str, Any] = {}
-        self.session = Session(self.ns)
-        self.count = 0
-
-    def cell(self, source: str) -> list[str]:
-        self.count += 1
-        return self.session.run_cell(Cell(f"cell [{self.count}]", "%%shapescript\n" + source, first_line=2))
 
 
 @pytest.fixture(params=["cpu", "cpu[0 1]"])
