@@ -7,8 +7,10 @@ group (Gloo for cpu[...], NCCL for cuda[...]) and calls named handlers on all of
 keeps between calls, and the status helpers that let the controller say where a stuck worker was.
 """
 
+from shapescript.parallel.interrupts import StepInterrupt
 from shapescript.parallel.loading import RemoteBatch
 from shapescript.parallel.pool import WorkerPool, collective_timeout
 from shapescript.parallel.remote import RemoteFunction, RemoteModel, RemoteOptimizer
 
-__all__ = ["RemoteBatch", "RemoteFunction", "RemoteModel", "RemoteOptimizer", "WorkerPool", "collective_timeout"]
+__all__ = ["RemoteBatch", "RemoteFunction", "RemoteModel", "RemoteOptimizer", "StepInterrupt", "WorkerPool",
+           "collective_timeout"]
