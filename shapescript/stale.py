@@ -192,10 +192,11 @@ def current_models(program: Any, guards: tuple[Any, ...]) -> tuple[Any, ...]:
 # -- a notebook cell's notes -----------------------------------------------------------------------
 
 def stale_notes(program: Any, values: Mapping[str, Any], is_model: Callable[[Any], bool],
-                skip: set[str]) -> list[str]:
-    """A note for each stale model among `values` (a notebook's variables) whose type isn't in
-    `skip` (the model blocks the cell changed, which have their own note), naming every variable
-    that holds it or an optimizer of it."""
+                skip: set[str], before: Any) -> list[str]:
+    """A note for each model among `values` (a notebook's variables) that fitted the program `before`
+    this cell and is stale in `program` after it, whose type isn't in `skip` (the model blocks the
+    cell changed, which have their own note), naming every variable that holds it or an optimizer
+    of it. A model stale already is not said again at every cell (nor after a reset: no `before`)."""
     holders: dict[int, tuple[Any, list[str]]] = {}
     for name, value in values.items():
         if not name.startswith("_") and is_model(value) and value.spec.name not in skip:
@@ -203,7 +204,7 @@ def stale_notes(program: Any, values: Mapping[str, Any], is_model: Callable[[Any
     notes = []
     for model, names in holders.values():
         changed = staleness(model.spec, program)
-        if changed is None:
+        if changed is None or before is None or staleness(model.spec, before) is not None:
             continue
         optimizers = [n for n, v in values.items() if not n.startswith("_") and getattr(v, "model", None) is model]
         also = f"; {', '.join(f'`{n}`' for n in optimizers)} holds an optimizer of it" if optimizers else ""

@@ -71,7 +71,8 @@ class Session:
         notes = self._move_workers(program, keep_datasets=not any(kinds[k] in ("data", "dim") for k in changed))
         notes += self._stale_models(changed, kinds)
         # models whose type a changed dim (or sub-model) reshaped: said now, refused at their next call
-        notes += stale_notes(program, dict(self.user_ns), _is_model, skip={k for k in changed if kinds[k] == "model"})
+        notes += stale_notes(program, dict(self.user_ns), _is_model, skip={k for k in changed if kinds[k] == "model"},
+                             before=self.program)
         name_holders(program, self._holders_of)
         self.items, self.program = items, program
         self._bind(program, defined)

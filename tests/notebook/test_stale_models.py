@@ -65,6 +65,7 @@ def test_a_dim_change_names_the_models_it_made_stale_and_refuses_them(nb: Notebo
     for fact in ("`m`", "Hd = 3", "Hd is now 8", "`opt`", "Mlp.init(seed=0)"):
         assert fact in stale[0], (fact, stale[0])
     assert not any("Scale" in n for n in notes)
+    assert not any("Mlp" in n for n in nb.cell("fn twice(x: [3]) -> [3] = x * 2.0\n"))  # said once, not at every cell
 
     # Called with it, a function refuses it rather than return [2 3] as a `[b Hd]` with Hd = 8.
     with pytest.raises(ShapeError) as refused:
