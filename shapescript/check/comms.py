@@ -26,6 +26,7 @@ from ..dtypes import ELEMENTS
 from ..errors import Span
 from ..syntax import ast as A
 from . import types as T
+from .layout import head_axis, model_params
 from .program import Checked, FnInfo, ShardedRead
 from .ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
 from .split import iter_nodes, split_axes
@@ -331,7 +332,6 @@ class _Builder:
         split = self.c.split_of(fn.name)
         if split is None or not split.heads or not isinstance(ty, T.TensorT):
             return None
-        from .layout import head_axis
         k = head_axis(split.dims, ty)
         if k is None:
             return None
@@ -372,9 +372,9 @@ class _Builder:
             return []  # sharded: each gathered param's gradient is reduce-scattered where it's read
         by_dtype: dict[str, list[tuple[str, sympy.Expr]]] = {}
         heads = self.c.layout.heads
-        for (path, tensor, count), (owner, name, _, _) in zip(params(model), param_parts(model)):
-            if (owner, name) not in self.c.layout.head_params:  # a part along H: each device's gradient is its own
-                by_dtype.setdefault(tensor.dtype, []).append((path, count * numel(tensor)))
+        for p in model_params(model):
+            if (p.owner, p.name) not in self.c.layout.head_params:  # a part along H: each device's gradient is its own
+                by_dtype.setdefault(p.tensor.dtype, []).append((p.path, p.copies * numel(p.tensor)))
         out = []
         for dtype, items in by_dtype.items():
             names = [f"`{p}`" for p, _ in items]
@@ -410,26 +410,25 @@ class _Builder:
         if not self.parts(model):
             return Layout(name, fn, span, ty.show(), "model", bytes=self.size(model_bytes(model) * count))
         buffers = self.size((model_bytes(model) - param_bytes(model)) * count)
-        split = tuple(path for (path, _, _), (owner, p, _, _) in zip(params(model), param_parts(model))
-                      if (owner, p) in self.c.layout.head_params)
+        split = tuple(p.path for p in model_params(model) if (p.owner, p.name) in self.c.layout.head_params)
         return Layout(name, fn, span, ty.show(), "model", bytes=self.size(self.param_bytes(model) * count),
                       sharded=True, buffers=buffers, split_params=split)
 
     def parts(self, model: T.ModelT) -> bool:
         """Whether each device holds parts of some of the model's params (`shard params`, `split H`)."""
-        return self.sharding or any((owner, p) in self.c.layout.head_params for owner, p, _, _ in param_parts(model))
+        return self.sharding or any((p.owner, p.name) in self.c.layout.head_params for p in model_params(model))
 
     def param_bytes(self, model: T.ModelT) -> sympy.Expr:
         """The bytes of one device's part of each of a model's trained params: 1/N of each with H
         (`split H`); ceil(n / N) values of every other one with `shard params`, else all of it."""
         total = sympy.Integer(0)
-        for owner, name, t, count in param_parts(model):
-            values = numel(t)
-            if (owner, name) in self.c.layout.head_params:
+        for p in model_params(model):
+            values = numel(p.tensor)
+            if (p.owner, p.name) in self.c.layout.head_params:
                 values = values / self.count
             elif self.sharding:
                 values = sympy.ceiling(values / self.count)
-            total += count * values * DTYPE_BYTES[t.dtype]
+            total += p.copies * values * DTYPE_BYTES[p.tensor.dtype]
         return total
 
     def layout(self, fn: FnInfo, name: str, span: Span, ty: T.Ty) -> Layout:
@@ -465,36 +464,15 @@ class _Builder:
         return Layout(name, fn.name, span, shown, "whole", bytes=self.size(whole))
 
 
-def param_parts(model: T.ModelT, count: sympy.Expr = sympy.Integer(1)
-                ) -> Iterator[tuple[str, str, T.TensorT, sympy.Expr]]:
-    """Every trained param of `model` as (the model type holding it, its name, type, copies)."""
-    for m in model.members.values():
-        if m.kind == "param" and m.tensor is not None:
-            yield model.name, m.name, m.tensor, count
-        elif m.kind == "sub" and m.model is not None:
-            yield from param_parts(m.model, count * (m.count if m.count is not None else 1))
-
-
-def params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.Integer(1)
-           ) -> Iterator[tuple[str, T.TensorT, sympy.Expr]]:
-    """Every trained param of `model` (sub-models' included) as (dotted name, type, copies)."""
-    for m in model.members.values():
-        if m.kind == "param" and m.tensor is not None:
-            yield prefix + m.name, m.tensor, count
-        elif m.kind == "sub" and m.model is not None:
-            yield from params(m.model, f"{prefix}{m.name}.", count * (m.count if m.count is not None else 1))
-
-
 def _count(times: sympy.Expr | int) -> sympy.Expr | int:
     """How often a collective runs: an int where the dims' sizes make it one."""
     value = sympy.sympify(times)
     return int(value) if value.is_Integer else value
 
 
-def param_bytes(model: T.ModelT, devices: int = 1) -> sympy.Expr:
-    """The bytes of a model's trained params; with `devices`, of one device's pieces of them (each
-    param cut into that many equal pieces, the last padded)."""
-    return sympy.Add(*(c * sympy.ceiling(numel(t) / devices) * DTYPE_BYTES[t.dtype] for _, t, c in params(model)))
+def param_bytes(model: T.ModelT) -> sympy.Expr:
+    """The bytes of a model's trained params, whole."""
+    return sympy.Add(*(p.copies * numel(p.tensor) * DTYPE_BYTES[p.tensor.dtype] for p in model_params(model)))
 
 
 def model_bytes(model: T.ModelT) -> sympy.Expr:

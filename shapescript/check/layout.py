@@ -16,7 +16,8 @@ gathered or cut there.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterator
+from typing import Iterable, NamedTuple, Sequence
 
 import sympy
 
@@ -47,12 +48,23 @@ def lay_out(checked: Checked) -> LayoutFacts:
     return LayoutFacts(reads, devices.split, head_params, marks)
 
 
-def _params(model: T.ModelT) -> Iterable[tuple[T.ModelT, T.MemberT]]:
-    for member in model.members.values():
-        if member.kind == "param" and member.tensor is not None:
-            yield model, member
-        elif member.kind == "sub" and member.model is not None:
-            yield from _params(member.model)
+class ParamOf(NamedTuple):
+    """A trained param of a model, sub-models' included: its dotted name, the model type declaring
+    it and its name there, its type, and how many copies a stack has of it."""
+    path: str
+    owner: str
+    name: str
+    tensor: T.TensorT
+    copies: sympy.Expr
+
+
+def model_params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.Integer(1)) -> Iterator[ParamOf]:
+    """Every trained param of `model`, in declaration order, depth-first."""
+    for m in model.members.values():
+        if m.kind == "param" and m.tensor is not None:
+            yield ParamOf(prefix + m.name, model.name, m.name, m.tensor, count)
+        elif m.kind == "sub" and m.model is not None:
+            yield from model_params(m.model, f"{prefix}{m.name}.", count * (m.count if m.count is not None else 1))
 
 
 def _head_params(checked: Checked, heads: str) -> dict[tuple[str, str], int]:
@@ -60,11 +72,10 @@ def _head_params(checked: Checked, heads: str) -> dict[tuple[str, str], int]:
     dims = frozenset({D.declared(heads)})
     out = {}
     for model in checked.models.values():
-        for owner, member in _params(model):
-            assert member.tensor is not None
-            axis = head_axis(dims, member.tensor)
+        for p in model_params(model):
+            axis = head_axis(dims, p.tensor)
             if axis is not None:
-                out[(owner.name, member.name)] = axis
+                out[(p.owner, p.name)] = axis
     return out
 
 
