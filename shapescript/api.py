@@ -23,7 +23,8 @@ from .errors import CompileError, Diagnostic, ShapeScriptError, Span
 from .lower.codegen import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
-from .runtime import calls
+from .background import BackgroundRun, stop_runs_of
+from .runtime import calls, data, steps
 from .runtime.model import Model, require_visible
 from .stale import current_models
 from .syntax import ast as A
@@ -242,7 +243,8 @@ class Program:
 
     def stop(self) -> None:
         """Stop the workers (on several devices); models on them are gone. A call in progress in
-        another thread finishes first."""
+        another thread finishes first, and a run in the background stops at its next step boundary."""
+        stop_runs_of(self)
         with self._pool_lock():
             if self._pool is not None:
                 self._pool.stop()
@@ -256,6 +258,14 @@ class Program:
             return []
         from .parallel.memory import ask
         return ask(self._pool, "measuring memory")
+
+    def timeline(self, last: int | None = None) -> Any:
+        """Where each worker's time went in the last `last` calls on the workers (all those kept, up to
+        500, by default): a parallel/timeline.py TimelineTable (print it, or read `.rows`). Asks the
+        workers nothing; on one device it says there are none."""
+        from .parallel.timeline import table_of
+        pool = self._pool
+        return table_of(pool.timeline if pool is not None else None, str(self.devices), self.several, last)
 
     def __getattr__(self, name: str) -> Any:
         members = self.__dict__.get("_members", {})
@@ -321,6 +331,25 @@ class Function:
         self._names = [p.name for p in fn.params]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call it; with `background=True` (unless the fn has a parameter of that name: then use
+        `start`), start it in a thread of its own and return a BackgroundRun (shapescript/background.py)."""
+        if "background" in kwargs and "background" not in self._names:
+            background = kwargs.pop("background")
+            if not isinstance(background, bool):
+                raise TypeError(f"background is True or False, not {type(background).__name__} {_short(background)}")
+            if background:
+                return self.start(*args, **kwargs)
+        checked = self._checked_args(args, kwargs)
+        with steps.between_steps():  # while a background run goes, between two of its steps
+            return self._invoke(checked)
+
+    def start(self, *args: Any, **kwargs: Any) -> BackgroundRun:
+        """Start the call in a thread of its own and return at once with its BackgroundRun: `.wait()`,
+        `.stop()` (at the next step boundary), `.progress()`. Its arguments are checked here first."""
+        checked = self._checked_args(args, kwargs)
+        return BackgroundRun(self.name, self.program, lambda: self._invoke(checked))
+
+    def _checked_args(self, args: tuple, kwargs: dict) -> list[Any]:
         values = self._arrange(args, kwargs)
         if self._guards is None:
             devices = self.program.checked.device_set
@@ -329,11 +358,17 @@ class Function:
             # printed by the built module; a model argument is also checked against this program's shapes
             self._guards = current_models(self.program, self.program.namespace["GUARDS"][self.name])
         bindings: dict = {}
-        checked = [g(v, bindings) for g, v in zip(self._guards, values)]
+        return [g(v, bindings) for g, v in zip(self._guards, values)]
+
+    def _invoke(self, checked: list[Any]) -> Any:
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # as torch.no_grad(), at a third of its cost; value_and_grad
+        scope = data.call_scope  # the notebook's: one progress bar per loop for the whole call
         try:  # turns gradients on where it needs them
-            return self._py(*checked)
+            if scope is None:
+                return self._py(*checked)
+            with scope:
+                return self._py(*checked)
         except ShapeScriptError:
             raise
         except Exception as e:

@@ -49,6 +49,23 @@ LINEAR = LIN_HEADER + textwrap.dedent("""\
             write(log, logs(loss=step(mut m, mut opt, batch)))
     """)
 
+
+
+def epochs_of(passes: int, eval_batch: int) -> str:
+    """Two fns to add after LINEAR's (or a program with its `fit` and `loss`): `total_loss`, a loop in
+    batches of `eval_batch`, and `epochs`, `passes` calls of `fit` (passes of its loop) and then
+    total_loss: a program with two loops, one run several times in a call."""
+    fits = "\n    ".join(["fit(mut m, mut opt, data, log)"] * passes)
+    return textwrap.dedent(f"""
+        fn total_loss(m: Lin, data: Dataset[Ex]) -> []:
+            total = to(0.0, f32)
+            for batch in data |> batches({eval_batch}):
+                total = total + loss(m, batch)
+            return total
+        """) + f"\nfn epochs(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink) -> []:\n    {fits}\n" \
+        "    return total_loss(m, data)\n"
+
+
 # -- the examples ------------------------------------------------------------------------------------
 
 README_FILE = ROOT / "examples" / "readme" / "mlp.ss"

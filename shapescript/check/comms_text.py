@@ -13,6 +13,9 @@ from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent
 from .program import Checked
 
 UNITS = ("KiB", "MiB", "GiB", "TiB")
+# How `shapescript comms` is told a batch size where no `batches(n)` gives one; the notebook's
+# table names its own way (notebook/device_table.py).
+CLI_BATCH_HINT = "use --batch N to see the shares"
 
 
 def number_text(expr: sympy.Expr) -> str:
@@ -200,8 +203,9 @@ def hover_text(checked: Checked, line: int, column: int) -> str | None:
 
 # -- the whole file ----------------------------------------------------------------------------------
 
-def report(checked: Checked, batch: int | None = None) -> str:
-    """`shapescript comms`: every function, model, value and line that sends, in words."""
+def report(checked: Checked, batch: int | None = None, batch_hint: str = CLI_BATCH_HINT) -> str:
+    """`shapescript comms`: every function, model, value and line that sends, in words. `batch_hint`
+    says how to give a batch size when neither `batch` nor the program's batches(n) does."""
     table = checked.devices
     out = [f"{checked.file} on {table.devices}"]
     if table.count > 1 and table.heads:
@@ -210,7 +214,7 @@ def report(checked: Checked, batch: int | None = None) -> str:
         parts = table.shares(batch)
         n = batch if batch is not None else table.batch
         out[0] += (f": a batch of {n} splits {'/'.join(map(str, parts))}" if parts else
-                   ": no batches(n) gives a batch size (use --batch N to see the shares)")
+                   f": no batches(n) gives a batch size ({batch_hint})")
     out += ["", "Functions"]
     out += [f"  {f.span.line:>4}  {fn_text(table, f)}" for f in table.fns.values()]
     if table.models:

@@ -10,6 +10,7 @@ and each collective). The text is
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,31 @@ if TYPE_CHECKING:
 # How fn_text words a placement, for the table's short "where it runs" column.
 _PLACES = {"controller": "in the controller", "workers": "on the workers"}
 
+# The notebook's ways to give the table a batch size where no `batches(n)` does (the command line's
+# is `shapescript comms --batch N`, comms_text.CLI_BATCH_HINT).
+NOTEBOOK_BATCH_HINT = "%%shapescript --batch N or %shapescript comms --batch N shows the shares"
+
+
+def batch_size(value: object) -> int:
+    """A batch size for the table's shares: a positive whole number, given as one or as its digits.
+    ValueError, naming the value, for anything else (0, -3, "x")."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"the batch size for the shares must be a positive number of examples, not {value!r}")
+    return value
+
+
+def batch_option(args: str) -> int | None:
+    """The batch size a magic's arguments give (`--batch 64` or `--batch=64`), None if they give
+    none; ValueError for any other argument or a bad size."""
+    words = args.replace("=", " ").split()
+    if not words:
+        return None
+    if len(words) != 2 or words[0] != "--batch":
+        raise ValueError(f"the only option is --batch N, the batch size for the shares; got {args.strip()!r}")
+    return batch_size(words[1])
+
 
 @dataclass(frozen=True)
 class _Source:
@@ -52,6 +78,7 @@ class DeviceTableView:
     source: str = ""  # the program's text, for the source of the lines that send ("" if unknown)
     place: Callable[[int], str | None] | None = None  # "cell [2], line 7" for a program's line
     measured: tuple[WorkerMemory, ...] = ()  # what the running workers measured (parallel/memory.py)
+    batch: int | None = None  # the batch size to show the shares for, in place of the program's batches(n)
 
     @classmethod
     def of(cls, thing: "DeviceTable | Checked | Program | DeviceTableView") -> "DeviceTableView":
@@ -65,6 +92,11 @@ class DeviceTableView:
             return cls(thing, _file_text(thing.file))
         raise TypeError(f"expected a DeviceTable (prog.device_table) or a Program, got {type(thing).__name__}")
 
+    def with_batch(self, batch: object) -> "DeviceTableView":
+        """The same table, with the shares of a batch of `batch` (`shapescript comms --batch N`);
+        ValueError unless it is a positive whole number."""
+        return dataclasses.replace(self, batch=batch_size(batch))
+
     @property
     def several(self) -> bool:
         return self.table.count > 1
@@ -74,14 +106,16 @@ class DeviceTableView:
         t = self.table
         if not self.several:
             return f"Placement on {t.devices}: one device, nothing is sent between devices"
-        parts = t.shares()
-        split = (f"a batch of {t.batch} splits {'/'.join(map(str, parts))}" if parts else
-                 "no batches(n) gives a batch size")
+        parts = t.shares(self.batch)
+        size = self.batch if self.batch is not None else t.batch
+        split = (f"a batch of {size} splits {'/'.join(map(str, parts))}" if parts else
+                 f"no batches(n) gives a batch size ({NOTEBOOK_BATCH_HINT})")
         return f"Placement and communication on {t.devices} — {split}"
 
     def text(self) -> str:
         """`shapescript comms`'s report of the table, and what the workers measured if they did."""
-        text = report(_Source(self.table, self.table.file or "the program", self.source))  # type: ignore[arg-type]
+        source = _Source(self.table, self.table.file or "the program", self.source)
+        text = report(source, self.batch, NOTEBOOK_BATCH_HINT)  # type: ignore[arg-type]
         notes = [f"- `{name}`: {note.removeprefix('measured: ')}" for name in self.table.models
                  if (note := self.measured_note(name))]
         return text + "".join(f"\n{line}" for line in ["", "Measured on the workers:", *notes]) if notes else text
@@ -154,12 +188,12 @@ class DeviceTableView:
         return text
 
     def _model_row(self, m: Layout) -> str:
-        layout = layout_text(self.table, m) if self.several else f"on {self.table.devices}"
+        layout = layout_text(self.table, m, self.batch) if self.several else f"on {self.table.devices}"
         size = bytes_text(m.bytes) if m.bytes is not None else "?"
         measured = self.measured_note(m.name)  # once the workers ran a call: what they hold, and its peak
         layout_cell = M.esc(layout) + (M.note(measured) if measured else "")
         return M.row([self._line_cell(m.span.line), M.code(m.name), layout_cell, M.esc(size)],
-                     cls="ss-model", numeric=[3], nowrap=[0], title=value_text(self.table, m))
+                     cls="ss-model", numeric=[3], nowrap=[0], title=value_text(self.table, m, self.batch))
 
     def _value_row(self, v: Layout) -> str:
         name = f"{M.code(v.name)}: {M.esc(v.type)}<div class=\"ss-note\">in {M.code(v.fn or '')}</div>"
@@ -167,8 +201,9 @@ class DeviceTableView:
             size = f"{bytes_text(v.per_example)} per example"
         else:
             size = bytes_text(v.bytes) if v.bytes is not None else ""
-        return M.row([self._line_cell(v.span.line), name, M.esc(layout_text(self.table, v)), M.esc(size)],
-                     cls="ss-value", numeric=[3], nowrap=[0], title=value_text(self.table, v))
+        layout = layout_text(self.table, v, self.batch)
+        return M.row([self._line_cell(v.span.line), name, M.esc(layout), M.esc(size)],
+                     cls="ss-value", numeric=[3], nowrap=[0], title=value_text(self.table, v, self.batch))
 
     def _line_row(self, line: int) -> str:
         items = self.table.line(line)

@@ -4,9 +4,12 @@
 as the memory sink does) and, in a Jupyter kernel with ipywidgets, shows one small line chart per
 logged number in an `ipywidgets.HTML`, redrawn at most `fps` times a second (the last redraw comes
 a moment after the last record, from a timer). The charts are inline SVG drawn here, so nothing
-else is needed. Anywhere else (a terminal, a script) it prints every `every`-th record as the
-stdout sink would. The sink receives records in the controller, so it works the same on one
-device and on several.
+else is needed: a left and a bottom axis, labelled with the values' range and the first and last
+steps, and a logarithmic y axis for the keys `log` names (or all, with `log=True`). When the cell
+(or, in a background run, the call) that writes the records ends, the charts are drawn a last time
+into their output as SVG and text, which is what a saved notebook keeps. Anywhere else (a
+terminal, a script) it prints every `every`-th record as the stdout sink would. The sink receives
+records in the controller, so it works the same on one device and on several.
 """
 
 from __future__ import annotations
@@ -15,13 +18,21 @@ import math
 import sys
 import threading
 import time
-from typing import Any
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeAlias
 
 from ..runtime.sinks import Sink, Value, _text
 from . import markup as M
+from . import progress
 
-WIDTH, HEIGHT, PAD = 360, 110, 4  # each chart's size in pixels, and the room left at its edges
+WIDTH, HEIGHT, PAD = 360, 130, 4  # each chart's size in pixels, and the room left at its edges
+LEFT, TOP, BOTTOM = 46, 22, HEIGHT - 18  # the plot's edges: room for the value range, the title, the steps
 MAX_POINTS = 2000  # a longer run's line keeps every k-th record so that a redraw stays cheap
+SMALL = 'font-size="10" fill="gray"'
+
+# `log=`: which keys' charts have a logarithmic y axis: none, all (True), or those named.
+LogScale: TypeAlias = bool | str | Sequence[str]
 
 
 def numbers(records: list[dict[str, Value]]) -> dict[str, list[tuple[int, float]]]:
@@ -44,50 +55,86 @@ def _thin(points: list[tuple[int, float]], most: int) -> list[tuple[int, float]]
     return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
 
 
+def _axis_number(value: float) -> str:
+    return f"{value:.3g}"
+
+
 def svg_chart(key: str, points: list[tuple[int, float]], last: Value | None = None,
-              most: int = MAX_POINTS) -> str:
+              most: int = MAX_POINTS, log: bool = False) -> str:
     """One `<svg>` with a `<polyline>` of (step, value) points, one per record (up to `most`),
-    scaled to fit, with the key, its last value and its range written beside it."""
+    scaled to fit between a left axis labelled with the values' range and a bottom axis labelled
+    with the first and last steps; the key and its last value above. With `log`, the y axis is
+    logarithmic, and values that aren't positive are left out of the line (a note says how many)."""
+    dropped = 0
+    if log:
+        kept = [(s, v) for s, v in points if v > 0]
+        dropped, points = len(points) - len(kept), kept
     shown = _thin(points, most)
     head = f"{key}: {_text(last)}" if last is not None else key
+    scale = "log scale" + (f", {dropped} value{'s' if dropped != 1 else ''} ≤ 0 left out" if dropped else "")
+    title = (f'<text x="{PAD}" y="14" font-size="12">{M.esc(head)}</text>'
+             + (f'<text class="ss-scale" x="{WIDTH - PAD}" y="14" text-anchor="end" {SMALL}>{M.esc(scale)}</text>'
+                if log else ""))
     if not shown:
-        return (f'<svg class="ss-chart" width="{WIDTH}" height="{HEIGHT}"><text x="{PAD}" y="14" '
-                f'font-size="12">{M.esc(head)} (nothing to draw yet)</text></svg>')
+        return (f'<svg class="ss-chart" width="{WIDTH}" height="{HEIGHT}">{title}<text x="{PAD}" y="{TOP + 16}" '
+                f'{SMALL}>(nothing to draw yet)</text></svg>')
     steps = [s for s, _ in shown]
     values = [v for _, v in shown]
-    x0, x1 = steps[0], max(steps[-1], steps[0] + 1)
-    lo, hi = min(values), max(values)
+    height = (lambda v: math.log10(v)) if log else (lambda v: v)
+    lo, hi = height(min(values)), height(max(values))
     if hi == lo:  # a flat line sits in the middle
         lo, hi = lo - 0.5, hi + 0.5
-    top, bottom = 20, HEIGHT - 14  # room for the title above and the step range below
+    x0, x1 = steps[0], max(steps[-1], steps[0] + 1)
 
     def xy(step: int, value: float) -> str:
-        x = PAD + (step - x0) / (x1 - x0) * (WIDTH - 2 * PAD)
-        y = bottom - (value - lo) / (hi - lo) * (bottom - top)
+        x = LEFT + (step - x0) / (x1 - x0) * (WIDTH - PAD - LEFT)
+        y = BOTTOM - (height(value) - lo) / (hi - lo) * (BOTTOM - TOP)
         return f"{x:.1f},{y:.1f}"
 
     line = " ".join(xy(s, v) for s, v in shown)
-    small = 'font-size="10" fill="gray"'
+    axes = (f'<path class="ss-axes" d="M{LEFT},{TOP} V{BOTTOM} H{WIDTH - PAD}" fill="none" '
+            f'stroke="rgba(127,127,127,0.8)"/>')
+    y_range = (f'<text class="ss-y-max" x="{LEFT - 3}" y="{TOP + 8}" text-anchor="end" {SMALL}>'
+               f'{_axis_number(max(values))}</text>'
+               f'<text class="ss-y-min" x="{LEFT - 3}" y="{BOTTOM}" text-anchor="end" {SMALL}>'
+               f'{_axis_number(min(values))}</text>')
+    x_range = (f'<text class="ss-x-first" x="{LEFT}" y="{HEIGHT - 4}" {SMALL}>step {steps[0]}</text>'
+               f'<text class="ss-x-last" x="{WIDTH - PAD}" y="{HEIGHT - 4}" text-anchor="end" {SMALL}>'
+               f'step {steps[-1]}</text>')
     return (f'<svg class="ss-chart" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">'
-            f'<rect x="0" y="{top}" width="{WIDTH}" height="{bottom - top}" fill="none" stroke="rgba(127,127,127,0.3)"/>'
-            f'<text x="{PAD}" y="14" font-size="12">{M.esc(head)}</text>'
-            f'<text x="{WIDTH - PAD}" y="14" text-anchor="end" {small}>{M.esc(_text(max(values)))} max, '
-            f'{M.esc(_text(min(values)))} min</text>'
-            f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{line}"/>'
-            f'<text x="{PAD}" y="{HEIGHT - 2}" {small}>step {steps[0]}</text>'
-            f'<text x="{WIDTH - PAD}" y="{HEIGHT - 2}" text-anchor="end" {small}>step {steps[-1]}</text></svg>')
+            f'{title}{axes}{y_range}{x_range}'
+            f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{line}"/></svg>')
 
 
-def charts_html(records: list[dict[str, Value]]) -> str:
-    """Every key's chart, side by side, wrapping."""
+def _latest(records: list[dict[str, Value]], keys: Iterable[str]) -> dict[str, Value]:
+    return {k: next(r[k] for r in reversed(records) if k in r) for k in keys}
+
+
+def _logged(log: LogScale, key: str) -> bool:
+    return log if isinstance(log, bool) else key == log if isinstance(log, str) else key in log
+
+
+def charts_html(records: list[dict[str, Value]], log: LogScale = False) -> str:
+    """Every key's chart, side by side, wrapping; `log` says which have a logarithmic y axis."""
     if not records:
         return M.note("No records yet: the charts start with the first write(log, logs(...)).")
     series = numbers(records)
     if not series:
         return M.note(f"{len(records)} records, none with a number to draw.")
-    latest = {k: next(r[k] for r in reversed(records) if k in r) for k in series}
-    charts = "".join(svg_chart(k, pts, latest[k]) for k, pts in series.items())
+    latest = _latest(records, series)
+    charts = "".join(svg_chart(k, pts, latest[k], log=_logged(log, k)) for k, pts in series.items())
     return f'<div class="ss-live" style="display:flex;flex-wrap:wrap;gap:8px">{charts}</div>'
+
+
+def charts_text(records: list[dict[str, Value]]) -> str:
+    """The charts in words, for a terminal or a saved notebook's text: each number's last value and range."""
+    series = numbers(records)
+    head = f"live charts of the logged numbers, {len(records)} record{'s' if len(records) != 1 else ''}"
+    latest = _latest(records, series)
+    lines = [f"  {k}: {_text(latest[k])}" + (f" (min {_text(min(v for _, v in pts))}, max "
+                                            f"{_text(max(v for _, v in pts))})" if pts else "")
+             for k, pts in series.items()]
+    return "\n".join([head + (":" if lines else ""), *lines])
 
 
 def _widget_html() -> Any:
@@ -98,21 +145,31 @@ def _widget_html() -> Any:
 
 
 class LiveSink(Sink):
-    """The live sink: `records` holds every record, without step numbers, as memory()'s does."""
+    """The live sink: `records` holds every record, without step numbers, as memory()'s does.
+    `log` makes the y axis logarithmic: True for every chart, or the keys whose charts have one."""
 
-    def __init__(self, every: int = 10, fps: float = 10.0) -> None:
+    def __init__(self, every: int = 10, fps: float = 10.0, log: LogScale = False) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"live: every must be a positive int (print every N-th record), got {every!r}")
         if not isinstance(fps, (int, float)) or not fps > 0:
             raise ValueError(f"live: fps must be a positive number of redraws a second, got {fps!r}")
+        if not isinstance(log, (bool, str)) and not (
+                isinstance(log, (list, tuple, set, frozenset)) and all(isinstance(k, str) for k in log)):
+            raise TypeError(f"live: log is True, False or the keys to draw on a log scale (as log=('loss',)), "
+                            f"got {log!r}")
         self.records: list[dict[str, Value]] = []
-        self.every, self.interval = every, 1.0 / fps
+        self.every, self.interval, self.log = every, 1.0 / fps, log
         self.widget = _widget_html()  # None: no notebook, print instead
         self.shown = False
+        self.display_id = f"ss-live-{uuid.uuid4().hex}"  # every output showing the charts, updated together
         self.drawn_at = 0.0  # time.monotonic() of the last redraw
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._at_cell_end = False  # whether the cell's end will save the charts
+        self._final = False  # whether the outputs hold the final drawing without the widget
+        if self.widget is not None:
+            progress.track_calls()
 
     def _emit(self, step: int, values: dict[str, Value]) -> None:
         self.records.append(values)
@@ -123,7 +180,10 @@ class LiveSink(Sink):
             return
         if not self.shown:  # in the output of the cell that writes the first record
             self.show()
+        elif self._final:  # more records after the final drawing: the widget again, to draw them live
+            self._update(live=True)
         self._redraw_soon()
+        self._save_at_the_end()
 
     def _redraw_soon(self) -> None:
         """Redraw now if the last redraw is `interval` old; otherwise once, when it will be."""
@@ -142,6 +202,29 @@ class LiveSink(Sink):
             self._timer = None
         self.redraw()
 
+    def _save_at_the_end(self) -> None:
+        """See that the charts as they end up are written into the cell's output, which a saved
+        notebook keeps: in IPython's main thread when the cell ends (post_execute, still within the
+        cell, as the progress bars), and in another thread (a run in the background) when the
+        call from Python that writes them ends."""
+        if self._at_cell_end:
+            return
+        from IPython import get_ipython
+        shell = get_ipython()
+        if shell is None or threading.current_thread() is not threading.main_thread():
+            progress.at_call_end(id(self), self.finish)
+            return
+        shell.events.register("post_execute", self._cell_ended)
+        self._at_cell_end = True
+
+    def _cell_ended(self) -> None:
+        from IPython import get_ipython
+        shell = get_ipython()
+        if shell is not None:
+            shell.events.unregister("post_execute", self._cell_ended)
+        self._at_cell_end = False
+        self.finish()
+
     def redraw(self) -> None:
         """Draw the charts of every record so far."""
         self.drawn_at = time.monotonic()
@@ -149,7 +232,21 @@ class LiveSink(Sink):
             self.widget.value = self.html()
 
     def html(self) -> str:
-        return charts_html(list(self.records))  # a copy: a timer may draw while the program writes
+        return charts_html(list(self.records), self.log)  # a copy: a timer may draw while the program writes
+
+    def text(self) -> str:
+        return charts_text(list(self.records))
+
+    def _shown(self, live: bool = True) -> Any:
+        """The widget (unless not `live`) with the charts as SVG and text beside it."""
+        from .widgets import Shown
+        records = list(self.records)
+        return Shown(self.widget if live else None, charts_text(records), charts_html(records, self.log))
+
+    def _update(self, live: bool) -> None:
+        from IPython.display import update_display
+        update_display(self._shown(live), display_id=self.display_id)
+        self._final = not live
 
     def show(self) -> None:
         """Show the charts in the current cell's output (again, in a later cell, to follow a run there)."""
@@ -157,20 +254,29 @@ class LiveSink(Sink):
             raise RuntimeError("live: the charts need a Jupyter kernel with ipywidgets; here the sink prints "
                                f"every {self.every}-th record instead")
         from IPython.display import display
-
-        from .widgets import Shown
-        display(Shown(self.widget, "live charts of the logged numbers (drawn by Jupyter; `.records` holds them)"))
+        display(self._shown(), display_id=self.display_id)
         self.shown = True
         self.redraw()
+
+    def finish(self) -> None:
+        """The final redraw: the charts of every record, in the widget and, as SVG and text, in each
+        output showing them, which then hold those alone (JupyterLab draws a widget view rather
+        than the HTML beside it, and a notebook reopened without the widgets' state has no view to
+        draw). A record written later brings the widget back."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if self.widget is None:
+            return
+        self.redraw()
+        if self.shown:
+            self._update(live=False)
 
     def _repr_html_(self) -> str:
         return self.html()  # `sink` as a cell's last line: the charts as they are now
 
     def close(self) -> None:
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-        if self.widget is not None and not self.closed:
-            self.redraw()  # the last records, drawn
+        if not self.closed:
+            self.finish()  # the last records, drawn and saved
         super().close()

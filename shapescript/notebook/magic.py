@@ -22,19 +22,25 @@ from IPython.display import display
 from ..api import parse_devices
 from ..check.comms import DeviceTable
 from .cells import Cell
+from .device_table import batch_option
 from .models import model_html
 from ..errors import CompileError, ShapeScriptError
 from . import progress
 from .report import CellCompileError, NotebookError
 from .session import PROGRAM_VARIABLE, Session
+from .timeline import view_for
 from .widgets import in_kernel, show_device_table
+from .workers import give_back_freed_memory
 
 T = TypeVar("T")
 USAGE = f"""\
 %%shapescript              compile the cell into the notebook's program; its models, data types and
                            functions become names in the notebook, the Program is `{PROGRAM_VARIABLE}`
+%%shapescript --batch N    the same, its placement table showing the shares of a batch of N
+%shapescript comms         the placement and communication table (--batch N: the shares of a batch of N)
 %shapescript devices D     run the program on D: cpu, cuda, cpu[0 1], cuda[0 1 2] (without D: show them)
 %shapescript status        the workers: device, pid, memory, and the models and optimizers they hold
+%shapescript timeline      where each worker's time goes in the calls on the workers, live
 %shapescript stop          stop the workers (they start again when needed)
 %shapescript source        the notebook's whole program, with the line numbers run-time errors give
 %shapescript reset         forget every definition and stop the workers
@@ -55,12 +61,11 @@ class ShapeScriptMagics(Magics):
         """ShapeScript in the notebook; `%shapescript help` lists the commands."""
         self.session.user_ns = self.shell.user_ns  # the shell's namespace, should %reset have replaced it
         if cell is not None:
-            if line.strip():
-                raise UsageError("%%shapescript takes no arguments; set the devices with a `devices` line in the "
-                                 "cell, or with %shapescript devices cpu[0 1]")
-            source = Cell(self._cell_label(), f"%%shapescript\n{cell}", first_line=2)
+            batch = _batch_option(line, "%%shapescript", " (set the devices with a `devices` line in the cell, "
+                                  "or with %shapescript devices cpu[0 1])")
+            source = Cell(self._cell_label(), f"%%shapescript {line.strip()}".rstrip() + f"\n{cell}", first_line=2)
             _print(self._run(lambda: self.session.run_cell(source)))
-            self._show_placement()
+            self._show_placement(batch)
             return
         command, _, rest = line.strip().partition(" ")
         rest = rest.strip()
@@ -73,8 +78,12 @@ class ShapeScriptMagics(Magics):
                 print(self.session.explain(rest), end="")
             except KeyError:
                 raise UsageError(f"no error code {rest!r}; codes look like E0304") from None
+        elif command == "timeline" and not rest:
+            display(view_for(self.session).shown())
         elif command == "progress" and rest in ("on", "off"):
             self._progress(rest == "on")
+        elif command == "comms":
+            self._comms(_batch_option(rest, "%shapescript comms"))
         elif command in ("", "help"):
             print(USAGE)
         else:
@@ -93,9 +102,17 @@ class ShapeScriptMagics(Magics):
         _print(self._run(lambda: self.session.set_devices(text)))
         self._show_placement()
 
-    def _show_placement(self) -> None:
+    def _comms(self, batch: int | None) -> None:
+        """The program's DeviceTable, opened (its text in a terminal), for a batch of `batch` if given."""
+        view = self.session.device_table_view(batch)
+        if view is None:
+            print("No program yet: run a %%shapescript cell first.")
+        else:
+            display(view)
+
+    def _show_placement(self, batch: int | None = None) -> None:
         """On several devices, the placement and communication table, as a closed widget."""
-        view = self.session.device_table_view()
+        view = self.session.device_table_view(batch)
         if view is not None and view.several and (view.table.fns or view.table.models):  # an empty table says nothing
             display(show_device_table(view))
 
@@ -138,6 +155,14 @@ class ShapeScriptMagics(Magics):
         return f"cell [{count}]" if count is not None else "the cell"
 
 
+def _batch_option(args: str, magic: str, more: str = "") -> int | None:
+    """`--batch N` from a magic's arguments (None without it); a UsageError, one line, otherwise."""
+    try:
+        return batch_option(args)
+    except ValueError as e:
+        raise UsageError(f"{magic}: {e}{more}") from None
+
+
 def _print(notes: list[str]) -> None:
     for note in notes:
         print(note)
@@ -153,6 +178,7 @@ def load_ipython_extension(ip: InteractiveShell) -> None:
         _show_device_tables(ip, magics.session)
         _show_models(ip)
         _short_runtime_errors(ip, magics.session)
+        ip.events.register("post_run_cell", lambda result: give_back_freed_memory())  # workers.py says why
         if in_kernel():  # Jupyter: a bar for each loop over batches (a terminal opts in: %shapescript progress on)
             try:
                 progress.enable()

@@ -15,15 +15,22 @@ from collections.abc import Sequence
 # bare rule serves nbconvert's HTML, VS Code and the rest.
 _SCOPES = ("", ".jp-RenderedHTMLCommon ", ".rendered_html ")
 
-# One look for every table of the extension: left-aligned, tight, readable in light and dark themes;
-# figures right-aligned, and a table's locations ("6 cell 2:3") on one line.
+# A cell's alignment: text left, figures right and on one line, a table's locations ("6 cell 2:3")
+# on one line. Each cell carries its own as an inline style="" too, because JupyterLab drops <style>
+# elements from an untrusted output (a notebook opened from disk without having been run there),
+# whose sanitizer keeps these three properties of a cell's style attribute; an inline style also
+# wins over JupyterLab's right-aligning rule, trusted or not.
+TEXT_CELL = "text-align:left;vertical-align:top"
+FIGURE_CELL = "text-align:right;vertical-align:top;white-space:nowrap"
+LOCATION_CELL = "text-align:left;vertical-align:top;white-space:nowrap"
+
+# One look for every table of the extension: left-aligned, tight, readable in light and dark themes.
 _TABLE_RULES = (
     ("table[class^=ss-]", "border-collapse:collapse;margin:0.3em 0;font-size:0.92em"),
-    ("table[class^=ss-] th,table[class^=ss-] td",
-     "text-align:left;vertical-align:top;padding:0.15em 0.7em 0.15em 0;border:none"),
+    ("table[class^=ss-] th,table[class^=ss-] td", f"{TEXT_CELL};padding:0.15em 0.7em 0.15em 0;border:none"),
     ("table[class^=ss-] tr.ss-section th", "padding-top:0.6em;border-bottom:1px solid rgba(127,127,127,0.4)"),
-    ("table[class^=ss-] td.ss-num", "text-align:right;white-space:nowrap"),
-    ("table[class^=ss-] td.ss-nowrap", "white-space:nowrap"),
+    ("table[class^=ss-] td.ss-num", FIGURE_CELL),
+    ("table[class^=ss-] td.ss-nowrap", LOCATION_CELL),
     ("table[class^=ss-] ul", "margin:0;padding-left:1.2em"),
 )
 
@@ -50,20 +57,23 @@ def row(cells: Sequence[str], cls: str = "", numeric: Sequence[int] = (), title:
     """One `<tr>` of cells that are already HTML; the columns in `numeric` align right, those in
     `nowrap` stay on one line, and `title` is the row's tooltip (plain text)."""
     def td(k: int, content: str) -> str:
-        td_class = "ss-num" if k in numeric else "ss-nowrap" if k in nowrap else ""
-        return f'<td class="{td_class}">{content}</td>' if td_class else f"<td>{content}</td>"
+        if k in numeric:
+            return f'<td class="ss-num" style="{FIGURE_CELL}">{content}</td>'
+        if k in nowrap:
+            return f'<td class="ss-nowrap" style="{LOCATION_CELL}">{content}</td>'
+        return f'<td style="{TEXT_CELL}">{content}</td>'
 
     attrs = (f' class="{cls}"' if cls else "") + (f' title="{esc(title)}"' if title else "")
     return f"<tr{attrs}>" + "".join(td(k, c) for k, c in enumerate(cells)) + "</tr>"
 
 
 def header(cells: Sequence[str]) -> str:
-    return "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cells) + "</tr>"
+    return "<tr>" + "".join(f'<th style="{TEXT_CELL}">{esc(c)}</th>' for c in cells) + "</tr>"
 
 
 def section(title: str, width: int) -> str:
     """A heading row across the table, between groups of rows."""
-    return f'<tr class="ss-section"><th colspan="{width}">{esc(title)}</th></tr>'
+    return f'<tr class="ss-section"><th colspan="{width}" style="{TEXT_CELL}">{esc(title)}</th></tr>'
 
 
 def table(cls: str, rows: Sequence[str]) -> str:

@@ -152,7 +152,7 @@ class Session:
     def _stop_workers(self, why: str) -> str:
         pool, program = pool_of(self.program), self.program
         assert pool is not None and program is not None
-        note = describe_loss(pool, self.user_ns, why)
+        note = describe_loss(pool, self.user_ns, why, getattr(program, "datasets", None))
         program.stop()
         return note
 
@@ -186,8 +186,9 @@ class Session:
         calls = self.program.locate(error) if self.program is not None else []  # its generated frames
         return runtime_error_lines(error, Draft.join(self.items.values()), PROGRAM_NAME, calls)
 
-    def device_table_view(self) -> DeviceTableView | None:
-        """The program's DeviceTable with its text and each line's cell; None before the first cell."""
+    def device_table_view(self, batch: int | None = None) -> DeviceTableView | None:
+        """The program's DeviceTable with its text and each line's cell, with the shares of a batch of
+        `batch` if given (`%shapescript comms --batch N`); None before the first cell."""
         program = self.program
         if program is None:
             return None
@@ -198,7 +199,7 @@ class Session:
             return f"{found[0].cell.label}, line {found[1]}" if found is not None else None
 
         measured = tuple(measured_memory(program, "the DeviceTable"))  # () unless the workers are running
-        return DeviceTableView(program.checked.devices, program.checked.source, place, measured)
+        return DeviceTableView(program.checked.devices, program.checked.source, place, measured, batch)
 
     def view_of(self, table: DeviceTable) -> DeviceTableView:
         """A DeviceTable as the notebook shows it: the program's with its text and cells, another as it is."""

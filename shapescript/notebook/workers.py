@@ -12,11 +12,15 @@ doesn't wait for them.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import Program
+from ..background import running
 from ..errors import ShapeScriptError
 from ..parallel.loading import Datasets
 from ..parallel.memory import WorkerMemory
@@ -109,9 +113,9 @@ def held_objects(pool: WorkerPool, user_ns: Mapping[str, Any], answers: list[dic
     return [held[h] for h in sorted(held)]
 
 
-def describe_loss(pool: WorkerPool, user_ns: Mapping[str, Any], why: str) -> str:
-    """What stopping `pool` loses, said before it stops."""
-    held = held_objects(pool, user_ns, ask_workers(pool))
+def describe_loss(pool: WorkerPool, user_ns: Mapping[str, Any], why: str, datasets: Datasets | None = None) -> str:
+    """What stopping `pool` loses, said before it stops; `datasets`: the program's, to name them."""
+    held = held_objects(pool, user_ns, ask_workers(pool), datasets)
     # What and by which name, without the sizes: the message says what is lost, not how much.
     named = ", ".join(f"{h.label()} ({h.what})" for h in held)
     gone = f"; gone with them: {named}" if held else "; they held nothing"
@@ -128,7 +132,8 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
         return render_rows("ShapeScript: no program yet", [], [], ["Run a %%shapescript cell first."])
     pool = pool_of(program)
     if not program.several:
-        return render_rows(f"ShapeScript on {program.devices}: one device, in this kernel; no workers", [], [], [])
+        return render_rows(f"ShapeScript on {program.devices}: one device, in this kernel; no workers", [], [],
+                           _background_notes())
     if pool is None:
         return ended_table(program.last_pool) or render_rows(
             f"ShapeScript on {program.devices}: no workers running", [], [],
@@ -156,9 +161,14 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
     held = held_objects(pool, user_ns, answers, program.datasets) if state == "running" else []
     notes = [f"Every worker holds: {', '.join(map(str, held))}." if held else "The workers hold nothing."]
     notes += _memory_notes(measured or [])
+    notes += _background_notes()
     if state == "starting":
         notes = ["The workers are starting; the next call waits for them."]
     return render_rows(f"ShapeScript workers on {pool.devices}: {state}", header, rows, notes)
+
+
+def _background_notes() -> list[str]:
+    return [f"Running in the {run.describe()}." for run in running()]
 
 
 def ended_table(pool: WorkerPool | None) -> Rich | None:
@@ -225,3 +235,28 @@ def _memory(pids: list[int]) -> dict[int, int]:
         except psutil.Error:
             continue
     return out
+
+
+# -- the kernel's own memory ----------------------------------------------------------------------
+
+def give_back_freed_memory() -> None:
+    """Return the free pages inside the C heap to the system (glibc's malloc_trim); nothing where
+    there is no glibc. The extension calls it after each cell. Why: once a big block has been freed,
+    glibc raises its mmap threshold and serves blocks of that size from its heap, whose freed pages
+    it keeps (split up by smaller allocations, a freed dataset's block no longer fits the next):
+    a kernel that made a new 4.6 MiB dataset a cell grew, in about one run in three, by one dataset
+    a cell without end, though Python held none of them, and not at all with a fixed threshold
+    (MALLOC_MMAP_THRESHOLD_) or with this trim (tests/notebook/test_leak.py). It takes a few ms."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the process's C library: glibc has it, musl doesn't
+    except (OSError, AttributeError):
+        return None

@@ -43,9 +43,11 @@ from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, 
                                            is_stopped, loopback, ranks_text, shutdown, sweep_stale_folders,
                                            timeout_seconds, torch_settings)
 from shapescript.parallel.interrupts import step_interrupt, until_the_step_ends
+from shapescript.parallel.timeline import Timeline
 from shapescript.parallel.worker import WAITING, describe_status, dumps, read_status
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import require_visible
+from shapescript.runtime.steps import between_steps
 
 STOP_GRACE = 3.0  # seconds a worker has to exit after a stop message, and after SIGTERM
 PARALLEL_SEND_BYTES = 1 << 20  # messages bigger than this go to the workers at once, from threads
@@ -92,6 +94,7 @@ class WorkerPool:
         self._released: list[int] = []  # handles whose last holder in the controller is gone; see release()
         self._completed: Counter[str] = Counter()  # calls that ended on every worker, by what ran
         self.exits: tuple[WorkerExit, ...] = ()  # how each worker ended, once the pool has stopped
+        self.timeline = Timeline(str(devices), [f"{devices.kind}:{i}" for i in self.indices])  # RemoteFunction's calls
 
     # -- starting ----------------------------------------------------------------------------------
 
@@ -225,6 +228,11 @@ class WorkerPool:
         """new, starting, running, dead (a worker failed or was interrupted) or stopped."""
         return self._state
 
+    @property
+    def settled(self) -> bool:
+        """Running, with no `first` call pending: the next call goes straight to the workers."""
+        return self._state == "running" and self._first is None
+
     def first(self, handler: str, args: tuple[Any, ...], where: str) -> None:
         """Run `handler` on every worker just before the next call (as loading a program into
         workers still starting), so that no one waits for it now. Replaces one not yet run."""
@@ -289,7 +297,9 @@ class WorkerPool:
         """Run `handlers.HANDLERS[handler](state, *args)` on every worker and return their results in
         rank order. `args` is one tuple for all, or a list of one tuple per worker. `where` says what
         runs, for error messages (default: the handler's name)."""
-        with self._exclusive():  # the whole call, its `first` included: another thread's call waits for it
+        # Between two steps of a background run (runtime/steps.py), then the whole call, its `first`
+        # included: another thread's call waits for it.
+        with between_steps(), self._exclusive():
             self._free_released()
             return self._call(handler, args, where)
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from shapescript.parallel import loading, sharded_state
+from shapescript.parallel.timeline import timed
 from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives, sharding
 from shapescript.runtime.data import Batch, TensorDataset
@@ -27,6 +28,7 @@ def load_program(state: Any, source: str, module_file: str, device_name: str, sc
     calls.preload_externs(namespace["EXTERN_TARGETS"], script)
     state.program = namespace
     collectives.status_hook = state.waiting_at
+    collectives.operation_hook = state.clock.operation
 
 
 @handler("init_model")
@@ -84,14 +86,22 @@ def to_cpu(value: Any) -> Any:
 @handler("call")
 def call(state: Any, name: str, args: tuple, part: tuple[int, int] | None = None) -> Any:
     """Run `name` on this worker's arguments; `part` is where its part lies in the whole batch
-    (offset, the whole batch's size). Answers the result and, for each Mode argument in order, the
-    count of draws it has made, so that the controller's mode advances as one device's would."""
+    (offset, the whole batch's size). Answers the result, for each Mode argument in order the count
+    of draws it has made, so that the controller's mode advances as one device's would, and the
+    call's WorkerTiming for the timeline (parallel/timeline.py; None where timing is off)."""
+    with timed(state.clock):
+        answer = _run(state, name, args, part)
+    return answer if answer == SKIPPED else (*answer, state.clock.take())
+
+
+def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None) -> Any:
     fn = state.program[name]
     loads = [k for k, a in enumerate(args) if a[0] == "batchref" and loading.needs_agreement(state, a[1])]
     agreeing = bool(loads) and state.world > 1
     plans = [args[k][1] for k in loads]
     try:
-        values = [decode(state, a) for a in args]
+        with state.clock.loading():  # the timeline's data: batches loaded (or awaited from the prefetch)
+            values = [decode(state, a) for a in args]
     except Exception:
         if agreeing:
             loading.agree(state, plans, None)  # so that no worker starts the step

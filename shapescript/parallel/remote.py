@@ -11,6 +11,7 @@ result has the batch axis.
 from __future__ import annotations
 
 import itertools
+import time
 import types
 import weakref
 from collections.abc import Callable
@@ -193,6 +194,9 @@ class RemoteFunction:
         for a in args:  # before workers(), which would start a new pool for a stale handle's call
             check_handle(a)
         workers = linked(self.link, self.where).workers()
+        # The call's wall time, for the timeline (parallel/timeline.py); one that first waits for the
+        # workers to start or to load the program isn't kept.
+        settled, began = workers.settled, time.perf_counter()
         split = [(a, k) for a, k in zip(args, self.plan.params) if k is not None]
         if not split:
             replies = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
@@ -209,13 +213,14 @@ class RemoteFunction:
             per_worker = [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n))
                           for w in range(workers.world)]
             replies = workers.call("call", per_worker, where=self.where)
-        results = [result for result, _ in replies]
+        results = [result for result, _, _ in replies]
         # Every worker made the same draws: the modes given advance by them, as one device's would.
         for mode, draws in zip([a for a in args if isinstance(a, Mode)], replies[0][1]):
             mode.draws = draws
-        if self.plan.result is not None:
-            return torch.cat(results, dim=self.plan.result)
-        return results[0]
+        joined = torch.cat(results, dim=self.plan.result) if self.plan.result is not None else results[0]
+        if settled:
+            workers.timeline.add(self.where, time.perf_counter() - began, [timing for _, _, timing in replies])
+        return joined
 
 
 def linked(link: Callable[[], Any], where: str) -> Any:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from shapescript.errors import ShapeScriptError, WorkerError
 from shapescript.parallel.handlers import HANDLERS
 from shapescript.parallel.memory import Meter, measured
+from shapescript.parallel.timeline import StepClock
 from shapescript.runtime.leftovers import ending
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
@@ -106,15 +107,16 @@ def dumps(obj: Any) -> bytes:
 class _Restore:
     """Returned by `WorkerState.waiting_at`: as a context manager, puts back the status it replaced
     when the block ends without an exception (on an exception the status stays, so the error reply
-    says where the worker was waiting)."""
+    says where the worker was waiting), and times the block for the timeline."""
 
-    def __init__(self, state: WorkerState, kind: str, text: str) -> None:
-        self._state, self._kind, self._text = state, kind, text
+    def __init__(self, state: WorkerState, kind: str, text: str, where: str) -> None:
+        self._state, self._kind, self._text, self._where = state, kind, text, where
 
     def __enter__(self) -> None:
-        return None
+        self._state.clock.begin(self._where)
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self._state.clock.end()
         if exc_type is None:
             self._state._set(self._kind, self._text)
 
@@ -132,9 +134,11 @@ class WorkerState:
     kind: str = IDLE
     text: str = ""
     meter: Meter = field(init=False)  # the memory of the calls that run the program's code
+    clock: StepClock = field(init=False)  # their time, by part (parallel/timeline.py)
 
     def __post_init__(self) -> None:
         self.meter = Meter(self.device)
+        self.clock = StepClock(self.device)
         with open(self.status_path, "wb") as f:
             f.write(b"\0" * STATUS_SIZE)
         with open(self.status_path, "r+b") as f:
@@ -156,7 +160,7 @@ class WorkerState:
     def waiting_at(self, where: str) -> _Restore:
         """Call before a collective, with its .ss location; `with state.waiting_at(where): ...` also
         restores the previous status after it."""
-        restore = _Restore(self, self.kind, self.text)
+        restore = _Restore(self, self.kind, self.text, where)
         self._set(WAITING, where)
         return restore
 

@@ -26,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.leftovers import owner_tag, sweep
+from shapescript.runtime.steps import between_steps
 from shapescript.runtime.model import Model, check_state, copy_state, leaves, param_names, type_text
 from shapescript.runtime.optim import (EXTRA_RULES, HYPER_RULES, Optimizer, checked_hyper, grouped_names,
                                        named_state, torch_optimizer)
@@ -80,11 +81,15 @@ def _remote(op: str, path: Any, model: Any, opt: Any) -> bool:
 
 
 def save(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
-    """Write `model` (and `opt`'s state) to `path`, atomically."""
+    """Write `model` (and `opt`'s state) to `path`, atomically; between two steps of a background run
+    (runtime/steps.py), so that the params and the optimizer's state are those of one step."""
     _check_path(path, "save")
-    if _remote("save", path, model, opt):
-        return
-    path = os.fspath(path)
+    with between_steps():
+        if not _remote("save", path, model, opt):
+            _save_here(os.fspath(path), model, opt)
+
+
+def _save_here(path: str, model: Model, opt: Optimizer | None) -> None:
     _check_pair(model, opt, "save")
     tensors = {f"model.{k}": v.cpu().contiguous() for k, v in model.state_dict().items()}
     meta: dict[str, Any] = {"format": FORMAT, "model": model.spec.name, "optimizer": None,
@@ -297,11 +302,15 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
 
 
 def load(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
-    """Restore `model` (and `opt`) from `path`; on any mismatch nothing is changed."""
+    """Restore `model` (and `opt`) from `path`; on any mismatch nothing is changed. Between two steps
+    of a background run, as `save`."""
     _check_path(path, "restore")
-    if _remote("restore", path, model, opt):
-        return
-    path = os.fspath(path)
+    with between_steps():
+        if not _remote("restore", path, model, opt):
+            _load_here(os.fspath(path), model, opt)
+
+
+def _load_here(path: str, model: Model, opt: Optimizer | None) -> None:
     _check_pair(model, opt, "load")
     meta, tensors = _read(path)
     spec = model.spec

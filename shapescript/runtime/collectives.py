@@ -32,6 +32,10 @@ status_hook: Callable[[str], AbstractContextManager[object]] | None = None
 # beforehand what this will hold.
 recorded: list[tuple[str, int, torch.dtype, str]] | None = None
 
+# Set by a worker that times its calls (parallel/timeline.py): told each collective's operation
+# just before it runs, for the timeline's columns.
+operation_hook: Callable[[str], None] | None = None
+
 
 # Set by a worker around each call: where its part lies in the whole batch, (offset, the whole
 # batch's size), so that a random draw can be the whole batch's and each worker take its rows.
@@ -94,6 +98,8 @@ def record(where: str, values: int, dtype: torch.dtype, op: str) -> None:
     """Every collective of the compiled code is recorded here, when a test or a profiler asks."""
     if recorded is not None:
         recorded.append((where, values, dtype, op))
+    if operation_hook is not None:
+        operation_hook(op)
 
 
 def _all_reduce(t: torch.Tensor, where: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.names import DATA_RESERVED, is_reserved, similar
+from shapescript.runtime import steps
 from shapescript.runtime.model import dtype_name, shape_text
 
 try:  # numpy is optional; only needed to copy read-only arrays torch would warn about
@@ -470,11 +472,18 @@ def batch_bounds(total: int, n: int, k: int) -> tuple[int, int]:
 # None by default, so that scripts, the command line and the tests loop as they are.
 progress: Callable[[Iterator[Any], int, str], Iterator[Any]] | None = None
 
+# What each call from Python into a program (api.Function) runs inside, when set: the notebook's
+# progress bars keep one bar per loop for the whole call, and close them when it ends.
+call_scope: AbstractContextManager[Any] | None = None
+
 
 def with_progress(batches: Iterator[Any], count: int, what: str) -> Iterator[Any]:
-    """`batches` through the `progress` hook, if one is set."""
+    """`batches` through the `progress` hook, if one is set, and in a background run, a step a batch
+    (runtime/steps.py)."""
     hook = progress
-    return batches if hook is None else hook(batches, count, what)
+    shown = batches if hook is None else hook(batches, count, what)
+    run = steps.current()
+    return shown if run is None else run.steps_of(shown, count, what)
 
 
 class _Batches:

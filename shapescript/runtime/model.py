@@ -24,6 +24,7 @@ from shapescript.dtypes import ELEMENTS
 from shapescript.inits import INITS  # an init not there is a code generator bug
 from shapescript.errors import DeviceError, DomainError, ShapeError
 from shapescript.names import MEMBER_PREFIX, MODEL_RESERVED, is_reserved, reserved_text
+from shapescript.runtime.steps import between_steps
 
 # torch's dtypes as messages name them: the language's own, and a few more a user may pass in.
 _SS_DTYPES: dict[torch.dtype, str] = {
@@ -300,7 +301,8 @@ class Model:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Params and buffers by dotted name, as detached copies."""
-        return {name: self._leaf(name).detach().clone() for name, _ in leaves(self.spec)}
+        with between_steps():
+            return {name: self._leaf(name).detach().clone() for name, _ in leaves(self.spec)}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Strict: checks every name, shape and dtype first, then copies in place."""
@@ -334,7 +336,10 @@ def _member_property(name: str) -> property:
 
     def read(self: Model) -> Any:
         value = self.__dict__[live]
-        return value.detach().clone() if isinstance(value, torch.Tensor) else value
+        if not isinstance(value, torch.Tensor):
+            return value
+        with between_steps():  # a background run's step changes it in place
+            return value.detach().clone()
 
     return property(read, doc=f"a detached copy of `{name}` (a sub-model as it is)")
 

@@ -19,6 +19,7 @@ import torch
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.collectives import average_grads
 from shapescript.runtime.sharding import keeping_pieces, sharding
+from shapescript.runtime.steps import between_steps
 from shapescript.names import similar
 from shapescript.runtime.model import Model, ModelSpec, leaves, param_names, type_text
 
@@ -92,7 +93,8 @@ class Optimizer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The state by param and key (`w1.exp_avg`), as detached copies: what a checkpoint holds
         under `opt.`."""
-        return named_state(self)[0]
+        with between_steps():  # a background run's step changes it in place
+            return named_state(self)[0]
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items() if k != "no_decay" or v)

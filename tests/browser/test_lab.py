@@ -3,8 +3,9 @@
 JupyterLab serves a copy of notebooks/ on loopback; Debian's Chromium, driven by Playwright (its
 Python package, with our system Chromium: no browser download), opens the several-devices
 notebook, runs every cell from the Run menu, and looks for what the person should see: the
-placement and communication table and the progress bar of a loop over batches. It saves a
-screenshot. Afterwards the server is stopped and no kernel or worker process may be left.
+placement and communication table, the progress bar of a loop over batches and the timeline of the
+calls on the workers. It saves screenshots. Afterwards the server is stopped and no kernel or worker
+process may be left.
 
 Needs the `test` extra (jupyterlab, playwright) and Debian's chromium (`apt-get install chromium`;
 `make test` installs it when it can).
@@ -126,9 +127,7 @@ def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-            "--disable-background-networking", "--disable-component-update"])
+        browser = launch(p)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}")
@@ -144,8 +143,10 @@ def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
             table = page.locator("table.ss-device-table:visible", has_text="train_step").first
             expect(table).to_be_visible(timeout=30_000)
             assert "813,072" in table.inner_text()  # train_step's bytes per call, from the DeviceTable
-            bar = page.locator(".jp-OutputArea .widget-hprogress").first  # tqdm.auto's bar of the loop
+            # The loop's bar as it ended: once the cell is done, its HTML stands in for the widget.
+            bar = page.locator(".jp-OutputArea .ss-bars progress").first
             expect(bar).to_be_visible(timeout=30_000)
+            assert bar.get_attribute("value") == bar.get_attribute("max")
             _assert_tables_aligned(page)
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
             tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t]
@@ -155,10 +156,31 @@ def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
             table.scroll_into_view_if_needed()
             page.screenshot(path=str(shot), full_page=False)
             assert shot.stat().st_size > 10_000
+            _check_the_timeline(page)
         finally:
             browser.close()
     left = lab.stop()
     assert not left, f"processes left after the server stopped: {[p.pid for p in left]}"
+
+
+def _check_the_timeline(page) -> None:
+    """`%shapescript timeline`'s widget (an ipywidgets.HTML, not its HTML fallback): a bar per worker,
+    one marked slowest, the table of the calls' means; a screenshot of it."""
+    from playwright.sync_api import expect
+
+    timeline = page.locator(".widget-html .ss-timeline").first
+    drawings = timeline.locator("svg.ss-timeline-bars")  # the latest call of forward, and of train_step
+    expect(drawings).to_have_count(2, timeout=30_000)
+    for k in range(2):
+        expect(drawings.nth(k)).to_be_visible()
+        expect(drawings.nth(k).locator("g.ss-timeline-bar")).to_have_count(2)  # a bar per worker
+        expect(drawings.nth(k).locator("g.ss-timeline-bar", has_text="slowest")).to_have_count(1)
+    text = timeline.text_content() or ""
+    assert "`train_step`" in text and "all-reduce" in text and "waiting" in text, text
+    timeline.scroll_into_view_if_needed()
+    shot = ARTIFACTS / "timeline_widget.png"
+    timeline.screenshot(path=str(shot))
+    assert shot.stat().st_size > 5_000
 
 
 # Each of our tables on the page: whether JupyterLab's rendered-HTML rules reach it, and the computed
@@ -196,3 +218,55 @@ def _wait_until_done(page, seconds: float = RUN_TIMEOUT_MS / 1000) -> None:
             return
         time.sleep(1)
     raise AssertionError(f"the notebook didn't finish in {seconds} s: prompts {texts}")
+
+
+def launch(playwright):  # noqa: ANN001, ANN201 (playwright's types are imported only when it runs)
+    """Our Chromium, quiet: no sandbox (CI runs as root), no GPU, nothing fetched from the network."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+        "--disable-background-networking", "--disable-component-update"])
+
+
+_STYLE_ELEMENTS_JS = "() => document.querySelectorAll('.jp-OutputArea-output style').length"
+
+
+@pytest.mark.slow
+def test_a_notebook_opened_untrusted_keeps_the_tables_alignment(tmp_path: Path) -> None:
+    """A notebook whose outputs were made elsewhere (not signed, so JupyterLab doesn't trust it)
+    shows our tables without their <style> element, which its sanitizer drops: the cells' inline
+    styles keep them left-aligned, figures right, locations on one line."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+    from playwright.sync_api import expect, sync_playwright
+
+    import shapescript as ss
+    from shapescript.notebook.device_table import DeviceTableView
+    from shapescript.notebook.models import model_html
+
+    program = ss.load(ROOT / "examples" / "readme" / "mlp.ss", devices="cpu[0 1]")  # no workers: nothing runs
+    view = DeviceTableView(program.device_table, program.checked.source, lambda line: f"cell [1], line {line}")
+    shown = [view.html(open_=True), model_html(ss.load(ROOT / "examples" / "readme" / "mlp.ss", devices="cpu")
+                                               .Mlp.init(seed=0))]
+    folder = tmp_path / "untrusted"
+    folder.mkdir()
+    cells = [new_code_cell("ss_program.device_table", execution_count=1, outputs=[
+        new_output("display_data", data={"text/html": page, "text/plain": "a table"}) for page in shown])]
+    notebook = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                   "language": "python"}})
+    nbformat.write(notebook, folder / "untrusted.ipynb")
+    lab = Lab(tmp_path, notebooks=folder)
+    try:
+        with sync_playwright() as p:
+            browser = launch(p)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(f"{lab.url}/lab/tree/untrusted.ipynb?token={lab.token}")
+                expect(page.locator("table.ss-device-table").first).to_be_attached(timeout=120_000)
+                expect(page.locator("table.ss-model-table").first).to_be_attached(timeout=30_000)
+                assert page.evaluate(_STYLE_ELEMENTS_JS) == 0, "JupyterLab kept our <style>: the notebook is trusted"
+                _assert_tables_aligned(page)
+            finally:
+                browser.close()
+    finally:
+        left = lab.stop()
+    assert not left, f"processes left after the server stopped: {[p.pid for p in left]}"

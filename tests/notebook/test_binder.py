@@ -30,7 +30,7 @@ from test_notebooks import all_shown, check_ran_cleanly, execute, python3_kernel
 
 # A line each notebook prints near its end (test_notebooks.py checks the numbers in them).
 LAST_WORDS = {"01_tour.ipynb": "held-out accuracy: ", "02_several_devices.ipynb": "same params: True",
-              "03_attention.ipynb": "held-out loss after "}
+              "03_attention.ipynb": "held-out loss after ", "04_training.ipynb": "and the same step: True"}
 PIP_TIMEOUT = 1800  # seconds: in CI pip downloads PyTorch's CPU wheel (about 200 MB) and the rest
 
 

@@ -212,7 +212,8 @@ def test_nbclient_stops_at_a_failing_cell(tmp_path: Path) -> None:
 
 
 def test_bad_magic_arguments_are_usage_errors(fresh: Kernel) -> None:
-    for line in ("%shapescript devices gpu[0]", "%shapescript frobnicate", "%shapescript explain E9999"):
+    for line in ("%shapescript devices gpu[0]", "%shapescript frobnicate", "%shapescript explain E9999",
+                 "%shapescript comms --batch 0", "%%shapescript --batch x\ndim D = 4"):
         run = fresh.run(line)  # IPython says a UsageError in one line, on stderr
         assert run.status == "error" and run.stderr.startswith("UsageError: ") and run.error is None, line
     assert "E0304: " in fresh.ok("%shapescript explain E0304").stdout

@@ -29,7 +29,7 @@ from nbformat import NotebookNode
 from support import README_MLP_SHAPES, ROOT, param_and_adamw_bytes
 
 NOTEBOOKS = ROOT / "notebooks"
-NAMES = ("01_tour.ipynb", "02_several_devices.ipynb", "03_attention.ipynb")
+NAMES = ("01_tour.ipynb", "02_several_devices.ipynb", "03_attention.ipynb", "04_training.ipynb")
 TIMEOUT = 240  # seconds for one cell: generous, for a loaded 2-core machine starting workers
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -224,3 +224,47 @@ def test_the_attention_notebook_loss_falls_below_the_unigram_entropy(ran: Callab
     after = numbers(r"after \d+ steps: ([\d.]+) nats \(unigram entropy ([\d.]+)\)", all_shown(nb))
     assert len(before) == 2 and len(after) == 2
     assert before[0] > before[1] > after[0], (before, after)  # trained past what character counts give
+    # %load_ext shapescript: the training loop shows its bar, ending at the loop's batch count.
+    bars = [o.data["text/html"] for o in cell_with(nb, "gpt.train(").outputs
+            if "ss-bars" in o.get("data", {}).get("text/html", "")]
+    assert len(bars) == 1 and 'value="60" max="60"' in bars[0], bars
+
+
+def saved_html(cell: NotebookNode) -> str:
+    return "\n".join(o.data["text/html"] for o in cell.outputs if "text/html" in o.get("data", {}))
+
+
+@pytest.mark.slow
+def test_the_training_notebook_shows_what_a_long_session_needs(ran: Callable[[str], NotebookNode]) -> None:
+    nb = ran("04_training.ipynb")
+    model = shown(cell_with(nb, "m = Mlp.init(seed=0)"))  # the model, as a table
+    assert "w1: [784, 256] f32" in model and "w2: [256, 10] f32" in model
+    # Two passes in one cell: one bar, at 64 of 64 (4,096 examples in batches of 64) on its second pass.
+    training = cell_with(nb, "for _ in range(2):")
+    assert saved_html(training).count("<progress") == 1 and 'value="64" max="64"' in saved_html(training)
+    assert "pass 2: 100%" in shown(training)
+    assert "<svg" in saved_html(training) and "<polyline" in saved_html(training)  # the live chart
+    first, last = numbers(r"([\d.]+) over the (?:first|last) \d+", shown(training))
+    assert last < first - 0.5, (first, last)
+    # The timeline: both workers, one marked slowest, each collective of train_step by its line.
+    timeline = shown(cell_with(nb, "print(ss_program.timeline("))
+    assert re.search(r"^cpu:0 ", timeline, re.M) and re.search(r"^cpu:1 ", timeline, re.M)
+    assert timeline.count("<- slowest") == 1 and "notebook.ss:21:12 all-reduce" in timeline
+    assert WIDGET_VIEW in "".join(str(o.get("data", {})) for o in cell_with(nb, "%shapescript timeline").outputs)
+    # In the background: read between steps, shown by status, stopped at a step boundary, resumed.
+    moved = shown(cell_with(nb, "while h.steps < 5"))
+    assert re.search(r"^running at step \d+; w1 has moved by [\d.]+$", moved, re.M), moved
+    assert "Running in the background `run`: running; batch " in shown(cell_with(nb, "%shapescript status"))
+    resumed = shown(cell_with(nb, "h.stop()"))
+    assert "stopped at a step boundary" in resumed and "`run`: finished; batch 64 of 64" in resumed
+    # An interrupt waits for the step, and the model trains on.
+    interrupted = shown(cell_with(nb, "except ss.parallel.StepInterrupt"))
+    assert re.search(r"^interrupted after \d+ steps$", interrupted, re.M)
+    assert "ended on every worker" in interrupted and "as that step left them" in interrupted
+    assert numbers(r"going on: ([\d.]+)", all_shown(nb))
+    # The checkpoint from two devices, on three.
+    moved_to_three = shown(cell_with(nb, "devices=\"cpu[0 1 2]\""))
+    assert re.search(r"^same outputs on three devices: True$", moved_to_three, re.M)
+    assert re.search(r"^and the same step: True$", moved_to_three, re.M)
+    stopped = shown(cell_with(nb, "%shapescript stop"))
+    assert "m (Mlp model), opt (AdamW[Mlp] optimizer), data (dataset TensorDataset)" in stopped

@@ -8,6 +8,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -36,6 +38,17 @@ class Notebook:
         with pytest.raises(CellCompileError) as info:
             self.cell(source)
         return info.value
+
+
+@contextmanager
+def opened(source: str) -> Iterator[Notebook]:
+    """A Notebook with `source` as its first cell, whose workers (if any) stop when the block ends."""
+    notebook = Notebook()
+    try:
+        notebook.cell(source)
+        yield notebook
+    finally:
+        notebook.session.shutdown()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import torch
 import shapescript as ss
 from shapescript.errors import ShapeError
 
-from test_session import Notebook
+from test_session import Notebook, opened
 
 PROGRAM = ("dim D = 4\n"
            "dim Hd = 3\n"
@@ -43,12 +43,8 @@ X = torch.arange(8.0).reshape(2, 4) / 8
 
 @pytest.fixture(params=["cpu", "cpu[0 1]"])
 def nb(request: pytest.FixtureRequest) -> Iterator[Notebook]:
-    notebook = Notebook()
-    notebook.cell(f"devices {request.param}\n" + PROGRAM)
-    try:
+    with opened(f"devices {request.param}\n" + PROGRAM) as notebook:
         yield notebook
-    finally:
-        notebook.session.shutdown()
 
 
 def test_a_dim_change_names_the_models_it_made_stale_and_refuses_them(nb: Notebook) -> None:

@@ -188,8 +188,9 @@ def test_the_notebooks_table_names_each_lines_cell() -> None:
     # The location column is short and on one line; the tooltip says it in full.
     assert rows(page, "ss-fn") == [["6 cell 2:3", "f", "on the workers: it uses tensors", "—"]]
     assert rows(page, "ss-model")[0][0] == "3 cell 1:3"
-    assert '<td class="ss-nowrap">6 <span class="ss-note" title="cell [2], line 3">' in page
-    assert '<td class="ss-nowrap">3 <span class="ss-note" title="cell [1], line 3">' in page
+    nowrap = f'<td class="ss-nowrap" style="{M.LOCATION_CELL}">'
+    assert nowrap + '6 <span class="ss-note" title="cell [2], line 3">' in page
+    assert nowrap + '3 <span class="ss-note" title="cell [1], line 3">' in page
     assert session.view_of(view.table).table_html() == page  # the program's table: with its cells
     other = ss.load(README, devices="cpu").device_table
     assert session.view_of(other).place is None
@@ -318,13 +319,28 @@ class Bar:
 
     def __init__(self, total: int, desc: str, unit: str) -> None:
         self.total, self.desc, self.unit, self.n, self.closed = total, desc, unit, 0, False
+        self.resets = 0
         Bar.made.append(self)
 
     def update(self, n: int = 1) -> None:
+        assert not self.closed
         self.n += n
+
+    def reset(self, total: int | None = None) -> None:
+        self.n, self.resets = 0, self.resets + 1
+        self.total = total if total is not None else self.total
+
+    def set_description_str(self, desc: str, refresh: bool = True) -> None:
+        self.desc = desc
+
+    def refresh(self) -> None:
+        """tqdm redraws here; nothing to draw."""
 
     def close(self) -> None:
         self.closed = True
+
+    def __str__(self) -> str:
+        return f"{self.desc}: {self.n}/{self.total}"
 
 
 @pytest.fixture
@@ -441,6 +457,7 @@ class FakeHTML:
 def test_the_live_sink_redraws_at_most_fps_times_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     from shapescript.notebook import live
     monkeypatch.setattr(live, "_widget_html", FakeHTML)
+    monkeypatch.setattr(data, "call_scope", data.call_scope)  # a sink with a widget sets it: undone after
     shown: list[Any] = []
     monkeypatch.setattr(LiveSink, "show", lambda self: (shown.append(self.widget), setattr(self, "shown", True)))
     sink = ss.sinks.live(fps=10)

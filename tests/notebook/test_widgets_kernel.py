@@ -54,7 +54,7 @@ def test_a_loop_shows_a_progress_bar_and_the_live_chart(fresh: Kernel) -> None:
     fresh.ok(cell(FIT))
     run = fresh.ok(TRAIN)
     assert run.value() == 3
-    assert len(widgets(run)) == 2  # tqdm's bar, then the sink's charts
+    assert len(widgets(run)) == 2  # the call's bars (one loop: one bar), then the sink's charts
     assert "<polyline" in fresh.ok("print(sink.html())").stdout
     fresh.ok("%shapescript progress off")
     try:

@@ -1,0 +1,134 @@
+"""Step boundaries, for a function that runs in the background (`run(m, opt, data, log,
+background=True)`, shapescript/background.py).
+
+A step is one pass of a loop's body over a batch: loading the batch, the step it takes (on one
+device or on the workers), and whatever the body writes. A background run holds `STEP_LOCK` for
+each step, so anything else that reads or changes what a step changes (reading `m.w1`, a call of
+another function, `%shapescript status`) takes it too and runs between two steps, never in the
+middle of one. A stop asked of a run takes effect at the next boundary: the run's thread raises
+`RunStopped` there, so nothing is left half-changed.
+
+While no run is going, nothing here costs more than reading one int.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+# Held by a background run's thread while a step runs; re-entrant, so the run's own calls (which
+# take it like anyone's) go through.
+STEP_LOCK = threading.RLock()
+_NOTHING_HELD = nullcontext()
+_running = 0  # how many background runs are going (changed only under _count_lock)
+_count_lock = threading.Lock()
+_this_thread = threading.local()  # .control: the run this thread carries out, if any
+
+
+class RunStopped(Exception):
+    """Raised in a background run's thread at a step boundary, once a stop was asked for."""
+
+
+class StepControl:
+    """What a background run's loops report to, and how it is asked to stop."""
+
+    def __init__(self) -> None:
+        self.steps = 0  # steps ended, over every loop of the run
+        self.loop_steps = 0  # steps ended in the current pass of the current loop
+        self.loop_total: int | None = None  # batches in that pass
+        self.loop_name = ""  # its data type's name
+        self.passes = 0  # passes of loops over batches begun
+        self.stop_asked = False
+
+    def boundary(self) -> None:
+        if self.stop_asked:
+            raise RunStopped()
+
+    def steps_of(self, batches: Iterator[Any], count: int, what: str) -> Iterator[Any]:
+        """`batches`, each one loaded and used while this thread holds STEP_LOCK, checking for a
+        stop before each."""
+        self.passes += 1
+        self.loop_steps, self.loop_total, self.loop_name = 0, count, what
+        it = iter(batches)
+        try:
+            while True:
+                self.boundary()
+                with STEP_LOCK:
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        return
+                    yield batch  # the loop's body runs here, the lock still held
+                self.steps += 1
+                self.loop_steps += 1
+                _let_waiters_in()
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+
+class _BetweenSteps:
+    """STEP_LOCK, counting who waits for it, so that a run lets them in at its next boundary (a
+    lock's release wakes a waiter, but the thread that released it would most often take it again
+    first, starving the rest)."""
+
+    def __enter__(self) -> None:
+        global _waiting
+        with _count_lock:
+            _waiting += 1
+        try:
+            STEP_LOCK.acquire()
+        finally:
+            with _count_lock:
+                _waiting -= 1
+
+    def __exit__(self, *exc: object) -> None:
+        STEP_LOCK.release()
+
+
+_BETWEEN_STEPS = _BetweenSteps()
+_waiting = 0  # threads waiting for STEP_LOCK in between_steps
+LET_IN_S = 1.0  # the longest a run waits at a boundary for the others to take their turn
+
+
+def _let_waiters_in() -> None:
+    """At a step boundary, wait until whoever waits for the lock has taken it."""
+    if not _waiting:
+        return
+    deadline = time.monotonic() + LET_IN_S
+    while _waiting and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+def between_steps() -> AbstractContextManager[Any]:
+    """Hold this around anything that reads or changes what a step changes: while a background run
+    goes, it waits for the step in progress to end."""
+    return _BETWEEN_STEPS if _running else _NOTHING_HELD
+
+
+def current() -> StepControl | None:
+    """The background run this thread carries out, if any."""
+    return getattr(_this_thread, "control", None)
+
+
+def run_started() -> None:
+    """A background run is about to start (called by the thread that starts it, so that calls from
+    that thread right after already wait for steps)."""
+    global _running
+    with _count_lock:
+        _running += 1
+
+
+def run_ended() -> None:
+    global _running
+    with _count_lock:
+        _running -= 1
+
+
+def carry_out(control: StepControl | None) -> None:
+    """Set (or clear, with None) the run this thread carries out."""
+    _this_thread.control = control
