@@ -52,6 +52,10 @@ class DataSpec:
                 raise ValueError(f"{f.where}: field name `{f.name}` is repeated or reserved "
                                  f"in data {self.name}")
             seen.add(f.name)
+        # Each field's shape after the batch axis when every dim of every field has a size (None when
+        # some field has a generic dim): what `_as_given` compares a batch with.
+        fixed = tuple(tuple(size for _, size in f.dims) for f in self.fields)
+        object.__setattr__(self, "fixed_shapes", None if any(None in shape for shape in fixed) else fixed)
 
 
 class Batch:
@@ -243,7 +247,38 @@ def _check_index(f: FieldSpec, t: torch.Tensor, origin: _Origin) -> None:
         _refuse(f, t, (t < 0) | (t >= bound), origin, f"outside {named}")
 
 
+def _as_given(spec: DataSpec, record: Any, rows: int | None) -> dict[str, torch.Tensor] | None:
+    """The fields as they are when nothing needs converting or refusing: a dict of exactly the
+    declared fields, each a dense tensor of its dtype and shape with `rows` rows (None: as many as
+    the first field has), Index values in bounds. None otherwise: then the full check converts what
+    may be converted and words what is wrong. It spares a right batch the cost of the full check
+    (a call from Python, and each batch a loop loads); tests/runtime/test_batch_checks.py checks
+    that both ways give the same fields and the same errors."""
+    shapes: tuple[tuple[int, ...], ...] | None = spec.fixed_shapes  # type: ignore[attr-defined]
+    if shapes is None or type(record) is not dict or len(record) != len(shapes):
+        return None
+    out: dict[str, torch.Tensor] = {}
+    for f, shape in zip(spec.fields, shapes):
+        t = record.get(f.name)
+        if type(t) is not torch.Tensor or t.dtype != f.dtype or t.layout != torch.strided or t.is_meta:
+            return None
+        given = t.shape
+        if len(given) != len(shape) + 1 or given[1:] != shape or (rows is not None and given[0] != rows):
+            return None
+        rows = given[0]
+        if f.index_bound is not None and t.numel():
+            lo, hi = torch.aminmax(t)
+            if lo.item() < 0 or hi.item() >= f.index_bound:
+                return None
+        out[f.name] = t
+    return out
+
+
 def _check_record(spec: DataSpec, record: Any, origin: _Origin) -> dict[str, torch.Tensor]:
+    if origin.rows:
+        given = _as_given(spec, record, len(origin.indices) if origin.indices is not None else None)
+        if given is not None:
+            return given
     fields = ", ".join(f.name for f in spec.fields)
     if not isinstance(record, Mapping):
         raise ShapeError(f"{origin.record()} is a {type(record).__name__}, expected a mapping "
