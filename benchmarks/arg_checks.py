@@ -1,5 +1,5 @@
 """The cost of checking a batch passed from Python (issue 15, item 1): the short way a right batch
-takes (runtime/data.py's `_as_given`) against the full check, side by side in one run.
+takes (runtime/data.py's `as_given`) against the full check, side by side in one run.
 
     python benchmarks/arg_checks.py
 
@@ -52,7 +52,7 @@ def main() -> None:
     step = prog.train_step
     checks = lambda: step._checked_args((m, opt, batch), {})  # noqa: E731
     call = lambda: step(m, opt, batch)  # noqa: E731
-    short = data._as_given
+    short = data.as_given
     full_only: Callable[..., None] = lambda *args: None  # noqa: E731
     figures: dict[tuple[str, str], list[float]] = {}
     for fn in (checks, call):  # warm up
@@ -60,10 +60,10 @@ def main() -> None:
             fn()
     for _ in range(ROUNDS):
         for way, hook in (("short", short), ("full", full_only), ("full", full_only), ("short", short)):
-            data._as_given = hook  # type: ignore[assignment]
+            data.as_given = hook  # type: ignore[assignment]
             for name, fn in (("checks", checks), ("call", call)):
                 figures.setdefault((name, way), []).append(per_call(fn))
-    data._as_given = short
+    data.as_given = short
     print(f"machine: {cpu_model()}, {platform.system()}, torch {torch.__version__}, 1 thread")
     for name, what in (("checks", "argument checks"), ("call", "whole call of train_step")):
         a = statistics.median(figures[(name, "short")])

@@ -44,7 +44,6 @@ batch of 6144; each against one device as above.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -63,6 +62,7 @@ if str(ROOT) not in sys.path:
 # importing shapescript. shapescript is imported in main().
 import torch  # noqa: E402
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
+from cold_start import cold_starts  # noqa: E402  (benchmarks/cold_start.py)
 import torch.nn.functional as F  # noqa: E402
 
 PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
@@ -345,34 +345,6 @@ def quantiles(times: list[float]) -> str:
     return f"p10 {q[0] * 1e3:.3f} ms, p90 {q[-1] * 1e3:.3f} ms"
 
 
-_COLD = """
-import json, sys, time
-sys.path.insert(0, {root!r})
-import torch
-import shapescript as ss
-t0 = time.perf_counter()
-prog = ss.load({program!r}, devices={devices!r})
-m = prog.Mlp.init(seed=0)
-t1 = time.perf_counter()
-opt = ss.adamw(m, lr=1e-3)
-x = torch.rand(64, 784)
-t2 = time.perf_counter()
-prog.train_step(m, opt, {{"img": x, "label": torch.zeros(64, dtype=torch.long)}})
-t3 = time.perf_counter()
-print(json.dumps({{"first": t1 - t0, "pool": prog._pool.cold_start_s, "step": t3 - t2}}))
-prog.stop()
-"""
-
-
-def cold_starts(processes: int, devices: str) -> list[dict[str, float]]:
-    """In fresh interpreters (torch and shapescript already imported): ss.load + the first call
-    (Mlp.init, which starts the workers) until it returns; the pool's own cold_start_s; and the
-    first train_step after it."""
-    code = _COLD.format(root=str(ROOT), program=str(PROGRAM), devices=devices)
-    return [json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                      text=True).stdout.strip().splitlines()[-1]) for _ in range(processes)]
-
-
 def round_trips(ss: Any, calls: int, several: str, one: str) -> dict[str, float]:
     """Median seconds of one call of `ident` from the controller: on the devices `several`, the pool's
     bare `ping` under it, and on the device `one` in this process (synchronized on a GPU)."""
@@ -471,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = 1 if args.quick else 3
     colds = cold_starts(runs, devices)
     med = {k: statistics.median(c[k] for c in colds) for k in colds[0]}
-    print(f"cold start on {devices}, median of {runs} fresh process(es): ss.load + Mlp.init {med['first']:.3f} s "
+    print(f"cold start on {devices}, median of {runs} fresh process(es): ss.load + Mlp.init {med['ready']:.3f} s "
           f"(pool cold_start_s {med['pool']:.3f} s); the first train_step after it {med['step'] * 1e3:.1f} ms")
 
     rtts = round_trips(ss, 200 if args.quick else 2000, devices, one)

@@ -23,6 +23,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +40,7 @@ from shapescript.pipeline import python_module  # noqa: E402
 
 PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
 D, HD, C = 784, 256, 10
+SMALL = (12, 32, 5)  # D, Hd, C of the small MLP
 LR = 1e-3
 
 
@@ -58,18 +60,23 @@ class Hand:
         return loss.detach()
 
 
-def time_steps(batch: int, warmup: int, reps: int, generated: bool = False) -> tuple[float, float, float]:
+def time_steps(batch: int, warmup: int, reps: int, generated: bool = False,
+               dims: tuple[int, int, int] = (D, HD, C)) -> tuple[float, float, float]:
     """(median ShapeScript step, median PyTorch step, median of the per-pair ratios), seconds.
 
     `generated`: call the generated Python function directly with a ready ss.Batch, skipping what
     `prog.train_step` does first (checking the arguments): the cost of the generated code alone.
+    `dims`: D, Hd and C of the MLP (the README's by default).
     """
-    prog = ss.load(PROGRAM, devices="cpu")
+    d, _, c = dims
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # other dims than the file's, which load() says
+        prog = ss.load(PROGRAM, devices="cpu", dims=dict(zip(("D", "Hd", "C"), dims)))
     m = prog.Mlp.init(seed=0)
     opt = ss.adamw(m, lr=LR)
     hand = Hand(m.w1, m.w2)
     g = torch.Generator().manual_seed(batch)
-    teacher = torch.randn(D, C, generator=g)
+    teacher = torch.randn(d, c, generator=g)
     if generated:
         raw, spec = prog.namespace["train_step"], prog.Digit
 
@@ -82,7 +89,7 @@ def time_steps(batch: int, warmup: int, reps: int, generated: bool = False) -> t
         # A new batch for every pair of steps, drawn outside the timing: "images" in [0, 1] and
         # labels from a fixed random linear teacher, so there is something to learn and the loss
         # falls as in real training, but no batch is seen twice.
-        x = torch.rand(batch, D, generator=g)
+        x = torch.rand(batch, d, generator=g)
         return x, ((x - 0.5) @ teacher).argmax(1)
 
     def ss_step(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -177,6 +184,12 @@ def main(argv: list[str] | None = None) -> None:
         a, b, r = time_steps(batch, warmup, reps)
         print(f"{batch:>6}  {a * 1e3:>9.3f} ms  {b * 1e3:>9.3f} ms  {a / b:>6.3f}  {r:>10.3f}  {reps}",
               flush=True)
+    # A small model, whose step is short enough that what a call costs before the generated code
+    # runs shows: the README's MLP with D = 12, Hd = 32, C = 5.
+    small_warmup, small_reps = (50, 500) if args.quick else (500, 5000)
+    a, b, r = time_steps(64, small_warmup, small_reps, dims=SMALL)
+    print(f"{64:>6}  {a * 1e3:>9.3f} ms  {b * 1e3:>9.3f} ms  {a / b:>6.3f}  {r:>10.3f}  {small_reps}"
+          f"  (the {'-'.join(map(str, SMALL))} MLP)", flush=True)
     if args.breakdown:
         print("the generated code alone, given a ready batch (no argument checks):")
         for batch, warmup, reps in plan:

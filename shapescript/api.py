@@ -378,8 +378,10 @@ class Function:
         finally:
             torch._C._set_grad_enabled(grad_was)
 
-    def _arrange(self, args: tuple, kwargs: dict) -> list[Any]:
+    def _arrange(self, args: tuple, kwargs: dict) -> list[Any] | tuple:
         names = self._names
+        if not kwargs and len(args) == len(names):
+            return args  # every argument by position: nothing to arrange
         if len(args) > len(names):
             raise TypeError(f"`{self.name}` takes {len(names)} arguments ({', '.join(names)}), given {len(args)}")
         values = dict(zip(names, args))

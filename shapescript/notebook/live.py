@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeAlias
@@ -25,6 +24,7 @@ from typing import Any, TypeAlias
 from ..runtime.sinks import Sink, Value, _text
 from . import markup as M
 from . import progress
+from .throttle import Throttle
 
 WIDTH, HEIGHT, PAD = 360, 130, 4  # each chart's size in pixels, and the room left at its edges
 LEFT, TOP, BOTTOM = 46, 22, HEIGHT - 18  # the plot's edges: room for the value range, the title, the steps
@@ -163,9 +163,7 @@ class LiveSink(Sink):
         self.widget = _widget_html()  # None: no notebook, print instead
         self.shown = False
         self.display_id = f"ss-live-{uuid.uuid4().hex}"  # every output showing the charts, updated together
-        self.drawn_at = 0.0  # time.monotonic() of the last redraw
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._throttle = Throttle(self._draw, self.interval, inline=True)
         self._at_cell_end = False  # whether the cell's end will save the charts
         self._final = False  # whether the outputs hold the final drawing without the widget
         if self.widget is not None:
@@ -182,25 +180,8 @@ class LiveSink(Sink):
             self.show()
         elif self._final:  # more records after the final drawing: the widget again, to draw them live
             self._update(live=True)
-        self._redraw_soon()
+        self._throttle.poke()
         self._save_at_the_end()
-
-    def _redraw_soon(self) -> None:
-        """Redraw now if the last redraw is `interval` old; otherwise once, when it will be."""
-        with self._lock:
-            wait = self.drawn_at + self.interval - time.monotonic()
-            if wait > 0:
-                if self._timer is None:
-                    self._timer = threading.Timer(wait, self._redraw_later)
-                    self._timer.daemon = True
-                    self._timer.start()
-                return
-        self.redraw()
-
-    def _redraw_later(self) -> None:
-        with self._lock:
-            self._timer = None
-        self.redraw()
 
     def _save_at_the_end(self) -> None:
         """See that the charts as they end up are written into the cell's output, which a saved
@@ -227,7 +208,9 @@ class LiveSink(Sink):
 
     def redraw(self) -> None:
         """Draw the charts of every record so far."""
-        self.drawn_at = time.monotonic()
+        self._throttle.now()
+
+    def _draw(self) -> None:
         if self.widget is not None:
             self.widget.value = self.html()
 
@@ -263,10 +246,7 @@ class LiveSink(Sink):
         output showing them, which then hold those alone (JupyterLab draws a widget view rather
         than the HTML beside it, and a notebook reopened without the widgets' state has no view to
         draw). A record written later brings the widget back."""
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+        self._throttle.cancel()
         if self.widget is None:
             return
         self.redraw()

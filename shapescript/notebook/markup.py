@@ -9,20 +9,16 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from .. import cell_styles
+
 # JupyterLab right-aligns output tables with `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`
 # (two classes and an element), the classic Notebook with `.rendered_html td`: under those containers
 # each rule below is written again with their class in front, one class more, so that ours wins; the
 # bare rule serves nbconvert's HTML, VS Code and the rest.
 _SCOPES = ("", ".jp-RenderedHTMLCommon ", ".rendered_html ")
 
-# A cell's alignment: text left, figures right and on one line, a table's locations ("6 cell 2:3")
-# on one line. Each cell carries its own as an inline style="" too, because JupyterLab drops <style>
-# elements from an untrusted output (a notebook opened from disk without having been run there),
-# whose sanitizer keeps these three properties of a cell's style attribute; an inline style also
-# wins over JupyterLab's right-aligning rule, trusted or not.
-TEXT_CELL = "text-align:left;vertical-align:top"
-FIGURE_CELL = "text-align:right;vertical-align:top;white-space:nowrap"
-LOCATION_CELL = "text-align:left;vertical-align:top;white-space:nowrap"
+# Each cell's alignment, inline (why: shapescript/cell_styles.py).
+TEXT_CELL, FIGURE_CELL, LOCATION_CELL = cell_styles.TEXT_CELL, cell_styles.FIGURE_CELL, cell_styles.LOCATION_CELL
 
 # One look for every table of the extension: left-aligned, tight, readable in light and dark themes.
 _TABLE_RULES = (

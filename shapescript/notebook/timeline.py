@@ -11,14 +11,13 @@ can be drawn it is the table's text.
 
 from __future__ import annotations
 
-import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ..parallel import timeline as T
 from . import markup as M
+from .throttle import Throttle
 from .widgets import Shown, in_kernel, ipywidgets
 
 WIDTH, BAR, GAP, NAME = 640, 22, 8, 150  # pixels: the drawing, a bar's height, between bars, the names' column
@@ -26,32 +25,6 @@ MEAN_OF = 20  # calls in the table below the bars
 FUNCTIONS = 3  # the latest call of each of the functions called last gets its bars
 COLORS = {"compute": "#1f77b4", "data": "#9467bd", "waiting": "#d62728", "messages": "#7f7f7f"}
 TRANSFER_COLORS = ("#2ca02c", "#ff7f0e", "#17becf", "#bcbd22", "#8c564b", "#e377c2", "#98df8a", "#ffbb78")
-
-
-class Throttle:
-    """Calls `draw` at most once every `interval` seconds, in a timer's thread, however often it is
-    poked: a poke within the interval is drawn when the interval ends (never dropped)."""
-
-    def __init__(self, draw: Callable[[], None], interval: float) -> None:
-        self.draw, self.interval = draw, interval
-        self.drawn_at = 0.0
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-
-    def poke(self) -> None:
-        with self._lock:
-            if self._timer is not None:  # a draw is due: it will draw what is there then
-                return
-            wait = max(0.0, self.drawn_at + self.interval - time.monotonic())
-            self._timer = threading.Timer(wait, self._fire)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _fire(self) -> None:
-        with self._lock:
-            self._timer = None
-            self.drawn_at = time.monotonic()
-        self.draw()
 
 
 def _segments(parts: T.WorkerParts, colors: dict[str, str]) -> list[tuple[str, float, str]]:

@@ -8,12 +8,12 @@ On one device the same holds by construction: an optimizer step defers Ctrl-C to
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+
+from shapescript.runtime import sigint
 
 SECOND_INTERRUPT_S = 3.0  # a second Ctrl-C within this many seconds of the first stops the workers
 
@@ -39,16 +39,13 @@ class _Interrupts:
 def until_the_step_ends() -> Iterator[_Interrupts]:
     """Around waiting for the workers' replies: Ctrl-C is noted, not raised (a second one within
     SECOND_INTERRUPT_S raises KeyboardInterrupt). Only the main thread gets signals; elsewhere
-    nothing changes."""
+    nothing changes (runtime/sigint.py holds Ctrl-C without a handler install per call)."""
     seen = _Interrupts()
-    if threading.current_thread() is not threading.main_thread():
-        yield seen
-        return
-    previous = signal.signal(signal.SIGINT, seen)
+    token = sigint.hold(seen)
     try:
         yield seen
     finally:
-        signal.signal(signal.SIGINT, previous)
+        sigint.release(token)
 
 
 def step_interrupt(where: str, devices: object, calls: int) -> StepInterrupt:

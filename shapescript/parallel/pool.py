@@ -42,9 +42,10 @@ from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, 
                                            WorkerExit, WorkerProcess, collective_timeout, current_collective_timeout,
                                            is_stopped, loopback, ranks_text, shutdown, sweep_stale_folders,
                                            timeout_seconds, torch_settings)
+from shapescript.parallel import shared
 from shapescript.parallel.interrupts import step_interrupt, until_the_step_ends
 from shapescript.parallel.timeline import Timeline
-from shapescript.parallel.worker import WAITING, describe_status, dumps, read_status
+from shapescript.parallel.worker import WAITING, WORKER_MAIN, describe_status, dumps, read_status
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import require_visible
 from shapescript.runtime.steps import between_steps
@@ -54,9 +55,6 @@ PARALLEL_SEND_BYTES = 1 << 20  # messages bigger than this go to the workers at 
 COLLECTIVE_GRACE = 2.0  # after one worker's collective failed, how long the others have to report theirs
 ERROR_GRACE = 1.0  # after one worker raised an error of its own, how long the others have to raise theirs
 LOOK_EVERY = 0.25  # seconds between looks at the workers' processes and statuses while a call waits
-# A fresh interpreter that imports the worker module by name, never the controller's __main__ (as
-# `-m shapescript.parallel.worker` would, but without runpy's warning when the package imports it).
-_WORKER_MAIN = "import sys; from shapescript.parallel.worker import main; main(sys.argv[1:])"
 
 
 class WorkerPool:
@@ -134,7 +132,7 @@ class WorkerPool:
                 ours, theirs = socket.socketpair()
                 try:
                     proc = subprocess.Popen(
-                        [sys.executable, "-c", _WORKER_MAIN, "--fd", str(theirs.fileno()),
+                        [sys.executable, "-c", WORKER_MAIN, "--fd", str(theirs.fileno()),
                          "--parent", str(os.getpid())],
                         pass_fds=(theirs.fileno(),), env=env)
                 finally:
@@ -285,6 +283,7 @@ class WorkerPool:
             return  # the workers, their sockets and folder are the parent's, which goes on using them
         ended = [(w, w.dead()) for w in self._workers]  # the ones that stopped before we stopped them
         shutdown(self._workers, self._folder, grace, self._owner)
+        shared.close_idle()  # the batches' shared buffers (a call still holding one: when it lets go)
         self.exits = self.exits or tuple(
             WorkerExit(w.rank, w.label, w.proc.pid, w.how_it_stopped() if by_itself else STOPPED_BY_CONTROLLER)
             for w, by_itself in ended)

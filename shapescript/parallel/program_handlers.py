@@ -4,11 +4,12 @@ controller's script, and run only the functions the checker placed on the device
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
-from shapescript.parallel import loading, sharded_state
+from shapescript.parallel import loading, shared, sharded_state
 from shapescript.parallel.timeline import timed
 from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives, sharding
@@ -68,10 +69,10 @@ def decode(state: Any, value: Any) -> Any:
         return LOOPS.get(state, plan).take(number, start, size)
     if kind == "batch":
         _, spec, fields, lengths = value
-        move = {k: v.to(state.device) for k, v in fields.items()}
+        move = {k: shared.arrive(v, state.device) for k, v in fields.items()}  # a big field from shared memory
         return Batch(state.program[f"{spec}_spec"], move, {k: v.to(state.device) for k, v in lengths.items()})
     if kind == "tensor":
-        return value[1].to(state.device)
+        return shared.arrive(value[1], state.device)
     return value[1]
 
 
@@ -84,17 +85,21 @@ def to_cpu(value: Any) -> Any:
 
 
 @handler("call")
-def call(state: Any, name: str, args: tuple, part: tuple[int, int] | None = None) -> Any:
+def call(state: Any, name: str, args: tuple, part: tuple[int, int] | None = None, every: bool = True) -> Any:
     """Run `name` on this worker's arguments; `part` is where its part lies in the whole batch
     (offset, the whole batch's size). Answers the result, for each Mode argument in order the count
     of draws it has made, so that the controller's mode advances as one device's would, and the
-    call's WorkerTiming for the timeline (parallel/timeline.py; None where timing is off)."""
+    call's WorkerTiming for the timeline (parallel/timeline.py; None where timing is off).
+    `every`: whether every worker answers its result (one split along the batch axis, joined from
+    the parts); otherwise worker 0 alone answers the result and the draws (the same on every worker:
+    the controller reads worker 0's), and the others None for both, which spares copying, pickling and
+    reading a result no one reads."""
     with timed(state.clock):
-        answer = _run(state, name, args, part)
+        answer = _run(state, name, args, part, every or state.rank == 0)
     return answer if answer == SKIPPED else (*answer, state.clock.take())
 
 
-def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None) -> Any:
+def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None, answer: bool) -> Any:
     fn = state.program[name]
     loads = [k for k, a in enumerate(args) if a[0] == "batchref" and loading.needs_agreement(state, a[1])]
     agreeing = bool(loads) and state.world > 1
@@ -112,9 +117,15 @@ def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None) -> An
             return SKIPPED  # the worker that failed raises the loader's error in the controller
         for k, batch in zip(loads, parts):
             values[k] = batch
-    with collectives.in_batch_part(part), torch.no_grad():  # value_and_grad turns gradients on where needed
-        result = to_cpu(fn(*values))
-    return result, [v.draws for v in values if isinstance(v, Mode)]
+    # An unsplit call has no batch part to set: the one between calls is None already.
+    batch_part = collectives.in_batch_part(part) if part is not None else nullcontext()
+    with batch_part, torch.no_grad():  # value_and_grad turns gradients on where needed
+        result = fn(*values)
+    if not answer:
+        if state.device.type == "cuda":  # as the copy to the CPU would: the reply says the step's work is done
+            torch.cuda.current_stream(state.device).synchronize()
+        return None, None
+    return to_cpu(result), [v.draws for v in values if isinstance(v, Mode)]
 
 
 @handler("read")

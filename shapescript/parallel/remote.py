@@ -24,6 +24,7 @@ from shapescript.devices import shares
 from shapescript.errors import ShapeError, WorkerError
 from shapescript.names import MEMBER_PREFIX
 from shapescript.parallel.loading import RemoteBatches
+from shapescript.parallel.shared import SharedRows, share_rows
 from shapescript.runtime.data import Batch, batch_fields
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.model import members_text, refuse_change
@@ -129,6 +130,8 @@ def encode(value: Any) -> Any:
         return ("batch", value.spec.name, batch_fields(value), value.lengths)
     if isinstance(value, torch.Tensor):
         return ("tensor", value.detach().cpu())
+    if isinstance(value, SharedRows):  # a worker's rows of a big tensor, in shared memory (shared.py)
+        return ("tensor", value)
     return ("value", value)
 
 
@@ -148,12 +151,14 @@ def split_value(value: Any, axis: int | None, parts: list[int]) -> list[Any]:
         return value._parts(parts)
     if isinstance(value, Batch):
         fields = batch_fields(value)
-        pieces = {k: torch.split(v, parts) for k, v in fields.items()}
+        shared = share_rows(fields, parts)  # big fields: each worker's rows in shared memory
+        pieces: dict[str, Any] = {k: shared.get(k) or torch.split(v, parts) for k, v in fields.items()}
         lengths = {k: torch.split(v, parts) for k, v in value.lengths.items()}
         return [Batch(value.spec, {k: p[i] for k, p in pieces.items()}, {k: p[i] for k, p in lengths.items()})
                 for i in range(len(parts))]
     if isinstance(value, torch.Tensor):
-        return list(torch.split(value, parts, dim=axis))
+        rows = share_rows({"": value}, parts) if axis == 0 else {}
+        return rows.get("") or list(torch.split(value, parts, dim=axis))
     raise ShapeError(f"can't split a {type(value).__name__} across the devices")
 
 
@@ -198,11 +203,15 @@ class RemoteFunction:
         # workers to start or to load the program isn't kept.
         settled, began = workers.settled, time.perf_counter()
         split = [(a, k) for a, k in zip(args, self.plan.params) if k is not None]
+        # A result joined from the workers' parts needs every part; a whole one only worker 0's (the
+        # others answer None: program_handlers.call's `every`).
+        every = self.plan.result is not None
         if not split:
-            replies = workers.call("call", (self.name, tuple(encode(a) for a in args)), where=self.where)
+            replies = workers.call("call", (self.name, tuple(encode(a) for a in args), None, every), where=self.where)
         elif self.plan.heads:  # each worker its heads of each argument; no batch is split
             columns = [self.heads_of(a, k, n, workers.world) for n, (a, k) in enumerate(zip(args, self.plan.params))]
-            per_worker = [(self.name, tuple(encode(c[w]) for c in columns)) for w in range(workers.world)]
+            per_worker: list[tuple[Any, ...]] = [(self.name, tuple(encode(c[w]) for c in columns), None, every)
+                                                 for w in range(workers.world)]
             replies = workers.call("call", per_worker, where=self.where)
         else:
             n = batch_size(*split[0])
@@ -210,7 +219,7 @@ class RemoteFunction:
             columns = [split_value(a, k, parts) for a, k in zip(args, self.plan.params)]
             # Each worker is told where its part lies in the whole batch: a random draw is the whole
             # batch's, of which each worker keeps its part's rows (runtime/modes.py).
-            per_worker = [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n))
+            per_worker = [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n), every)
                           for w in range(workers.world)]
             replies = workers.call("call", per_worker, where=self.where)
         results = [result for result, _, _ in replies]

@@ -36,13 +36,14 @@ import os
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any
 
 import torch
+
+from shapescript.cell_styles import FIGURE_CELL, TEXT_CELL
 
 TIMELINE_ENV = "SHAPESCRIPT_TIMELINE"
 KEEP = 500  # steps the controller keeps
@@ -104,14 +105,9 @@ class StepClock:
         event.record()
         return event
 
-    @contextmanager
-    def loading(self) -> Iterator[None]:
+    def loading(self) -> _Loading:
         """Around loading the call's batches."""
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._data += time.perf_counter() - began
+        return _Loading(self)
 
     def finish(self) -> None:
         """The call has ended: `last` is its WorkerTiming."""
@@ -136,19 +132,39 @@ class StepClock:
         return timing
 
 
-@contextmanager
-def timed(clock: StepClock) -> Iterator[None]:
+# The two context managers below are classes, not @contextmanager generators: they run on every call
+# (a generator's set-up costs a few µs a call, a class's well under one).
+
+class _Loading:
+    """StepClock.loading(): adds the block's time to the call's data time."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self._clock, self._began = clock, 0.0
+
+    def __enter__(self) -> None:
+        self._began = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._clock._data += time.perf_counter() - self._began
+
+
+class timed:  # noqa: N801 (used as a function: `with timed(clock):`)
     """Around a call of the program's code (the "call" handler); then `clock.take()` is its timing."""
-    if not clock.enabled:
-        yield
-        return
-    clock.start()
-    try:
-        yield
-    except BaseException:
-        clock.abandon()
-        raise
-    clock.finish()
+
+    def __init__(self, clock: StepClock) -> None:
+        self._clock = clock
+
+    def __enter__(self) -> None:
+        if self._clock.enabled:
+            self._clock.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if not self._clock.enabled:
+            return
+        if exc_type is not None:
+            self._clock.abandon()
+        else:
+            self._clock.finish()
 
 
 # -- on the controller ---------------------------------------------------------------------------
@@ -272,13 +288,6 @@ def table_of(timeline: Timeline | None, devices: str, several: bool, last: int |
     return timeline.table(last)
 
 
-# A cell's alignment as an inline style, as notebook/markup.py's tables carry theirs (JupyterLab keeps
-# these where it drops a <style>, and they win over its right-aligning rule); the run time can't
-# import the notebook's module.
-_TEXT = "text-align:left;vertical-align:top"
-_FIGURE = "text-align:right;vertical-align:top;white-space:nowrap"
-
-
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
@@ -341,12 +350,12 @@ class TimelineTable:
             return f'<div class="ss-note">{html.escape(self.message)}</div>'
         out = []
         for s in self.sections():
-            head = "".join(f'<th style="{_TEXT}">{html.escape(h)}</th>' for h in s.header + ("",))
+            head = "".join(f'<th style="{TEXT_CELL}">{html.escape(h)}</th>' for h in s.header + ("",))
             body = "".join(
                 ('<tr class="ss-slowest">' if k == s.slowest else "<tr>")
-                + f'<td style="{_TEXT}">{html.escape(c[0])}</td>'
-                + "".join(f'<td class="ss-num" style="{_FIGURE}">{html.escape(v)}</td>' for v in c[1:])
-                + f'<td style="{_TEXT}">{"<b>slowest</b>" if k == s.slowest else ""}</td></tr>'
+                + f'<td style="{TEXT_CELL}">{html.escape(c[0])}</td>'
+                + "".join(f'<td class="ss-num" style="{FIGURE_CELL}">{html.escape(v)}</td>' for v in c[1:])
+                + f'<td style="{TEXT_CELL}">{"<b>slowest</b>" if k == s.slowest else ""}</td></tr>'
                 for k, c in enumerate(s.cells))
             out.append(f"<div>{html.escape(s.title)}</div>"
                        f'<table class="ss-timeline-table"><tr>{head}</tr>{body}</table>')

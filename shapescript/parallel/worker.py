@@ -1,13 +1,13 @@
 """A worker process: one per device, started by `pool.WorkerPool` as
 
-    python -c "import sys; from shapescript.parallel.worker import main; main(sys.argv[1:])" \
-        --fd N --parent PID
+    python -c WORKER_MAIN --fd N --parent PID
 
-a fresh interpreter, so the user's main script is never imported. It reads its settings from the
-socket it inherited as fd N, joins the process group, says it is ready, then answers one message at a
-time: ("call", handler, where, args) runs `handlers.HANDLERS[handler](state, *args)`, ("stop",) ends.
-If the controller (PID) dies instead, however it dies and whatever this worker is doing, the worker
-removes the pool's private folder, which no one else would, and exits (see `_Controller`).
+a fresh interpreter, so the user's main script is never imported (see WORKER_MAIN). It reads its
+settings from the socket it inherited as fd N, joins the process group, says it is ready, then
+answers one message at a time: ("call", handler, where, args) runs
+`handlers.HANDLERS[handler](state, *args)`, ("stop",) ends. If the controller (PID) dies instead,
+however it dies and whatever this worker is doing, the worker removes the pool's private folder,
+which no one else would, and exits (see `_Controller`).
 
 Each worker keeps a status (idle, running `fn`, waiting for the other workers at train.ss:30:12) in a
 small memory-mapped file that the controller reads when a worker is stuck and cannot answer.
@@ -76,9 +76,16 @@ def read_status(path: str) -> tuple[str, str]:
 
 # -- the wire format: pickle, with a fast path for tensors --------------------------------------------
 
+# Each step below is skipped where it would change nothing: a message's small tensors cost a few
+# µs each in torch's calls, on every round trip.
+
 def _rebuild_tensor(data: bytearray, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> torch.Tensor:
     kind = getattr(torch, dtype)
-    t = torch.frombuffer(data, dtype=torch.uint8).view(kind).reshape(shape) if data else torch.empty(shape, dtype=kind)
+    if not data:
+        t = torch.empty(shape, dtype=kind)
+    else:
+        t = torch.frombuffer(data, dtype=kind)  # one dimension: the shape's when it has one
+        t = t if len(shape) == 1 else t.reshape(shape)
     return t.requires_grad_() if requires_grad else t
 
 
@@ -87,20 +94,25 @@ def _reduce_tensor(t: torch.Tensor) -> tuple[Any, ...]:
     storage, ten times slower for a small tensor. Tensors arrive on the CPU."""
     if t.layout != torch.strided or t.is_quantized or t.is_nested or t.is_meta:
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-    data = t.detach().cpu().contiguous()
-    raw = pickle.PickleBuffer(data.reshape(-1).view(torch.uint8).numpy())  # no copy until pickled
+    data = t.detach() if t.requires_grad else t
+    data = data if data.is_cpu else data.cpu()
+    data = data if data.is_contiguous() else data.contiguous()
+    try:
+        array = data.numpy()  # any shape: its buffer is contiguous
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16...), or a conjugate view: as bytes
+        array = data.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8).numpy()
+    raw = pickle.PickleBuffer(array)  # no copy until pickled
     return _rebuild_tensor, (raw, str(data.dtype).removeprefix("torch."), tuple(data.shape), t.requires_grad)
 
 
-_DISPATCH = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}  # exact type: Parameter etc. as usual
+class _Pickler(pickle.Pickler):
+    dispatch_table = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}  # exact type: Parameter etc. as usual
 
 
 def dumps(obj: Any) -> bytes:
     """`obj` as one message, for `Connection.send_bytes`; `pickle.loads` reads it."""
     out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5)
-    pickler.dispatch_table = _DISPATCH
-    pickler.dump(obj)
+    _Pickler(out, protocol=5).dump(obj)
     return out.getvalue()
 
 
@@ -353,6 +365,34 @@ def _serve(conn: Connection, state: WorkerState) -> bool:
             reply = ("err", error_payload(exc, state))
         _send(conn, reply, f"the result of {where} on worker {state.rank}")
         state.idle()  # after sending: the controller takes a worker that's no longer waiting to be stuck
+        state.meter.settle()  # the call's memory peak, read once the reply is on its way (memory.py)
+
+
+# The program of a worker's `python -c`: this module imported by name, never the controller's __main__
+# (as `-m` would, but without runpy's warning when the package imports it). It enters the packages
+# `shapescript` and `shapescript.parallel` without running their __init__, which import the compiler
+# (sympy: more time than all of a worker's own imports after torch) that a worker never runs; a package
+# runs its __init__ when a name that it defines is first asked for (by the module of an extern fn that
+# uses `ss.load`, say), and its submodules import as usual.
+WORKER_MAIN = """\
+import importlib.util, sys, types
+
+class Package(types.ModuleType):
+    def __getattr__(self, name):
+        if importlib.util.find_spec(f"{self.__name__}.{name}") is not None:
+            raise AttributeError(name)  # a submodule: `from package import submodule` imports it
+        self.__class__ = types.ModuleType
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, name)
+
+for name in ("shapescript", "shapescript.parallel"):
+    package = importlib.util.module_from_spec(importlib.util.find_spec(name))
+    package.__class__ = Package
+    sys.modules[name] = package
+sys.modules["shapescript"].parallel = sys.modules["shapescript.parallel"]
+from shapescript.parallel.worker import main
+main(sys.argv[1:])
+"""
 
 
 def main(argv: list[str]) -> None:

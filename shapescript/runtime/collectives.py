@@ -7,12 +7,20 @@ differentiates runs twice, once each way), and `value_and_grad` averages the wor
 (one all-reduce per dtype). The loss is the same on every worker, so each worker's part of a sum
 over the batch gets the gradient N times, which the average takes back; a term every worker
 computes whole (say a penalty on the params) counts once, not once per worker.
+
+As DDP does, the gradients' all-reduce is sent in buckets started during the backward pass as their
+gradients become ready (`BucketedAverage`), so that it overlaps the rest of the backward; it is
+still recorded once per dtype, as the one collective the DeviceTable counts, and waited for inside
+`waiting_at`. `SHAPESCRIPT_OVERLAP=off` sends it after the backward, in one piece per dtype.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from typing import Callable, Iterator
 
 import torch
@@ -186,6 +194,116 @@ def average_grads(grads: list[torch.Tensor], where: str = "value_and_grad") -> l
         for k, piece in zip(ks, flat.split([grads[k].numel() for k in ks])):
             out[k] = piece.view_as(grads[k])
     return out
+
+
+OVERLAP_ENV = "SHAPESCRIPT_OVERLAP"
+BUCKET_ENV = "SHAPESCRIPT_BUCKET_MB"
+MIB = 1 << 20
+# On unless SHAPESCRIPT_OVERLAP=off: a worker reads it when it starts (A/B runs, and a way back).
+overlap: bool = os.environ.get(OVERLAP_ENV, "on").strip().lower() not in ("off", "0", "no", "false")
+
+
+def _bucket_bytes(text: str) -> int:
+    try:
+        return int(float(text) * MIB)
+    except ValueError:
+        warnings.warn(f"{BUCKET_ENV}={text!r} is not a number of MB: the buckets take 25 MB", stacklevel=2)
+        return 25 * MIB
+
+
+# DDP's defaults: a small first bucket, so that the all-reduce starts early in the backward, then
+# larger ones, so that there are few collectives. SHAPESCRIPT_BUCKET_MB is DDP's bucket_cap_mb.
+BUCKET_BYTES = _bucket_bytes(os.environ.get(BUCKET_ENV, "25"))
+FIRST_BUCKET_BYTES = min(MIB, BUCKET_BYTES)
+
+
+def plan_buckets(params: list[torch.Tensor]) -> list[list[int]]:
+    """The params' indices by bucket, in the order the buckets are sent. Gradients become ready
+    about in reverse of the params' order (DDP's guess too), so the buckets fill that way, one dtype
+    each, each closed once it holds its cap's bytes; within a bucket the indices ascend, so that a
+    bucket of every param is `average_grads`' buffer, value for value."""
+    filling: dict[torch.dtype, list[int]] = {}
+    filled_bytes: dict[torch.dtype, int] = {}
+    caps: dict[torch.dtype, int] = {}
+    buckets: list[list[int]] = []
+    for k in reversed(range(len(params))):
+        p = params[k]
+        filling.setdefault(p.dtype, []).append(k)
+        filled_bytes[p.dtype] = filled_bytes.get(p.dtype, 0) + p.numel() * p.element_size()
+        if filled_bytes[p.dtype] >= caps.get(p.dtype, FIRST_BUCKET_BYTES):
+            buckets.append(sorted(filling.pop(p.dtype)))
+            filled_bytes[p.dtype], caps[p.dtype] = 0, BUCKET_BYTES
+    return buckets + [sorted(ks) for ks in filling.values()]
+
+
+class BucketedAverage:
+    """`average_grads` sent during the backward pass, as DDP does: while it is entered, a hook on each
+    param takes its gradient as autograd makes it, and a bucket whose gradients are all in is
+    flattened and its all-reduce started (async); `finish` sends what is left, waits and averages.
+    Buckets start strictly in their order, so every worker starts the same collectives in the same
+    order (with the backward's own, `all_sum`'s) whatever the timing; so a param that gets no
+    gradient (its zeros are sent in `finish`) holds back its bucket and the ones after it."""
+
+    def __init__(self, params: list[torch.Tensor], where: str) -> None:
+        self.params, self.where = params, where
+        self.buckets = plan_buckets(params)
+        self.bucket_of = {k: b for b, ks in enumerate(self.buckets) for k in ks}
+        self.arrived: list[dict[int, torch.Tensor]] = [{} for _ in self.buckets]
+        self.sent: list[tuple[torch.Tensor, dist.Work]] = []  # by bucket, the first len(sent)
+        self.hooks: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> BucketedAverage:
+        self.hooks = [p.register_hook(partial(self._arrive, k)) for k, p in enumerate(self.params)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+
+    def _arrive(self, k: int, grad: torch.Tensor) -> None:
+        """A tensor hook: param k's whole gradient (a leaf's hook sees the sum of all its uses)."""
+        self.arrived[self.bucket_of[k]][k] = grad
+        self._send_ready()
+
+    def _send_ready(self) -> None:
+        while len(self.sent) < len(self.buckets):
+            b = len(self.sent)
+            if len(self.arrived[b]) < len(self.buckets[b]):
+                return  # a later bucket ready first waits for this one
+            flat = torch.cat([self.arrived[b][k].reshape(-1) for k in self.buckets[b]])
+            self.arrived[b] = {}
+            self.sent.append((flat, dist.all_reduce(flat, async_op=True)))
+
+    def finish(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Every worker's `grads` (all of them, zeros for a param that got none) averaged: the buckets
+        not yet sent go now, then each dtype's are waited for as one recorded collective."""
+        for b in range(len(self.sent), len(self.buckets)):
+            self.arrived[b] = {k: grads[k] for k in self.buckets[b]}
+        self._send_ready()
+        n = world()
+        out = list(grads)
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for b, ks in enumerate(self.buckets):
+            by_dtype.setdefault(grads[ks[0]].dtype, []).append(b)
+        for dtype in dict.fromkeys(g.dtype for g in grads):  # average_grads' order
+            bs = by_dtype[dtype]
+            record(self.where, sum(self.sent[b][0].numel() for b in bs), dtype, "all-reduce")
+            with waiting_at(self.where):
+                for b in bs:
+                    self.sent[b][1].wait()
+            for b in bs:
+                flat, ks = self.sent[b][0], self.buckets[b]
+                flat /= n
+                for k, piece in zip(ks, flat.split([grads[k].numel() for k in ks])):
+                    out[k] = piece.view_as(grads[k])
+        return out
+
+
+def bucketed_average(params: list[torch.Tensor], where: str) -> BucketedAverage | None:
+    """A BucketedAverage for a backward about to run, or None where `average_grads` does it: on one
+    device, or with SHAPESCRIPT_OVERLAP=off."""
+    return BucketedAverage(params, where) if overlap and world() > 1 else None
 
 
 # batch_norm's constants, PyTorch's defaults: one device (runtime/ops.py) and several use these.

@@ -52,10 +52,10 @@ class DataSpec:
                 raise ValueError(f"{f.where}: field name `{f.name}` is repeated or reserved "
                                  f"in data {self.name}")
             seen.add(f.name)
-        # Each field's shape after the batch axis when every dim of every field has a size (None when
-        # some field has a generic dim): what `_as_given` compares a batch with.
-        fixed = tuple(tuple(size for _, size in f.dims) for f in self.fields)
-        object.__setattr__(self, "fixed_shapes", None if any(None in shape for shape in fixed) else fixed)
+        # Each field's name, dtype, shape after the batch axis and Index bound when every dim of every
+        # field has a size (None when some field has a generic dim): what `as_given` compares with.
+        given = tuple((f.name, f.dtype, tuple(size for _, size in f.dims), f.index_bound) for f in self.fields)
+        object.__setattr__(self, "as_given", None if any(None in shape for _, _, shape, _ in given) else given)
 
 
 class Batch:
@@ -235,48 +235,50 @@ def _to_dtype(f: FieldSpec, t: torch.Tensor, origin: _Origin, numpy: bool) -> to
                      f"{origin.declared(f)}")
 
 
+def _in_bounds(t: torch.Tensor, bound: int) -> bool:
+    """Every value of an Index field's tensor in [0, bound): one pass over the data for both ends,
+    compared as plain numbers (comparing tensors costs more)."""
+    if not t.numel():
+        return True
+    lo, hi = torch.aminmax(t)
+    return lo.item() >= 0 and hi.item() < bound
+
+
 def _check_index(f: FieldSpec, t: torch.Tensor, origin: _Origin) -> None:
     bound = f.index_bound
-    if bound is None or t.numel() == 0:
-        return
-    lo, hi = torch.aminmax(t)  # one pass over the data for both ends
-    if lo.item() < 0 or hi.item() >= bound:  # plain numbers: comparing tensors costs more
+    if bound is not None and not _in_bounds(t, bound):
         label = f.bound_label
         named = (f"Index[{label}] with {label} = {bound}" if label and label != str(bound)
                  else f"Index[{bound}]")
         _refuse(f, t, (t < 0) | (t >= bound), origin, f"outside {named}")
 
 
-def _as_given(spec: DataSpec, record: Any, rows: int | None) -> dict[str, torch.Tensor] | None:
+def as_given(spec: DataSpec, record: Any, rows: int | None) -> dict[str, torch.Tensor] | None:
     """The fields as they are when nothing needs converting or refusing: a dict of exactly the
     declared fields, each a dense tensor of its dtype and shape with `rows` rows (None: as many as
     the first field has), Index values in bounds. None otherwise: then the full check converts what
     may be converted and words what is wrong. It spares a right batch the cost of the full check
     (a call from Python, and each batch a loop loads); tests/runtime/test_batch_checks.py checks
     that both ways give the same fields and the same errors."""
-    shapes: tuple[tuple[int, ...], ...] | None = spec.fixed_shapes  # type: ignore[attr-defined]
-    if shapes is None or type(record) is not dict or len(record) != len(shapes):
+    fields = spec.as_given  # type: ignore[attr-defined]
+    if fields is None or type(record) is not dict or len(record) != len(fields):
         return None
-    out: dict[str, torch.Tensor] = {}
-    for f, shape in zip(spec.fields, shapes):
-        t = record.get(f.name)
-        if type(t) is not torch.Tensor or t.dtype != f.dtype or t.layout != torch.strided or t.is_meta:
+    for name, dtype, shape, bound in fields:  # dtypes and layouts are singletons: `is` compares them
+        t = record.get(name)
+        if type(t) is not torch.Tensor or t.dtype is not dtype or t.layout is not torch.strided or t.is_meta:
             return None
         given = t.shape
         if len(given) != len(shape) + 1 or given[1:] != shape or (rows is not None and given[0] != rows):
             return None
         rows = given[0]
-        if f.index_bound is not None and t.numel():
-            lo, hi = torch.aminmax(t)
-            if lo.item() < 0 or hi.item() >= f.index_bound:
-                return None
-        out[f.name] = t
-    return out
+        if bound is not None and not _in_bounds(t, bound):
+            return None
+    return dict(record)  # a dict of its own: the caller's may change
 
 
 def _check_record(spec: DataSpec, record: Any, origin: _Origin) -> dict[str, torch.Tensor]:
     if origin.rows:
-        given = _as_given(spec, record, len(origin.indices) if origin.indices is not None else None)
+        given = as_given(spec, record, len(origin.indices) if origin.indices is not None else None)
         if given is not None:
             return given
     fields = ", ".join(f.name for f in spec.fields)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime import data
 from shapescript.runtime.data import Batch, DataSpec, batch_from_python, dense_problem, wrong_dim
 from shapescript.runtime.model import Model, dtype_name, shape_text
 from shapescript.runtime.modes import Mode
@@ -86,10 +87,9 @@ def _bind(axes: tuple[AxisCheck, ...], shape: tuple[int, ...], bindings: Binding
     """Bind bare generics, then check every axis; the first bad axis's index and the size it should
     have, or None."""
     _bind_generics(axes, shape, bindings, source)
-    values = {k: v for k, (v, _) in bindings.items()}
     for k, (a, n) in enumerate(zip(axes, shape)):
-        want = a.size if a.size is not None else values.get(a.generic) if a.generic else (
-            a.compute(values) if a.compute else None)
+        want = a.size if a.size is not None else bindings[a.generic][0] if a.generic else (
+            a.compute({g: v for g, (v, _) in bindings.items()}) if a.compute else None)
         if want is not None and want != n:
             return k, want
     return None
@@ -160,6 +160,12 @@ class BatchGuard:
     padded: tuple[tuple[AxisCheck, str, int], ...] = ()
 
     def __call__(self, value: Any, bindings: Bindings) -> Batch:
+        if self.device is None and not self.padded:  # the short way of a right batch (issue 15)
+            fields = data.as_given(self.spec, value, None)  # by the module: tests turn it off
+            if fields:
+                batch = Batch(self.spec, fields)
+                if batch.size and _bind(self.axes, (batch.size,), bindings, f"`{self.param.name}`") is None:
+                    return batch
         batch = batch_from_python(self.spec, value, str(self.param))
         if self.device is not None:
             batch = Batch(self.spec, {f.name: getattr(batch, f.name).to(self.device) for f in self.spec.fields})

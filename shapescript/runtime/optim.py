@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import signal
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any
 
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime.collectives import average_grads
+from shapescript.runtime import sigint
+from shapescript.runtime.collectives import BucketedAverage, average_grads, bucketed_average
 from shapescript.runtime.sharding import keeping_pieces, sharding
 from shapescript.runtime.steps import between_steps
 from shapescript.names import similar
@@ -47,27 +46,46 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: 
                    ) -> tuple[torch.Tensor, Grads]:
     """`f(m, *args)` and its gradient with respect to `m`'s trained params."""
     params = m.params()
-    with torch.enable_grad(), keeping_pieces(m):
-        v = f(m, *args)
-        if not isinstance(v, torch.Tensor) or v.ndim != 0 or not v.is_floating_point():
-            what = (f"a {type_text(v.shape, v.dtype)} tensor" if isinstance(v, torch.Tensor)
-                    else f"a {type(v).__name__}")
-            raise ShapeError(f"value_and_grad: {getattr(f, '__name__', 'the function')} returned "
-                             f"{what}, expected a float scalar []")
-        if v.requires_grad and params:
-            grads = torch.autograd.grad(v, params, allow_unused=True)
-        else:  # v does not depend on any param: autograd.grad would refuse
-            grads = (None,) * len(params)
-    tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
     pieces = sharding(m)
+    # A whole model's gradients are averaged as the backward makes them (None: after it)
+    buckets = bucketed_average(params, where) if pieces is None else None
+    grad_was = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(True)  # as torch.enable_grad(), without a context object every step
+    try:
+        if pieces is None:
+            v, grads = _differentiate(f, m, args, params, buckets)
+        else:
+            with keeping_pieces(m):
+                v, grads = _differentiate(f, m, args, params, None)
+    finally:
+        torch._C._set_grad_enabled(grad_was)
+    tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
     if pieces is None:
-        return v.detach(), Grads(m.spec, average_grads(tensors, where))
+        mean = buckets.finish(tensors) if buckets is not None else average_grads(tensors, where)
+        return v.detach(), Grads(m.spec, mean)
     # A part's gradient is already every worker's (a reduce-scatter, or its own heads'): N times its
     # share of the whole batch's, as each worker's loss seeds it with 1. A whole param's is averaged.
     whole = average_grads([t for t, part in zip(tensors, pieces.parted) if not part], where)
     averaged = iter(whole)
     out = [t / pieces.world if part else next(averaged) for t, part in zip(tensors, pieces.parted)]
     return v.detach(), Grads(m.spec, out, pieces.parted)
+
+
+def _differentiate(f: Callable[..., torch.Tensor], m: Model, args: tuple, params: list[torch.Tensor],
+                   buckets: BucketedAverage | None) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
+    """`f(m, *args)`, checked to be a float scalar, and its gradients (None where a param has none)."""
+    v = f(m, *args)
+    if not isinstance(v, torch.Tensor) or v.ndim != 0 or not v.is_floating_point():
+        what = (f"a {type_text(v.shape, v.dtype)} tensor" if isinstance(v, torch.Tensor)
+                else f"a {type(v).__name__}")
+        raise ShapeError(f"value_and_grad: {getattr(f, '__name__', 'the function')} returned "
+                         f"{what}, expected a float scalar []")
+    if not (v.requires_grad and params):  # v does not depend on any param: autograd.grad would refuse
+        return v, (None,) * len(params)
+    if buckets is None:
+        return v, torch.autograd.grad(v, params, allow_unused=True)
+    with buckets:
+        return v, torch.autograd.grad(v, params, allow_unused=True)
 
 
 class Optimizer:
@@ -266,26 +284,15 @@ def update(m: Model, opt: Optimizer, g: Grads) -> None:
     params = m.params()
     for p, gi in zip(params, g.tensors):
         p.grad = gi
+    # Ctrl-C during the step takes effect when it ends, so that a model and its optimizer state are
+    # never left half-updated (a step is many tensor operations).
+    held: list[FrameType | None] = []
+    token = sigint.hold(lambda signum, frame: held.append(frame))
     try:
-        with _uninterrupted():
-            opt.torch_opt.step()
+        opt.torch_opt.step()
     finally:  # never leave grads behind: the next value_and_grad must not see them
+        sigint.release(token)
         for p in params:
             p.grad = None
-
-
-@contextmanager
-def _uninterrupted() -> Iterator[None]:
-    """Ctrl-C during an optimizer step takes effect when the step ends, so that a model and its
-    optimizer state are never left half-updated (a step is many tensor operations)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread gets signals, and only it may set their handlers
-        return
-    pending: list[Any] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending and callable(previous):
-            previous(signal.SIGINT, pending[0])  # Python's own handler raises KeyboardInterrupt here
+        if held:
+            sigint.deliver(held[0])  # Python's own handler raises KeyboardInterrupt here

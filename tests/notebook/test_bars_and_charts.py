@@ -241,5 +241,5 @@ def test_the_live_charts_final_state_goes_into_their_output_when_the_call_ends(
     sink.write(ss.sinks.logs(loss=0.5))  # a record after the end: the widget is back, to draw it live
     assert shown[-1][0] == "update" and shown[-1][2]._repr_mimebundle_()[WIDGET_VIEW]["model_id"] == Widget.model_id
     sink.close()  # closing draws the last record and saves it, then it is done
-    assert len(shown) == 4 and WIDGET_VIEW not in shown[-1][2]._repr_mimebundle_() and sink._timer is None
+    assert len(shown) == 4 and WIDGET_VIEW not in shown[-1][2]._repr_mimebundle_() and not sink._throttle.pending
     assert len(points(svgs(shown[-1][2]._repr_mimebundle_()["text/html"])[0])) == len(losses) + 1

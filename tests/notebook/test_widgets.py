@@ -470,7 +470,7 @@ def test_the_live_sink_redraws_at_most_fps_times_a_second(monkeypatch: pytest.Mo
         time.sleep(0.02)
     assert len(points(sink.widget.value)) == 50  # the timer drew the last records
     sink.close()
-    assert len(points(sink.widget.value)) == 50 and sink._timer is None
+    assert len(points(sink.widget.value)) == 50 and not sink._throttle.pending
 
 
 # -- all of it on two devices ---------------------------------------------------------------------

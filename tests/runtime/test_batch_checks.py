@@ -1,5 +1,5 @@
 """A batch that needs nothing converted or refused takes a short way through the checks
-(runtime/data.py's `_as_given`, issue 15's call path); every other batch takes the full check. Both
+(runtime/data.py's `as_given`, issue 15's call path); every other batch takes the full check. Both
 ways must agree: for each batch here, right or wrong, the result (or the error, class and words) with
 the short way is what the full check alone gives."""
 
@@ -13,6 +13,7 @@ import torch
 
 from shapescript.runtime import data
 from shapescript.runtime.data import DataSpec, FieldSpec, batch_from_python, check_batch
+from shapescript.runtime.guards import AxisCheck, BatchGuard, Param
 
 DIGIT = DataSpec("Digit", (
     FieldSpec("img", (("D", 4),), torch.float32, None, None, "t.ss:2:5", "[D]"),
@@ -63,7 +64,7 @@ def outcome(check: Any) -> tuple[str, Any]:
 def both_ways(check: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[tuple[str, Any], tuple[str, Any]]:
     short = outcome(check)
     with monkeypatch.context() as m:
-        m.setattr(data, "_as_given", lambda *args: None)
+        m.setattr(data, "as_given", lambda *args: None)
         full = outcome(check)
     return short, full
 
@@ -88,10 +89,38 @@ def test_a_loaded_batch_gets_what_the_full_check_gives(name: str, monkeypatch: p
 
 def test_a_right_batch_is_taken_as_it_is_and_a_wrong_one_is_not() -> None:
     batch = {"img": IMG, "label": LABEL}
-    given = data._as_given(DIGIT, batch, None)
+    given = data.as_given(DIGIT, batch, None)
     assert given is not None and given["img"] is IMG and given["label"] is LABEL  # no copy
-    assert data._as_given(DIGIT, {"img": IMG, "label": LABEL.int()}, None) is None
-    assert data._as_given(DIGIT, {"img": IMG, "label": torch.tensor([0, 1, 3, 2, 1, 0])}, None) is None
-    assert data._as_given(DIGIT, batch, 5) is None  # 6 rows, not 5
-    assert data._as_given(LINE, {"tokens": torch.tensor([[1, 2]])}, None) is None  # generic: full check
-    assert data._as_given(DIGIT, {"img": np.zeros((6, 4), np.float32), "label": LABEL}, None) is None
+    assert data.as_given(DIGIT, {"img": IMG, "label": LABEL.int()}, None) is None
+    assert data.as_given(DIGIT, {"img": IMG, "label": torch.tensor([0, 1, 3, 2, 1, 0])}, None) is None
+    assert data.as_given(DIGIT, batch, 5) is None  # 6 rows, not 5
+    assert data.as_given(LINE, {"tokens": torch.tensor([[1, 2]])}, None) is None  # generic: full check
+    assert data.as_given(DIGIT, {"img": np.zeros((6, 4), np.float32), "label": LABEL}, None) is None
+
+
+BATCH_AXES = {  # the batch parameter's own axis, as a function's type gives it, and what is bound before
+    "[b], nothing bound": ((AxisCheck("b", None, "b", None),), {}),
+    "[b], b bound to 6": ((AxisCheck("b", None, "b", None),), {"b": (6, "`x`")}),
+    "[b], b bound to 4": ((AxisCheck("b", None, "b", None),), {"b": (4, "`x`")}),
+    "[6]": ((AxisCheck("6", 6, None, None),), {}),
+    "[B] with B = 8": ((AxisCheck("B", 8, None, None),), {}),
+}
+
+
+@pytest.mark.parametrize("axes", BATCH_AXES)
+@pytest.mark.parametrize("name", [n for n, (spec, _) in BATCHES.items() if spec is DIGIT])
+def test_a_batch_argument_gets_what_the_full_check_gives(name: str, axes: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The argument guard of a batch parameter (runtime/guards.py's BatchGuard) has a short way of its
+    own: the same batch, or the same error, and the same dims bound, as with the full check alone."""
+    _, value = BATCHES[name]
+    checks, bound = BATCH_AXES[axes]
+    guard = BatchGuard(Param("step", "batch", "t.ss:9:10"), DIGIT, checks)
+
+    def check() -> tuple[tuple[str, Any], dict]:
+        bindings = dict(bound)
+        return outcome(lambda: guard(value, bindings)), bindings
+    short = check()
+    with monkeypatch.context() as m:
+        m.setattr(data, "as_given", lambda *args: None)
+        full = check()
+    assert short == full

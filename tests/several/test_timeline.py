@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import shapescript as ss
-from shapescript.notebook.timeline import MEAN_OF, Throttle, view_for
+from shapescript.notebook.throttle import Throttle
+from shapescript.notebook.timeline import MEAN_OF, view_for
 from shapescript.parallel.timeline import StepClock, WorkerTiming, timed
 
 from programs import README

@@ -1,0 +1,78 @@
+"""Ctrl-C held back while a step must not be cut short.
+
+An optimizer step (runtime/optim.py) and a wait for the workers' step (parallel/interrupts.py) take
+Ctrl-C when the step ends, not in the middle of it. Rather than install a SIGINT handler and put the
+old one back around every step (two `signal.signal` calls a step), a handler of ours, a router,
+is installed the first time a step holds Ctrl-C and stays: while a holder is set it gets the signal,
+otherwise the handler the router replaced does, as if the router weren't there. If someone installs
+another handler later, the next hold puts the router in front of that one.
+
+Only the main thread gets signals and may set their handlers, so a hold from another thread does
+nothing. Nor does one where SIGINT is ignored or left to the OS (SIG_IGN, SIG_DFL): there is no
+Python handler to defer to.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+# The C module's getsignal: `signal.getsignal` converts what it returns to an enum where it can, which
+# costs ~20 µs for Python's own handler (a failed Enum lookup, an exception) on every step.
+from _signal import getsignal as _current_handler  # type: ignore[import-not-found]
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+Handler = Callable[[int, FrameType | None], Any]
+
+_holder: Handler | None = None  # who gets SIGINT now, instead of the handler the router replaced
+_main = threading.main_thread()
+
+
+class _Router:
+    """The handler of ours: each install is a new one holding what it replaced, so that code which
+    saved a router and puts it back later gets the handler that router stood in front of."""
+
+    def __init__(self, replaced: Handler) -> None:
+        self.replaced = replaced
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        holder = _holder
+        (holder if holder is not None else self.replaced)(signum, frame)
+
+
+def _router_in_place() -> bool:
+    """Put a router in front of the current SIGINT handler if there isn't one; False where it can't be."""
+    current = _current_handler(signal.SIGINT)
+    if type(current) is _Router:
+        return True
+    if not callable(current):
+        return False
+    signal.signal(signal.SIGINT, _Router(current))
+    return True
+
+
+def hold(holder: Handler) -> Handler | None | bool:
+    """Give SIGINT to `holder` until `release(token)` with the token this returns (holds nest)."""
+    global _holder
+    if threading.current_thread() is not _main or not _router_in_place():
+        return False  # nothing held: the token says so to release
+    token, _holder = _holder, holder
+    return token
+
+
+def release(token: Handler | None | bool) -> None:
+    """End the hold that returned `token`: the holder before it (or none) gets SIGINT again."""
+    global _holder
+    if token is not False:
+        _holder = token  # type: ignore[assignment]
+
+
+def deliver(frame: FrameType | None) -> None:
+    """Pass on a held Ctrl-C, now, to the handler the router stands in front of: Python's own
+    raises KeyboardInterrupt here."""
+    current = _current_handler(signal.SIGINT)
+    handler = current.replaced if type(current) is _Router else current
+    if callable(handler):
+        handler(signal.SIGINT, frame)
