@@ -86,7 +86,8 @@ def model_order(c: Checked) -> list[T.ModelT]:
 
 # The runtime modules a standalone build inlines, in dependency order. Each imports only torch,
 # safetensors, the standard library and the modules before it.
-STANDALONE_MODULES = ("errors.py", "names.py", "dtypes.py", "inits.py", "runtime/model.py", "runtime/collectives.py", "runtime/sharding.py", "runtime/heads.py",
+STANDALONE_MODULES = ("errors.py", "names.py", "dtypes.py", "inits.py", "runtime/steps.py", "runtime/sigint.py",
+                      "runtime/model.py", "runtime/collectives.py", "runtime/sharding.py", "runtime/heads.py",
                       "runtime/optim.py",
                       "runtime/data.py", "runtime/sinks.py", "runtime/checkpoint.py", "runtime/calls.py", "runtime/patterns.py",
                       "runtime/modes.py", "runtime/ops.py", "runtime/guards.py")

@@ -41,11 +41,11 @@ def until_the_step_ends() -> Iterator[_Interrupts]:
     SECOND_INTERRUPT_S raises KeyboardInterrupt). Only the main thread gets signals; elsewhere
     nothing changes (runtime/sigint.py holds Ctrl-C without a handler install per call)."""
     seen = _Interrupts()
-    token = sigint.hold(seen)
+    token = sigint.hold_ctrl_c(seen)
     try:
         yield seen
     finally:
-        sigint.release(token)
+        sigint.release_ctrl_c(token)
 
 
 def step_interrupt(where: str, devices: object, calls: int) -> StepInterrupt:

@@ -17,8 +17,7 @@ from typing import Any, Callable
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime import data
-from shapescript.runtime.data import Batch, DataSpec, batch_from_python, dense_problem, wrong_dim
+from shapescript.runtime.data import Batch, as_given, DataSpec, batch_from_python, dense_problem, wrong_dim
 from shapescript.runtime.model import Model, dtype_name, shape_text
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
@@ -161,7 +160,7 @@ class BatchGuard:
 
     def __call__(self, value: Any, bindings: Bindings) -> Batch:
         if self.device is None and not self.padded:  # the short way of a right batch (issue 15)
-            fields = data.as_given(self.spec, value, None)  # by the module: tests turn it off
+            fields = as_given(self.spec, value, None)
             if fields:
                 batch = Batch(self.spec, fields)
                 if batch.size and _bind(self.axes, (batch.size,), bindings, f"`{self.param.name}`") is None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime import sigint
+from shapescript.runtime.sigint import deliver_ctrl_c, hold_ctrl_c, release_ctrl_c
 from shapescript.runtime.collectives import BucketedAverage, average_grads, bucketed_average
 from shapescript.runtime.sharding import keeping_pieces, sharding
 from shapescript.runtime.steps import between_steps
@@ -287,12 +287,12 @@ def update(m: Model, opt: Optimizer, g: Grads) -> None:
     # Ctrl-C during the step takes effect when it ends, so that a model and its optimizer state are
     # never left half-updated (a step is many tensor operations).
     held: list[FrameType | None] = []
-    token = sigint.hold(lambda signum, frame: held.append(frame))
+    token = hold_ctrl_c(lambda signum, frame: held.append(frame))
     try:
         opt.torch_opt.step()
     finally:  # never leave grads behind: the next value_and_grad must not see them
-        sigint.release(token)
+        release_ctrl_c(token)
         for p in params:
             p.grad = None
         if held:
-            sigint.deliver(held[0])  # Python's own handler raises KeyboardInterrupt here
+            deliver_ctrl_c(held[0])  # Python's own handler raises KeyboardInterrupt here

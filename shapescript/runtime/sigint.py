@@ -24,21 +24,21 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-Handler = Callable[[int, FrameType | None], Any]
+SigintHandler = Callable[[int, FrameType | None], Any]
 
-_holder: Handler | None = None  # who gets SIGINT now, instead of the handler the router replaced
-_main = threading.main_thread()
+_ctrl_c_holder: SigintHandler | None = None  # who gets SIGINT now, instead of the handler the router replaced
+_ctrl_c_main = threading.main_thread()
 
 
 class _Router:
     """The handler of ours: each install is a new one holding what it replaced, so that code which
     saved a router and puts it back later gets the handler that router stood in front of."""
 
-    def __init__(self, replaced: Handler) -> None:
+    def __init__(self, replaced: SigintHandler) -> None:
         self.replaced = replaced
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        holder = _holder
+        holder = _ctrl_c_holder
         (holder if holder is not None else self.replaced)(signum, frame)
 
 
@@ -53,23 +53,23 @@ def _router_in_place() -> bool:
     return True
 
 
-def hold(holder: Handler) -> Handler | None | bool:
-    """Give SIGINT to `holder` until `release(token)` with the token this returns (holds nest)."""
-    global _holder
-    if threading.current_thread() is not _main or not _router_in_place():
+def hold_ctrl_c(holder: SigintHandler) -> SigintHandler | None | bool:
+    """Give SIGINT to `holder` until `release_ctrl_c(token)` with the token this returns (holds nest)."""
+    global _ctrl_c_holder
+    if threading.current_thread() is not _ctrl_c_main or not _router_in_place():
         return False  # nothing held: the token says so to release
-    token, _holder = _holder, holder
+    token, _ctrl_c_holder = _ctrl_c_holder, holder
     return token
 
 
-def release(token: Handler | None | bool) -> None:
+def release_ctrl_c(token: SigintHandler | None | bool) -> None:
     """End the hold that returned `token`: the holder before it (or none) gets SIGINT again."""
-    global _holder
+    global _ctrl_c_holder
     if token is not False:
-        _holder = token  # type: ignore[assignment]
+        _ctrl_c_holder = token  # type: ignore[assignment]
 
 
-def deliver(frame: FrameType | None) -> None:
+def deliver_ctrl_c(frame: FrameType | None) -> None:
     """Pass on a held Ctrl-C, now, to the handler the router stands in front of: Python's own
     raises KeyboardInterrupt here."""
     current = _current_handler(signal.SIGINT)

@@ -41,11 +41,11 @@ def ctrl_c() -> None:
 
 def test_a_held_ctrl_c_goes_to_the_holder_and_otherwise_to_the_handler_replaced(stray_handler: None) -> None:
     seen: list[int] = []
-    token = sigint.hold(lambda signum, frame: seen.append(signum))
+    token = sigint.hold_ctrl_c(lambda signum, frame: seen.append(signum))
     try:
         ctrl_c()
     finally:
-        sigint.release(token)
+        sigint.release_ctrl_c(token)
     assert seen == [signal.SIGINT]
     with pytest.raises(Stray):
         ctrl_c()
@@ -56,12 +56,12 @@ def test_holds_nest() -> None:
     inner: list[int] = []
     with_stray = signal.signal(signal.SIGINT, _stray)
     try:
-        a = sigint.hold(lambda s, f: outer.append(s))
-        b = sigint.hold(lambda s, f: inner.append(s))
+        a = sigint.hold_ctrl_c(lambda s, f: outer.append(s))
+        b = sigint.hold_ctrl_c(lambda s, f: inner.append(s))
         ctrl_c()
-        sigint.release(b)
+        sigint.release_ctrl_c(b)
         ctrl_c()
-        sigint.release(a)
+        sigint.release_ctrl_c(a)
         with pytest.raises(Stray):
             ctrl_c()
     finally:
@@ -72,9 +72,9 @@ def test_holds_nest() -> None:
 def test_a_handler_installed_and_restored_around_a_hold_comes_back_as_it_was(stray_handler: None) -> None:
     """Code that saves the handler (ours), installs its own, holds, and restores what it saved: Ctrl-C
     afterwards reaches the handler that was in effect before it, not the one in between."""
-    sigint.release(sigint.hold(lambda s, f: None))  # a router in front of the stray handler
+    sigint.release_ctrl_c(sigint.hold_ctrl_c(lambda s, f: None))  # a router in front of the stray handler
     saved = signal.signal(signal.SIGINT, signal.default_int_handler)
-    sigint.release(sigint.hold(lambda s, f: None))  # a router in front of Python's own
+    sigint.release_ctrl_c(sigint.hold_ctrl_c(lambda s, f: None))  # a router in front of Python's own
     signal.signal(signal.SIGINT, saved)
     with pytest.raises(Stray):
         ctrl_c()
@@ -83,7 +83,7 @@ def test_a_handler_installed_and_restored_around_a_hold_comes_back_as_it_was(str
 def test_a_hold_from_another_thread_changes_nothing(stray_handler: None) -> None:
     before = signal.getsignal(signal.SIGINT)
     tokens: list[object] = []
-    thread = threading.Thread(target=lambda: tokens.append(sigint.hold(lambda s, f: None)))
+    thread = threading.Thread(target=lambda: tokens.append(sigint.hold_ctrl_c(lambda s, f: None)))
     thread.start()
     thread.join()
     assert tokens == [False]
