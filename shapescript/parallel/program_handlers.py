@@ -188,7 +188,7 @@ def free(state: Any, handles: list[int]) -> None:
 
 
 @handler("record_collectives")
-def record_collectives(state: Any, on: bool) -> list[tuple[str, int, str]]:
+def record_collectives(state: Any, on: bool) -> list[tuple[str, int, str, str]]:
     """Start recording every collective (on), or stop and return what was recorded: (.ss location,
     values, dtype, operation) each, to compare with the DeviceTable."""
     done = collectives.recorded or []
