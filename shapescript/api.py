@@ -24,6 +24,8 @@ from .lower.codegen import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
 from .background import BackgroundRun, stop_runs_of
+from .parallel.interrupts import preparing_a_call
+from .parallel.remote import RemoteFunction
 from .runtime import calls, data, steps
 from .runtime.model import Model, require_visible
 from .stale import current_models
@@ -329,6 +331,7 @@ class Function:
         self._py = program.namespace[py_name(fn.name)]
         self._guards: tuple[Any, ...] | None = None  # read at the first call
         self._names = [p.name for p in fn.params]
+        self._on_workers = isinstance(self._py, RemoteFunction)  # placed on the devices, called in the workers
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call it; with `background=True` (unless the fn has a parameter of that name: then use
@@ -339,9 +342,16 @@ class Function:
                 raise TypeError(f"background is True or False, not {type(background).__name__} {_short(background)}")
             if background:
                 return self.start(*args, **kwargs)
-        checked = self._checked_args(args, kwargs)
-        with steps.between_steps():  # while a background run goes, between two of its steps
-            return self._invoke(checked)
+        if not self._on_workers:
+            checked = self._checked_args(args, kwargs)
+            with steps.between_steps():  # while a background run goes, between two of its steps
+                return self._invoke(checked)
+        # A call on the workers is one step from the start: Ctrl-C while its arguments are checked
+        # waits for the step too (parallel/interrupts.py).
+        with preparing_a_call(f"`{self.name}`", self.program.checked.device_set):
+            checked = self._checked_args(args, kwargs)
+            with steps.between_steps():
+                return self._invoke(checked)
 
     def start(self, *args: Any, **kwargs: Any) -> BackgroundRun:
         """Start the call in a thread of its own and return at once with its BackgroundRun: `.wait()`,

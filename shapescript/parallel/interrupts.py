@@ -8,6 +8,7 @@ On one device the same holds by construction: an optimizer step defers Ctrl-C to
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,12 +36,50 @@ class _Interrupts:
         self.first = now
 
 
+_early: float | None = None  # when a Ctrl-C came while a call was being prepared (see preparing_a_call)
+
+
+def _note_early(signum: int, frame: FrameType | None) -> None:
+    global _early
+    now = time.monotonic()
+    if _early is not None and now - _early <= SECOND_INTERRUPT_S:
+        raise KeyboardInterrupt  # the second: stop now (nothing of this call has reached the workers)
+    _early = now
+
+
+@contextmanager
+def preparing_a_call(where: str, devices: object) -> Iterator[None]:
+    """Around a call on the workers from its start (checking and encoding its arguments) to its
+    end: a Ctrl-C that comes before the call reaches the workers is noted, and the call's wait
+    (`until_the_step_ends`) takes it as its first, so that the step runs and StepInterrupt follows;
+    one that comes after the wait, as the results are joined, raises StepInterrupt as the call ends.
+    Without it, Ctrl-C between the calls of a loop from Python would often land outside the wait
+    and be a plain KeyboardInterrupt."""
+    global _early
+    token = sigint.hold_ctrl_c(_note_early)
+    ended = False
+    try:
+        yield
+        ended = True
+    finally:
+        sigint.release_ctrl_c(token)
+        noted, _early = _early, None
+        if noted is not None and ended:
+            exc = StepInterrupt()
+            exc.add_note(f"Interrupted as {where} ended on every worker: the models and optimizer state on "
+                         f"{devices} are as that step left them, and the workers go on.")
+            raise exc
+
+
 @contextmanager
 def until_the_step_ends() -> Iterator[_Interrupts]:
     """Around waiting for the workers' replies: Ctrl-C is noted, not raised (a second one within
     SECOND_INTERRUPT_S raises KeyboardInterrupt). Only the main thread gets signals; elsewhere
     nothing changes (runtime/sigint.py holds Ctrl-C without a handler install per call)."""
+    global _early
     seen = _Interrupts()
+    if threading.current_thread() is threading.main_thread():  # the thread that gets signals
+        seen.first, _early = _early, None  # a Ctrl-C while the call was prepared counts as during its step
     token = sigint.hold_ctrl_c(seen)
     try:
         yield seen

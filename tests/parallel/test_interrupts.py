@@ -87,3 +87,35 @@ def test_a_second_interrupt_stops_the_workers_at_once(no_stray_interrupts: None)
             m.w1
     finally:
         prog.stop()
+
+
+def test_an_interrupt_while_the_arguments_are_checked_waits_for_the_step(
+        no_stray_interrupts: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C before the call reaches the workers (here: while its batch is checked, where a loop of
+    calls from Python spends some of its time) counts as during the step: the step runs, then
+    StepInterrupt, as for one that comes while the workers compute."""
+    prog = ss.load(README, devices="cpu[0 1]", name="mlp.ss")
+    try:
+        m = prog.Mlp.init(seed=0)
+        opt = ss.adamw(m, lr=1e-3)
+        batch = {"img": torch.randn(8, 784), "label": torch.arange(8) % 10}
+        step = prog.train_step
+        step(m, opt, batch)
+        before = m.w1
+        checked = step._checked_args
+
+        def interrupted(*args: object) -> object:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # handled here, between bytecodes, before the call reaches the workers
+            return checked(*args)
+
+        monkeypatch.setattr(step, "_checked_args", interrupted)
+        with pytest.raises(StepInterrupt) as info:
+            step(m, opt, batch)
+        assert "ended on every worker" in "\n".join(info.value.__notes__)
+        assert not torch.equal(m.w1, before)  # the step ran
+        monkeypatch.undo()
+        after = m.w1
+        assert float(step(m, opt, batch)) > 0 and not torch.equal(m.w1, after)  # and training goes on
+    finally:
+        prog.stop()
