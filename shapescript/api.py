@@ -19,12 +19,13 @@ import torch
 from .check.program import Checked, FnInfo
 from .pipeline import check_source, python_module, python_modules
 from .devices import DeviceSet
-from .errors import CompileError, Diagnostic, ShapeScriptError, Span
+from .errors import ClusterNeededError, CompileError, Diagnostic, ShapeScriptError, Span
 from .lower.codegen import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
 from .background import BackgroundRun, stop_runs_of
 from .parallel.interrupts import preparing_a_call
+from .parallel import pipeline
 from .parallel.remote import RemoteFunction
 from .runtime import calls, data, steps
 from .runtime.model import Model, require_visible
@@ -191,6 +192,9 @@ class Program:
         that ask at once share one pool."""
         with self._pool_lock():
             if self._pool is None or not self._pool.alive:
+                devices = self.checked.device_set
+                if devices.several_hosts:  # the local pool is one host's; a cluster places the others
+                    raise ClusterNeededError.of(str(devices), devices.hosts, devices.count)
                 from .parallel.pool import WorkerPool
                 pool = WorkerPool(self.checked.device_set, modules=["shapescript.parallel.program_handlers"])
                 try:
@@ -363,7 +367,9 @@ class Function:
         values = self._arrange(args, kwargs)
         if self._guards is None:
             devices = self.program.checked.device_set
-            if devices.kind == "cuda":  # at the first call, not at load: a program can be read anywhere
+            # At the first call, not at load: a program can be read anywhere. Several hosts' devices
+            # are a cluster's, not this machine's.
+            if devices.kind == "cuda" and not devices.several_hosts:
                 require_visible(devices.indices or (0,), str(devices), f"`{self.name}`")
             # printed by the built module; a model argument is also checked against this program's shapes
             self._guards = current_models(self.program, self.program.namespace["GUARDS"][self.name])
@@ -376,9 +382,9 @@ class Function:
         scope = data.call_scope  # the notebook's: one progress bar per loop for the whole call
         try:  # turns gradients on where it needs them
             if scope is None:
-                return self._py(*checked)
+                return self._run(checked)
             with scope:
-                return self._py(*checked)
+                return self._run(checked)
         except ShapeScriptError:
             raise
         except Exception as e:
@@ -387,6 +393,13 @@ class Function:
             raise
         finally:
             torch._C._set_grad_enabled(grad_was)
+
+    def _run(self, checked: list[Any]) -> Any:
+        if self._on_workers or not self.program.several:
+            return self._py(*checked)
+        # A controller's fn: its loops may send steps without waiting for their answers.
+        with pipeline.settled(lambda: self.program.pool, f"`{self.name}`", self.program.checked.device_set):
+            return self._py(*checked)
 
     def _arrange(self, args: tuple, kwargs: dict) -> list[Any] | tuple:
         names = self._names

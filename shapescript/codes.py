@@ -368,6 +368,9 @@ RUN_TIME = [
     ("several devices: a handle whose workers have stopped", "`WorkerError` at once; no workers start"),
     ("several devices: a call from a process forked from the controller", "`WorkerError`: the workers "
      "are the parent's, and the child's exit leaves them running"),
+    ("several hosts (`devices 2 x cuda[0 1]`) with no cluster to run on", "`ClusterNeededError` (a "
+     "`WorkerError`) at the first call or `init`, saying how to give a cluster; compiling, checking and "
+     "the DeviceTable need none"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _ENTRIES}

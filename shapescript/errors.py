@@ -27,6 +27,21 @@ class WorkerError(ShapeScriptError, RuntimeError):
     """A device worker stopped or did not answer."""
 
 
+class ClusterNeededError(WorkerError):
+    """A devices line naming several hosts (`2 x cuda[0 1]`), run with no cluster to place its
+    workers on. Raised where the workers would start; compiling and checking need no cluster."""
+
+    @classmethod
+    def of(cls, devices: str, hosts: int, workers: int) -> "ClusterNeededError":
+        return cls(
+            f"`devices {devices}` names {hosts} hosts, so its {workers} workers need a cluster to run on, and "
+            f"none is given. Connect one before the first call: `ss.cluster(\"ray://head:10001\")` (a Ray "
+            f"cluster's address), `ss.cluster(\"auto\")` (RAY_ADDRESS, or a Ray cluster running on this "
+            f"machine), or `%shapescript cluster ...` in a notebook; Ray comes with "
+            f"`pip install 'shapescript[ray]'`. To run on this machine alone, name one host's devices, "
+            f"as `devices {devices.partition(' x ')[2] or devices}`.")
+
+
 class DeviceError(ShapeScriptError, RuntimeError):
     """The machine can't give what a program asks of its devices: a CUDA device that isn't visible,
     or more memory than there is."""

@@ -7,6 +7,8 @@
     elaborate   ir/elaborate.py     `Checked` → the typed IR, each node with its type, its
                                     resolved call and the split's marks
     fuse        ir/fuse.py          spans torch has one kernel for, rewritten to use it
+    defer       ir/defer.py         the calls whose results a controller's loop only logs,
+                                    which it needn't wait for
     print       lower/codegen.py    the IR → a Python module for a target (one device, the
                                     controller, a worker, standalone)
 
@@ -21,6 +23,7 @@ from .check.checker import check_program
 from .check.program import Checked
 from .devices import DeviceSet
 from .ir import nodes as ir
+from .ir.defer import defer
 from .ir.elaborate import elaborate
 from .ir.fuse import fuse
 from .lower.codegen import generate
@@ -37,7 +40,7 @@ def check_source(source: str, file: str = "<input>", devices: DeviceSet | None =
 def typed_ir(checked: Checked, fused: bool = True) -> ir.Module:
     """The checked program as typed IR; `fused`: with torch's kernels where they fit."""
     module = elaborate(checked)
-    return fuse(module) if fused else module
+    return defer(fuse(module) if fused else module)
 
 
 def python_module(checked: Checked, target: Target | None = None, *, standalone: bool = False,

@@ -165,7 +165,7 @@ def devices_of(ctx: Context, node: A.Devices) -> DeviceSet:
             ctx.error("E0202", "a device is listed twice", node.span, "repeated device number")
     shard = any(o.kind == "shard" for o in node.options)
     splits = [o for o in node.options if o.kind == "split"]
-    return DeviceSet(node.kind, indices, shard, splits[0].name if splits else None)
+    return DeviceSet(node.kind, indices, shard, splits[0].name if splits else None, node.hosts)
 
 
 def layout_options(ctx: Context, node: A.Devices | None, devices: DeviceSet) -> None:
@@ -185,7 +185,8 @@ def layout_options(ctx: Context, node: A.Devices | None, devices: DeviceSet) -> 
     size = ctx.dim_values[name]
     if size is not None and size % devices.count:
         counts = [str(n) for n in range(2, size + 1) if size % n == 0][:4]
-        ctx.error("E1902", f"`split {name}` over {devices.count} devices, but {name} = {size} isn't a "
+        on_hosts = f" ({devices.hosts} hosts × {devices.per_host})" if devices.several_hosts else ""
+        ctx.error("E1902", f"`split {name}` over {devices.count} devices{on_hosts}, but {name} = {size} isn't a "
                   f"multiple of {devices.count}", span, f"{name} = {size}",
                   f"each device holds an equal part of {name}: use {', '.join(counts[:-1])} or {counts[-1]} "
                   f"devices" if len(counts) > 1 else f"use {counts[0]} devices" if counts

@@ -130,6 +130,17 @@ class DeviceTable:
     shard_params: bool = False
     heads: str | None = None  # `split H`'s dim
     heads_size: int | None = None
+    hosts: int = 1  # `2 x cuda[0 1]`: `count` is every host's devices, and every collective crosses hosts
+
+    @property
+    def per_host(self) -> int:
+        return self.count // self.hosts
+
+    @property
+    def crosses_hosts(self) -> bool:
+        """Whether the collectives cross hosts: each runs over all the workers, so with more than
+        one host, every one does."""
+        return self.hosts > 1
 
     @classmethod
     def of(cls, checked: Checked) -> "DeviceTable":
@@ -171,7 +182,8 @@ class _Builder:
         heads = self.c.layout.heads
         table = DeviceTable(str(self.c.device_set), self.count, batch, batch_span, file=self.c.file,
                             shard_params=self.sharding, heads=heads,
-                            heads_size=self.c.dim_values.get(heads) if heads else None)
+                            heads_size=self.c.dim_values.get(heads) if heads else None,
+                            hosts=self.c.device_set.hosts)
         for name, model in self.c.models.items():
             table.models[name] = self.model_layout(name, None, model.node.name_span, model)
         for fn in self.c.fns.values():

@@ -60,6 +60,22 @@ def shares_text(table: DeviceTable, batch: int | None = None) -> str:
     return f"each holding its share of the batch ({'/'.join(map(str, parts))} for a batch of {n}{where})"
 
 
+def devices_words(table: DeviceTable) -> str:
+    """"the 4 devices"; on several hosts, "the 8 devices on 2 hosts"."""
+    return f"the {table.count} devices" + (f" on {table.hosts} hosts" if table.crosses_hosts else "")
+
+
+def hosts_note(table: DeviceTable) -> str:
+    """What a multi-host devices line means for the collectives; "" on one host."""
+    if not table.crosses_hosts:
+        return ""
+    return (f"{table.count} devices: {table.hosts} hosts × {table.per_host} devices each. Every collective runs "
+            f"over all {table.count} and crosses hosts")
+
+
+CROSSES_HOSTS = " — crosses hosts"  # after each collective of a multi-host table
+
+
 # -- hovers ------------------------------------------------------------------------------------------
 
 def share_word(count: int) -> str:
@@ -106,9 +122,9 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         size = f"; {bytes_text(v.per_example)} per example" if v.per_example is not None else ""
         fn = table.fns.get(v.fn or "")
         if fn is not None and fn.placement == "controller":
-            return (f"{head}, a batch the workers load in parts: it is split across the {table.count} devices "
+            return (f"{head}, a batch the workers load in parts: it is split across {devices_words(table)} "
                     f"along {v.axis}, {shares_text(table, batch)}{size}")
-        return (f"{head}, split across the {table.count} devices along {v.axis}, "
+        return (f"{head}, split across {devices_words(table)} along {v.axis}, "
                 f"{shares_text(table, batch)}{size}")
     return f"{head}, whole on every device" + (f": {bytes_text(v.bytes)}" if v.bytes is not None else "")
 
@@ -127,8 +143,8 @@ def fn_text(table: DeviceTable, f: FnPlan) -> str:
     if table.count == 1 or f.placement == "controller":
         return text + "."
     if not f.sent and not f.sent_differentiated:
-        return text + f". It sends nothing between the {table.count} devices."
-    text += f". Each call sends {bytes_text(f.bytes)} between the {table.count} devices, its calls included"
+        return text + f". It sends nothing between {devices_words(table)}."
+    text += f". Each call sends {bytes_text(f.bytes)} between {devices_words(table)}, its calls included"
     if f.differentiated and f.sent_differentiated != f.sent:
         text += f"; under value_and_grad, {bytes_text(sum_bytes(f.sent_differentiated))}, with the backward pass"
     return text + "."
@@ -139,6 +155,12 @@ def sum_bytes(sent: tuple[Sent, ...]) -> sympy.Expr:
 
 
 def item_lines(table: DeviceTable, item: LineItem) -> list[str]:
+    """One line of text per collective (or call that sends): each marked as crossing hosts where it does."""
+    lines = _item_lines(table, item)
+    return [text + CROSSES_HOSTS for text in lines] if table.crosses_hosts else lines
+
+
+def _item_lines(table: DeviceTable, item: LineItem) -> list[str]:
     if item.collective is not None:
         c = item.collective
         text = f"- {c.op} of {c.what}: {number_text(c.count)} × {c.dtype} = {bytes_text(c.bytes)}"
@@ -171,7 +193,7 @@ def line_text(table: DeviceTable, line: int) -> str | None:
     items = table.line(line)
     if not items:
         return None
-    out = [f"Sent between the {table.count} devices by this line, each time it runs:", ""]
+    out = [f"Sent between {devices_words(table)} by this line, each time it runs:", ""]
     for item in items:
         out.extend(item_lines(table, item))
     total = sympy.Add(*(i.bytes for i in items))
@@ -215,6 +237,8 @@ def report(checked: Checked, batch: int | None = None, batch_hint: str = CLI_BAT
         n = batch if batch is not None else table.batch
         out[0] += (f": a batch of {n} splits {'/'.join(map(str, parts))}" if parts else
                    f": no batches(n) gives a batch size ({batch_hint})")
+    if table.crosses_hosts:
+        out.append(hosts_note(table) + ".")
     out += ["", "Functions"]
     out += [f"  {f.span.line:>4}  {fn_text(table, f)}" for f in table.fns.values()]
     if table.models:
@@ -283,6 +307,7 @@ def to_json(checked: Checked, batch: int | None = None) -> dict[str, Any]:
     table = checked.devices
     return {
         "file": checked.file, "devices": table.devices, "count": table.count,
+        "hosts": table.hosts, "per_host": table.per_host, "crosses_hosts": table.crosses_hosts,
         "batch": batch if batch is not None else table.batch, "shares": table.shares(batch),
         "functions": [{"name": f.name, "line": f.span.line, "placement": f.placement, "reason": f.reason,
                        "per_call": size_json(f.bytes), "differentiated": f.differentiated,

@@ -103,6 +103,9 @@ class FnCall(Expr):
     kind: str
     name: str
     args: tuple[Expr | int, ...]
+    # Set by ir/defer.py: a controller's call of a fn on the workers whose result the loop only
+    # writes to a sink, so the controller needn't wait for it before sending the next step.
+    later: bool = False
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,8 @@ class _Writer:
             self.emit(f"return _rt.python_call({literal(module)}, {literal(attr)}, {args}, PYTHON_RESULTS.get("
                       f"{literal(fn.name)}), {literal(str(node.span))})", node, 1)
             return
-        BodyPrinter(self.emit_at, self.c.device_set.count > 1, self.type_checks).function(self.ir.function(fn.name))
+        BodyPrinter(self.emit_at, self.c.device_set.count > 1, self.type_checks,
+                    self.target is Target.CONTROLLER).function(self.ir.function(fn.name))
 
     def emit_at(self, text: str, span: Span | None = None, indent: int = 0) -> None:
         line = "    " * indent + text

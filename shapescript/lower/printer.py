@@ -58,8 +58,9 @@ class Emit(Protocol):
 class BodyPrinter:
     """Prints one function of the IR through `emit`, which numbers lines and maps them to .ss spans."""
 
-    def __init__(self, emit: Emit, several: bool, type_checks: TypeChecks | None) -> None:
+    def __init__(self, emit: Emit, several: bool, type_checks: TypeChecks | None, controller: bool = False) -> None:
         self.emit, self.several, self.type_checks = emit, several, type_checks
+        self.controller = controller  # printing the controller's module of a program on several devices
 
     def function(self, fn: N.Function) -> None:
         names = [py_name(p.name) for p in fn.params]
@@ -142,7 +143,9 @@ class BodyPrinter:
         if isinstance(node, N.OpCall):
             return self.op_call(node)
         if isinstance(node, N.FnCall):
-            return f"{py_name(node.name)}({', '.join(self.passed(node.args))})"
+            # A result the controller's loop only logs: sent without waiting (parallel/pipeline.py).
+            later = ".later" if node.later and self.controller and self.type_checks is None else ""
+            return f"{py_name(node.name)}{later}({', '.join(self.passed(node.args))})"
         if isinstance(node, N.GradCall):
             return self.grad_call(node)
         if isinstance(node, N.Attention):

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..check.comms import DeviceTable, FnPlan, Layout
-from ..check.comms_text import (bytes_text, first_values, fn_text, item_lines, layout_text, report,
-                                sum_bytes, value_text)
+from ..check.comms_text import (bytes_text, first_values, fn_text, hosts_note, item_lines, layout_text,
+                                report, sum_bytes, value_text)
 from ..check.program import Checked
 from ..parallel.memory import WorkerMemory
 from . import markup as M
@@ -102,7 +102,8 @@ class DeviceTableView:
         return self.table.count > 1
 
     def title(self) -> str:
-        """As "Placement and communication on cpu[0 1] — a batch of 64 splits 32/32"."""
+        """As "Placement and communication on cpu[0 1] — a batch of 64 splits 32/32"; on several hosts,
+        with the devices in all and on each after the line: "on 2 x cpu[0 1] (4 devices: 2 hosts × 2)"."""
         t = self.table
         if not self.several:
             return f"Placement on {t.devices}: one device, nothing is sent between devices"
@@ -110,7 +111,8 @@ class DeviceTableView:
         size = self.batch if self.batch is not None else t.batch
         split = (f"a batch of {size} splits {'/'.join(map(str, parts))}" if parts else
                  f"no batches(n) gives a batch size ({NOTEBOOK_BATCH_HINT})")
-        return f"Placement and communication on {t.devices} — {split}"
+        hosts = f" ({t.count} devices: {t.hosts} hosts × {t.per_host})" if t.crosses_hosts else ""
+        return f"Placement and communication on {t.devices}{hosts} — {split}"
 
     def text(self) -> str:
         """`shapescript comms`'s report of the table, and what the workers measured if they did."""
@@ -156,6 +158,8 @@ class DeviceTableView:
             rows += [self._value_row(v) for v in values]
         if self.several:
             rows += [M.section("Lines that send", 4), M.header(["line", "source", "collectives", "in all"])]
+            if self.table.crosses_hosts:  # each collective below is marked too
+                rows.append(M.row(["", M.esc(hosts_note(self.table) + "."), "", ""], cls="ss-hosts"))
             rows += [self._line_row(n) for n in sorted(self.table.lines)]
             if not self.table.lines:
                 rows.append(M.row(["", "none: nothing is sent between the devices", "", ""]))

@@ -148,6 +148,8 @@ class LiveSink(Sink):
     """The live sink: `records` holds every record, without step numbers, as memory()'s does.
     `log` makes the y axis logarithmic: True for every chart, or the keys whose charts have one."""
 
+    passive = True  # it draws what it is given, and reads nothing of the program
+
     def __init__(self, every: int = 10, fps: float = 10.0, log: LogScale = False) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:

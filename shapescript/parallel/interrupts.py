@@ -65,10 +65,7 @@ def preparing_a_call(where: str, devices: object) -> Iterator[None]:
         sigint.release_ctrl_c(token)
         noted, _early = _early, None
         if noted is not None and ended:
-            exc = StepInterrupt()
-            exc.add_note(f"Interrupted as {where} ended on every worker: the models and optimizer state on "
-                         f"{devices} are as that step left them, and the workers go on.")
-            raise exc
+            raise step_interrupt(where, devices)
 
 
 @contextmanager
@@ -87,11 +84,12 @@ def until_the_step_ends() -> Iterator[_Interrupts]:
         sigint.release_ctrl_c(token)
 
 
-def step_interrupt(where: str, devices: object, calls: int) -> StepInterrupt:
-    """The interrupt raised once the step has ended on every worker."""
+def step_interrupt(where: str, devices: object, calls: int | None = None) -> StepInterrupt:
+    """The interrupt raised once the step has ended on every worker; `calls`, when the caller counts
+    them, is how many calls of `where` have ended so far (None: the note leaves the count out)."""
+    so_far = "" if calls is None else f" ({calls} call{'s' if calls != 1 else ''} of it so far)"
     exc = StepInterrupt()
-    exc.add_note(f"Interrupted after {where} ended on every worker ({calls} call{'s' if calls != 1 else ''} of it "
-                 f"so far): the models and optimizer state on {devices} are as that step left them, and the "
-                 f"workers go on. Interrupt twice within {SECOND_INTERRUPT_S:g} s to stop them in the middle of "
-                 f"a step.")
+    exc.add_note(f"Interrupted after {where} ended on every worker{so_far}: the models and optimizer state on "
+                 f"{devices} are as that step left them, and the workers go on. Interrupt twice within "
+                 f"{SECOND_INTERRUPT_S:g} s to stop them in the middle of a step.")
     return exc

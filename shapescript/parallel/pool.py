@@ -29,8 +29,9 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any, Self
@@ -44,6 +45,7 @@ from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, 
                                            timeout_seconds, torch_settings)
 from shapescript.parallel import shared
 from shapescript.parallel.interrupts import step_interrupt, until_the_step_ends
+from shapescript.parallel.pipeline import InFlight
 from shapescript.parallel.timeline import Timeline
 from shapescript.parallel.worker import WAITING, WORKER_MAIN, describe_status, dumps, read_status
 from shapescript.runtime.leftovers import owner_tag
@@ -91,6 +93,8 @@ class WorkerPool:
         self._owner = os.getpid()  # the process that started the workers (set again when it does)
         self._released: list[int] = []  # handles whose last holder in the controller is gone; see release()
         self._completed: Counter[str] = Counter()  # calls that ended on every worker, by what ran
+        self._in_flight: deque[InFlight] = deque()  # calls sent without waiting for their answers: see submit
+        self.answered_at = 0.0  # perf_counter() when the last call's answers were read
         self.exits: tuple[WorkerExit, ...] = ()  # how each worker ended, once the pool has stopped
         self.timeline = Timeline(str(devices), [f"{devices.kind}:{i}" for i in self.indices])  # RemoteFunction's calls
 
@@ -320,11 +324,13 @@ class WorkerPool:
         """How many released handles the workers haven't heard of yet."""
         return len(self._released)
 
-    def _call(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str) -> list[Any]:
+    def _ready_for_a_call(self, waited: bool = True) -> None:
         if self._state == "new":
             self.start()
         self._join_start()
         self._check_running()
+        if waited:  # the answers to calls sent without waiting come first, in order
+            self._settle_all()
         if self._first is not None:
             first, self._first = self._first, None
             try:
@@ -332,21 +338,107 @@ class WorkerPool:
             except BaseException:
                 self._first = first  # not done: the next call tries again, and says so again
                 raise
+
+    def _call(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str) -> list[Any]:
+        self._ready_for_a_call()
         where = where or f"`{handler}`"
         payloads = self._encode(handler, args, where)
+        with self._held(where) as interrupts:  # the first Ctrl-C waits for the step to end
+            self._send(payloads, where)
+            replies, pending, released = self._gather(f"running {where}")
+        results = self._answers(replies, pending, released, where)
+        self.answered_at = time.perf_counter()
+        if interrupts.first is not None:  # Ctrl-C during the step, which has ended on every worker
+            raise step_interrupt(where, self.devices, self._completed[where])
+        return results
+
+    @contextmanager
+    def _held(self, where: str) -> Iterator[Any]:
+        """Around sending a call and waiting for its answers: Ctrl-C held (until_the_step_ends); a
+        second one, or a failure of our own, stops the workers, whose state is then unknown."""
         try:
-            with until_the_step_ends() as interrupts:  # the first Ctrl-C waits for the step to end
-                self._send(payloads, where)
-                replies, pending, released = self._gather(f"running {where}")
+            with until_the_step_ends() as interrupts:
+                yield interrupts
         except WorkerError:
             raise
-        except BaseException as exc:  # a second Ctrl-C, or a failure of our own: the workers' state is unknown
+        except BaseException as exc:
             self._die(f"interrupted while running {where}")
             if isinstance(exc, KeyboardInterrupt):
                 exc.add_note(f"The workers on {self.devices} were stopped in the middle of {where}: the models "
                              f"and optimizer state on them are gone (their handles now say so). Make new ones, "
                              f"or restore a checkpoint; the next call starts new workers.")
             raise
+
+    def submit(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str,
+               answered: Callable[[list[Any] | None], None]) -> None:
+        """Send a call as `call` does, without waiting for its answers: the workers have it queued
+        while they finish the one before, whose answers are read now (parallel/pipeline.py). Its own
+        are read by the next call, submitted or not, or by `settle()`, which give them to `answered`
+        (None: it failed or never ran, and the error is raised there)."""
+        with between_steps(), self._exclusive():
+            if self._in_flight and self._in_flight[-1].interrupted is not None:
+                self._settle_all()  # Ctrl-C came: nothing more is sent, and StepInterrupt is raised
+            self._free_released()
+            self._ready_for_a_call(waited=False)
+            payloads = self._encode(handler, args, where, "chained" if self._in_flight else "call")
+            with self._held(where) as interrupts:
+                self._send(payloads, where)
+            self._in_flight.append(InFlight(where, answered, interrupts.first, args))
+            while len(self._in_flight) > 1:
+                self._settle_first()
+
+    def settle(self) -> None:
+        """Read the answers to every call sent without waiting (submit), raising the first error."""
+        if self._in_flight:
+            with self._exclusive():
+                self._settle_all()
+
+    def _settle_all(self) -> None:
+        while self._in_flight:
+            self._settle_first()
+
+    def _settle_first(self) -> None:
+        flight = self._in_flight[0]
+        try:
+            with self._held(flight.where) as interrupts:
+                interrupts.first = interrupts.first or flight.interrupted
+                replies, pending, released = self._gather(f"running {flight.where}")
+            self._in_flight.popleft()
+            results = self._answers(replies, pending, released, flight.where)
+        except BaseException:
+            if self._in_flight and self._in_flight[0] is flight:
+                self._in_flight.popleft()
+            flight.answered(None)
+            self._forget_in_flight()
+            raise
+        flight.answered(results)
+        self.answered_at = time.perf_counter()
+        if interrupts.first is None:
+            return
+        # Ctrl-C: raised once the last step sent has ended and its result is the caller's (whose loop
+        # writes it to its sink first): at that step's settling, by the next submit or by settle().
+        if self._in_flight:
+            self._in_flight[-1].interrupted = self._in_flight[-1].interrupted or interrupts.first
+            return
+        raise step_interrupt(flight.where, self.devices, self._completed[flight.where])
+
+    def _forget_in_flight(self) -> None:
+        """After a call failed: the ones sent after it are skipped by the workers (a "chained"
+        message after a failed one); if some worker ran one anyway (its part of the failed call
+        went well), the workers no longer agree, and are stopped."""
+        flights, self._in_flight = list(self._in_flight), deque()
+        ran = False
+        for flight in flights:
+            if self._state == "running":
+                replies, pending, _ = self._gather(f"skipping {flight.where}")
+                ran = ran or bool(pending) or any(r is not None and r[0] != "skipped" for r in replies)
+            flight.answered(None)
+        if ran and self._state == "running":
+            self._die(f"the workers disagree after a failed call ({flights[0].where} ran on some only)")
+
+    def _answers(self, replies: list[tuple[Any, ...] | None], pending: list[int], released: bool,
+                 where: str) -> list[Any]:
+        """The workers' results of one call, or its failure raised as one device would raise it."""
         self._completed[where] += 1
         failed = [(rank, r[1]) for rank, r in enumerate(replies) if r is not None and r[0] == "err"]
         if released:
@@ -356,8 +448,6 @@ class WorkerPool:
         if failed:  # the first worker's error, as one device would raise it
             rank, payload = failed[0]
             self._raise_error(self._workers[rank], payload, where)
-        if interrupts.first is not None:  # Ctrl-C during the step, which has ended on every worker
-            raise step_interrupt(where, self.devices, self._completed[where])
         return [r[1] for r in replies]  # type: ignore[index]
 
     def _send(self, payloads: list[bytes], where: str) -> None:
@@ -382,14 +472,15 @@ class WorkerPool:
             if not ok:
                 self._fail_dead(w, f"idle, before {where}")
 
-    def _encode(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str) -> list[bytes]:
+    def _encode(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str,
+                kind: str = "call") -> list[bytes]:
         """The messages for each worker, pickled: once when every worker gets the same."""
         if isinstance(args, list) and len(args) != self.world:
             raise ValueError(f"`{handler}` was given {len(args)} tuples of arguments for {self.world} workers")
         try:
             if isinstance(args, list):
-                return [dumps(("call", handler, where, tuple(a))) for a in args]
-            return [dumps(("call", handler, where, tuple(args)))] * self.world
+                return [dumps((kind, handler, where, tuple(a))) for a in args]
+            return [dumps((kind, handler, where, tuple(args)))] * self.world
         except Exception as exc:
             raise WorkerError(f"the arguments of {where} can't be sent to the workers: "
                               f"{type(exc).__name__}: {exc}") from None

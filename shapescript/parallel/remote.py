@@ -23,6 +23,7 @@ import torch
 from shapescript.devices import shares
 from shapescript.errors import ShapeError, WorkerError
 from shapescript.names import MEMBER_PREFIX
+from shapescript.parallel import pipeline
 from shapescript.parallel.loading import RemoteBatches
 from shapescript.parallel.shared import SharedRows, share_rows
 from shapescript.runtime.data import Batch, batch_fields
@@ -196,32 +197,56 @@ class RemoteFunction:
         return split_value(value, axis, shares(size, world))
 
     def __call__(self, *args: Any) -> Any:
-        for a in args:  # before workers(), which would start a new pool for a stale handle's call
-            check_handle(a)
-        workers = linked(self.link, self.where).workers()
+        workers, messages = self._messages(args)
         # The call's wall time, for the timeline (parallel/timeline.py); one that first waits for the
         # workers to start or to load the program isn't kept.
         settled, began = workers.settled, time.perf_counter()
+        return self._joined(workers, args, workers.call("call", messages, where=self.where), settled, began)
+
+    def later(self, *args: Any) -> Any:
+        """The call, sent without waiting for its answer, which a Pending holds once it comes
+        (parallel/pipeline.py): the controller's module calls this where its loop only logs the
+        result (ir/defer.py). A call with a random mode waits, since the next call's draws follow
+        from this one's."""
+        if not pipeline.enabled() or any(isinstance(a, Mode) for a in args):
+            return self(*args)
+        workers, messages = self._messages(args)
+        settled, began = workers.settled, time.perf_counter()
+        result = pipeline.Pending(workers.settle)
+
+        def answered(replies: list[Any] | None) -> None:
+            if replies is None:
+                result.fail()
+            else:  # its time on the timeline: since it was sent, or since the step before it was answered
+                result.resolve(self._joined(workers, args, replies, settled, max(began, workers.answered_at)))
+
+        workers.submit("call", messages, self.where, answered)
+        return result
+
+    def _messages(self, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...] | list[tuple[Any, ...]]]:
+        """The workers, and the arguments of the `call` handler: one tuple for all, or one a worker."""
+        for a in args:  # before workers(), which would start a new pool for a stale handle's call
+            check_handle(a)
+        workers = linked(self.link, self.where).workers()
         split = [(a, k) for a, k in zip(args, self.plan.params) if k is not None]
         # A result joined from the workers' parts needs every part; a whole one only worker 0's (the
         # others answer None: program_handlers.call's `every`).
         every = self.plan.result is not None
         if not split:
-            replies = workers.call("call", (self.name, tuple(encode(a) for a in args), None, every), where=self.where)
-        elif self.plan.heads:  # each worker its heads of each argument; no batch is split
+            return workers, (self.name, tuple(encode(a) for a in args), None, every)
+        if self.plan.heads:  # each worker its heads of each argument; no batch is split
             columns = [self.heads_of(a, k, n, workers.world) for n, (a, k) in enumerate(zip(args, self.plan.params))]
-            per_worker: list[tuple[Any, ...]] = [(self.name, tuple(encode(c[w]) for c in columns), None, every)
-                                                 for w in range(workers.world)]
-            replies = workers.call("call", per_worker, where=self.where)
-        else:
-            n = batch_size(*split[0])
-            parts = shares(n, workers.world)
-            columns = [split_value(a, k, parts) for a, k in zip(args, self.plan.params)]
-            # Each worker is told where its part lies in the whole batch: a random draw is the whole
-            # batch's, of which each worker keeps its part's rows (runtime/modes.py).
-            per_worker = [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n), every)
-                          for w in range(workers.world)]
-            replies = workers.call("call", per_worker, where=self.where)
+            return workers, [(self.name, tuple(encode(c[w]) for c in columns), None, every)
+                             for w in range(workers.world)]
+        n = batch_size(*split[0])
+        parts = shares(n, workers.world)
+        columns = [split_value(a, k, parts) for a, k in zip(args, self.plan.params)]
+        # Each worker is told where its part lies in the whole batch: a random draw is the whole
+        # batch's, of which each worker keeps its part's rows (runtime/modes.py).
+        return workers, [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n), every)
+                         for w in range(workers.world)]
+
+    def _joined(self, workers: Any, args: tuple[Any, ...], replies: list[Any], settled: bool, began: float) -> Any:
         results = [result for result, _, _ in replies]
         # Every worker made the same draws: the modes given advance by them, as one device's would.
         for mode, draws in zip([a for a in args if isinstance(a, Mode)], replies[0][1]):
@@ -247,4 +272,5 @@ def controller_runtime(core: Any, link: Callable[[], Any]) -> types.SimpleNamesp
     the controller's loops read them at every step."""
     def batches(dataset: Any, n: Any, spec: Any, device: Any) -> RemoteBatches:
         return RemoteBatches(linked(link, "a loop over batches"), core.batches(dataset, n, spec, device))
-    return types.SimpleNamespace(**{**{name: getattr(core, name) for name in core.__all__}, "batches": batches})
+    return types.SimpleNamespace(**{**{name: getattr(core, name) for name in core.__all__}, "batches": batches,
+                                    "write": pipeline.write})  # records wait for pending step results

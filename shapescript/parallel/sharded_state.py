@@ -5,6 +5,7 @@ device would write, and any checkpoint loads into each worker's parts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,7 +15,8 @@ from shapescript.runtime.model import Model, copy_state, leaves
 from shapescript.runtime.optim import Optimizer, adamw, sgd, torch_optimizer
 from shapescript.runtime.sharding import this_part, whole_of, whole_state
 
-MAKERS = {"AdamW": adamw, "Sgd": sgd}
+# Callable[..., Optimizer]: the two take different hyperparameters, given by name from `hyper`
+MAKERS: dict[str, Callable[..., Optimizer]] = {"AdamW": adamw, "Sgd": sgd}
 
 
 def make_optimizer(model: Model, kind: str, hyper: dict[str, Any]) -> Optimizer:

@@ -26,6 +26,10 @@ to that wall time by construction:
 - messages: the controller's wall time less the worker's: splitting and pickling the arguments,
   the pipes, and waiting for the other workers' replies.
 
+A step sent without waiting (parallel/pipeline.py) has for its wall time the time from its sending,
+or from the answer to the step before it if that came later, to its own answer: the loop's time per
+step, of which the round trip the pipeline hides is no part.
+
 `SHAPESCRIPT_TIMELINE=off` in the environment turns the workers' clocks off.
 """
 

@@ -5,7 +5,9 @@
 a fresh interpreter, so the user's main script is never imported (see WORKER_MAIN). It reads its
 settings from the socket it inherited as fd N, joins the process group, says it is ready, then
 answers one message at a time: ("call", handler, where, args) runs
-`handlers.HANDLERS[handler](state, *args)`, ("stop",) ends. If the controller (PID) dies instead,
+`handlers.HANDLERS[handler](state, *args)`; ("chained", handler, where, args) does too, unless the
+message before it failed, when it answers ("skipped", None) (a pipelined step sent before the
+answer to the one before it was read: parallel/pipeline.py); ("stop",) ends. If the controller (PID) dies instead,
 however it dies and whatever this worker is doing, the worker removes the pool's private folder,
 which no one else would, and exits (see `_Controller`).
 
@@ -101,7 +103,7 @@ def _reduce_tensor(t: torch.Tensor) -> tuple[Any, ...]:
         array = data.numpy()  # any shape: its buffer is contiguous
     except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16...), or a conjugate view: as bytes
         array = data.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8).numpy()
-    raw = pickle.PickleBuffer(array)  # no copy until pickled
+    raw = pickle.PickleBuffer(memoryview(array))  # no copy until pickled
     return _rebuild_tensor, (raw, str(data.dtype).removeprefix("torch."), tuple(data.shape), t.requires_grad)
 
 
@@ -338,6 +340,7 @@ def _boot(config: dict[str, Any]) -> WorkerState:
 
 def _serve(conn: Connection, state: WorkerState) -> bool:
     """Answer the controller's messages until it says stop (True) or its socket closes (False)."""
+    failed = False  # whether the last message's handler raised
     while True:
         try:
             data = conn.recv_bytes()
@@ -352,7 +355,10 @@ def _serve(conn: Connection, state: WorkerState) -> bool:
             continue
         if message[0] == "stop":
             return True
-        _, name, where, args = message
+        kind, name, where, args = message
+        if kind == "chained" and failed:  # the step before it failed: this one never happened
+            _send(conn, ("skipped", None))
+            continue
         state.running(where)
         try:
             fn = HANDLERS.get(name)
@@ -363,6 +369,7 @@ def _serve(conn: Connection, state: WorkerState) -> bool:
             reply: tuple[Any, ...] = ("ok", result)
         except Exception as exc:
             reply = ("err", error_payload(exc, state))
+        failed = reply[0] == "err"
         _send(conn, reply, f"the result of {where} on worker {state.rank}")
         state.idle()  # after sending: the controller takes a worker that's no longer waiting to be stuck
         state.meter.settle()  # the call's memory peak, read once the reply is on its way (memory.py)

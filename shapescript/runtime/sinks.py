@@ -70,6 +70,11 @@ def _text(value: Value) -> str:
 class Sink(abc.ABC):
     """Receives records; numbers them from step 1."""
 
+    # True for a sink whose writing reads nothing of the program (no model, no call of it): a loop
+    # on several devices may then send the next step before this one's record is written
+    # (parallel/pipeline.py). A sink of your own gets each record before the next step is sent.
+    passive = False
+
     def __init__(self) -> None:
         self.step = 0
         self.closed = False
@@ -96,6 +101,8 @@ class Sink(abc.ABC):
 
 
 class _Stdout(Sink):
+    passive = True
+
     def _emit(self, step: int, values: dict[str, Value]) -> None:
         fields = "  ".join(f"{k}={_text(v)}" for k, v in values.items())
         # sys.stdout looked up each time, so pytest's capture and notebooks' redirection work.
@@ -103,6 +110,8 @@ class _Stdout(Sink):
 
 
 class _Jsonl(Sink):
+    passive = True
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = os.fspath(path)
@@ -119,6 +128,8 @@ class _Jsonl(Sink):
 
 
 class _Memory(Sink):
+    passive = True
+
     def __init__(self) -> None:
         super().__init__()
         self.records: list[dict[str, Value]] = []

@@ -198,6 +198,7 @@ class Devices(Node):
     kind: str  # cpu | cuda
     indices: list[int] | None
     options: list[DeviceOption]
+    hosts: int = 1  # `devices 2 x cuda[0 1]`: the devices listed, on each of 2 hosts
 
 
 @dataclass(eq=False)

@@ -14,9 +14,10 @@ from ..errors import Diagnostic, Span
 # contextual: `data` is a fine parameter name.
 KEYWORDS = frozenset({"fn", "mut", "return", "for", "in", "and", "or", "not", "true", "false"})
 
-# Longest first, so "->" wins over "-".
+# Longest first, so "->" wins over "-". `×` is a devices line's hosts × devices (`2 × cuda[0 1]`),
+# which also takes the name `x`: a word, so that `x` stays a name everywhere else.
 PUNCT = ("|>", "->", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", ",", ":", ".", "=",
-         "+", "-", "*", "/", "@", "<", ">")
+         "+", "-", "*", "/", "@", "<", ">", "×")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +165,11 @@ class _Lexer:
                 while end < n and text[end] in _DIGITS:
                     end += 1
         if end < n and _name_start(text[end]):
+            hosts = text.lstrip().startswith("devices ") and text[end] == "x"  # `devices 2x cuda[0 1]`
             self.error("E0101", f"unexpected character `{text[end]}` after a number",
                        self.span(number, end + 1, end + 2), "",
-                       "separate a number from a name with a space or an operator")
+                       f"write the number of hosts apart from `x`: `devices {text[pos:end]} x ...`" if hosts
+                       else "separate a number from a name with a space or an operator")
         self.emit("FLOAT" if is_float else "INT", text[pos:end].replace("_", ""), number, pos + 1, end + 1)
         return end
 

@@ -42,3 +42,16 @@ class Sequences:
     def __getitem__(self, i: int) -> dict:
         tokens = [(i * 3 + j * 5) % 6 for j in range(1 + (i * 5) % 7)]
         return {"tokens": tokens, "targets": tokens[1:] + [i % 6]}
+
+
+class RowsBadAt(Rows):
+    """`n` items as Rows has them, but item `bad` has an x of 3 values: the batch holding it fails
+    to load, on every worker (they agree before the step)."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> dict:
+        item = super().__getitem__(i)
+        return {**item, "x": item["x"][:3]} if i == self.bad else item

@@ -4,8 +4,11 @@ for tensors; the memory peak read after the reply. Results are compared with dev
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import resource
+import sys
 from typing import Any
 
 import pytest
@@ -15,7 +18,8 @@ import shapescript as ss
 from programs import LINEAR
 from shapescript.errors import WorkerError
 from shapescript.parallel import worker as worker_mod
-from shapescript.parallel.memory import Meter
+from shapescript.parallel import memory as memory_mod
+from shapescript.parallel.memory import CPU_LIFETIME_PEAK, CPU_PEAK, Meter
 from shapescript.parallel.timeline import WorkerTiming
 
 # Unsplit calls with a whole result (`ident`, `col_sums`), a split one joined from the parts
@@ -132,13 +136,17 @@ def test_tensors_travel_as_their_values(tensor: torch.Tensor) -> None:
     assert torch.equal(back, tensor.resolve_conj())
 
 
+def vm_rss() -> int:
+    """This process's resident memory as /proc/self/status's VmRSS says it, in bytes (Linux)."""
+    with open("/proc/self/status") as status:
+        return int(status.read().split("VmRSS:")[1].split("kB")[0]) * 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status and clear_refs are Linux's")
 def test_the_memory_peak_read_later_is_the_calls_own() -> None:
     meter = Meter(torch.device("cpu"))
-    status = open("/proc/self/status").read() if os.path.exists("/proc/self/status") else ""
-    if "VmHWM" not in status:
-        pytest.skip("no /proc/self/status here")
-    rss = int(status.split("VmRSS:")[1].split("kB")[0]) * 1024
-    assert abs(meter.now() - rss) < 8 << 20  # /proc/self/statm's resident pages, as VmRSS counts them
+    assert meter.how == CPU_PEAK
+    assert abs(meter.now() - vm_rss()) < 8 << 20  # /proc/self/statm's resident pages, as VmRSS counts them
     size = 64 << 20
     with meter.measuring("a call", later=True):
         held = torch.ones(size // 4)  # written: resident
@@ -150,3 +158,34 @@ def test_the_memory_peak_read_later_is_the_calls_own() -> None:
     meter.settle()
     assert meter.last is not None and meter.last.what == "a small call" and meter.last.added < size // 2
     assert meter.largest is peak
+
+
+def lifetime_peak_rss() -> int:
+    """The reference for the fallback: the process's peak RSS since it started, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # ru_maxrss is bytes on macOS, KiB elsewhere
+
+
+def test_without_proc_status_the_peak_is_the_lifetime_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /proc/self/status can't be opened (not Linux), the meter says so in `how` and reads the
+    process's peak since it started (ru_maxrss), for the memory now as for each call's peak."""
+    def missing() -> None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "/proc/self/status")
+    monkeypatch.setattr(memory_mod, "_ProcStatus", missing)
+    meter = Meter(torch.device("cpu"))
+    assert meter.how == CPU_LIFETIME_PEAK
+    slack = 4 << 20  # the kernel's RSS counters are per-CPU sums, read a little late
+    size = 64 << 20
+    before = lifetime_peak_rss()
+    with meter.measuring("a call"):
+        held = torch.ones(size // 4)  # written: resident
+        during = lifetime_peak_rss()  # at least the RSS while `held` is
+        resident = vm_rss() if sys.platform.startswith("linux") else 0  # /proc is there: only the meter lost it
+        del held  # freed: the RSS now falls back, the peak since the start doesn't
+    after = lifetime_peak_rss()
+    call = meter.last
+    assert call is not None and call.what == "a call"
+    assert before - slack <= call.before <= during + slack
+    assert during - slack <= call.peak <= after + slack  # the peak, not the RSS once `held` has gone
+    assert call.peak >= resident - slack
+    assert during - slack <= meter.now() <= lifetime_peak_rss() + slack
