@@ -10,7 +10,7 @@ import os
 import threading
 import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from .parallel.interrupts import preparing_a_call
 from .parallel import pipeline
 from .parallel.remote import RemoteFunction
 from .runtime import calls, data, steps
+from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
 from .stale import current_models
 from .syntax import ast as A
@@ -334,6 +335,8 @@ class Function:
         self.name = fn.name
         self._py = program.namespace[py_name(fn.name)]
         self._guards: tuple[Any, ...] | None = None  # read at the first call
+        # The guards' short way (runtime/guards.py's signature_check), made with them; None where none
+        self._quick: Callable[[Sequence[Any]], list[Any] | None] | None = None
         self._names = [p.name for p in fn.params]
         self._on_workers = isinstance(self._py, RemoteFunction)  # placed on the devices, called in the workers
 
@@ -372,7 +375,16 @@ class Function:
             if devices.kind == "cuda" and not devices.several_hosts:
                 require_visible(devices.indices or (0,), str(devices), f"`{self.name}`")
             # printed by the built module; a model argument is also checked against this program's shapes
-            self._guards = current_models(self.program, self.program.namespace["GUARDS"][self.name])
+            printed = self.program.namespace["GUARDS"][self.name]
+            self._guards = current_models(self.program, printed)
+            if not self.program.several:  # on several devices the models are the workers' handles
+                specs = {name: self.program.namespace[f"{name}_spec"] for name in self.program.checked.models}
+                self._quick = signature_check(printed, specs)
+        quick = self._quick
+        if quick is not None:
+            checked = quick(values)
+            if checked is not None:
+                return checked
         bindings: dict = {}
         return [g(v, bindings) for g, v in zip(self._guards, values)]
 

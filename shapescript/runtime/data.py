@@ -9,6 +9,7 @@ was expected and what came, and the .ss line that declared the field.
 from __future__ import annotations
 
 import numbers
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -235,18 +236,34 @@ def _to_dtype(f: FieldSpec, t: torch.Tensor, origin: _Origin, numpy: bool) -> to
                      f"{origin.declared(f)}")
 
 
-def _in_bounds(t: torch.Tensor, bound: int) -> bool:
-    """Every value of an Index field's tensor in [0, bound): one pass over the data for both ends,
-    compared as plain numbers (comparing tensors costs more)."""
+def in_bounds(t: torch.Tensor, bound: int) -> bool:
+    """Every value of an Index tensor in [0, bound): one pass over the data for both ends, compared
+    as plain numbers (comparing tensors costs more). Never left to torch: cross_entropy takes -100
+    as "no label" and skips it silently."""
     if not t.numel():
         return True
-    lo, hi = torch.aminmax(t)
-    return lo.item() >= 0 and hi.item() < bound
+    if type(t) is torch.Tensor and t.dtype is torch.int64 and t.is_cpu:  # faster than two new tensors
+        pair, ends = getattr(_bounds_scratch, "pair", None) or _new_bounds_scratch()
+        torch.aminmax(t, out=ends)
+        lo, hi = pair.tolist()
+        return lo >= 0 and hi < bound
+    low, high = torch.aminmax(t)
+    return low.item() >= 0 and high.item() < bound
+
+
+_bounds_scratch = threading.local()  # .pair: each thread's own two int64s that `in_bounds` writes
+
+
+def _new_bounds_scratch() -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    with torch.inference_mode(False):  # a plain tensor, written in place in or out of inference mode
+        pair = torch.empty(2, dtype=torch.int64, device="cpu")
+    _bounds_scratch.pair = (pair, (pair[0], pair[1]))
+    return _bounds_scratch.pair
 
 
 def _check_index(f: FieldSpec, t: torch.Tensor, origin: _Origin) -> None:
     bound = f.index_bound
-    if bound is not None and not _in_bounds(t, bound):
+    if bound is not None and not in_bounds(t, bound):
         label = f.bound_label
         named = (f"Index[{label}] with {label} = {bound}" if label and label != str(bound)
                  else f"Index[{bound}]")
@@ -260,20 +277,40 @@ def as_given(spec: DataSpec, record: Any, rows: int | None) -> dict[str, torch.T
     may be converted and words what is wrong. It spares a right batch the cost of the full check
     (a call from Python, and each batch a loop loads); tests/runtime/test_batch_checks.py checks
     that both ways give the same fields and the same errors."""
+    if given_rows(spec, record, rows) < 0:
+        return None
+    return dict(record)  # a dict of its own: the caller's may change
+
+
+def given_rows(spec: DataSpec, record: Any, rows: int | None) -> int:
+    """How many rows `record` has if `as_given` would take it as it is (0 for a spec without fields
+    and no `rows`), else -1; it copies nothing."""
     fields = spec.as_given  # type: ignore[attr-defined]
     if fields is None or type(record) is not dict or len(record) != len(fields):
-        return None
+        return -1
     for name, dtype, shape, bound in fields:  # dtypes and layouts are singletons: `is` compares them
         t = record.get(name)
         if type(t) is not torch.Tensor or t.dtype is not dtype or t.layout is not torch.strided or t.is_meta:
-            return None
+            return -1
         given = t.shape
-        if len(given) != len(shape) + 1 or given[1:] != shape or (rows is not None and given[0] != rows):
-            return None
-        rows = given[0]
-        if bound is not None and not _in_bounds(t, bound):
-            return None
-    return dict(record)  # a dict of its own: the caller's may change
+        if rows is None:
+            if not given:
+                return -1
+            rows = given[0]
+        if given != (rows, *shape):  # one comparison for the rank, the rows and the rest
+            return -1
+        if bound is not None and not in_bounds(t, bound):
+            return -1
+    return 0 if rows is None else rows
+
+
+def given_batch(spec: DataSpec, record: dict[str, torch.Tensor], rows: int) -> Batch:
+    """The Batch `Batch(spec, as_given(spec, record, None))` makes, for a record `given_rows` took
+    with `rows` rows, built without the copies between (a call's short way, guards.py)."""
+    batch = Batch.__new__(Batch)
+    batch.__dict__.update(record)
+    batch.spec, batch.size, batch.lengths = spec, rows, {}
+    return batch
 
 
 def _check_record(spec: DataSpec, record: Any, origin: _Origin) -> dict[str, torch.Tensor]:

@@ -12,13 +12,14 @@ import math
 import numbers
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime.data import Batch, as_given, DataSpec, batch_from_python, dense_problem, wrong_dim
-from shapescript.runtime.model import Model, dtype_name, shape_text
+from shapescript.runtime.data import (Batch, as_given, DataSpec, batch_from_python, dense_problem, given_batch,
+                                      in_bounds, wrong_dim)
+from shapescript.runtime.model import Model, ModelSpec, dtype_name, shape_text
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
 from shapescript.runtime.sinks import Sink
@@ -147,6 +148,21 @@ class TensorGuard:
             value = value.to(self.device)
         return value
 
+    def quick(self, v: str, out: QuickChecks, specs: Mapping[str, ModelSpec]) -> str | None:
+        """A dense tensor of the dtype, shape and device, Index values in bounds: taken as it is."""
+        if not _plain_axes(self.axes):
+            return None
+        out.require(f"type({v}) is _Tensor and {v}.dtype is {out.constant(self.dtype)} and {v}.layout is _strided "
+                    f"and not {v}.is_meta and {v}.dim() == {len(self.axes)}")
+        out.line(f"{v}_shape = {v}.shape")
+        for k, a in enumerate(self.axes):
+            out.axis(f"{v}_shape[{k}]", a)
+        if self.device is not None:
+            out.require(f"{v}.device == {out.constant(self.device)}")
+        if self.index_bound is not None:
+            out.require(f"in_bounds({v}, {int(self.index_bound)})")
+        return v
+
 
 @dataclass(frozen=True)
 class BatchGuard:
@@ -185,6 +201,35 @@ class BatchGuard:
             raise ShapeError(f"{self.param}: {label} is {shape[k]} in this batch ({held}), but {should}"
                              f"{_explain(axes, bindings, source)}")
         return batch
+
+    def quick(self, v: str, out: QuickChecks, specs: Mapping[str, ModelSpec]) -> str | None:
+        """A dict that `as_given` takes as it is, with rows (on the device); or a Batch of this type."""
+        if self.padded or self.spec.as_given is None or not _plain_axes(self.axes[:1]):  # type: ignore[attr-defined]
+            return None
+        spec, fields = out.constant(self.spec), self.spec.as_given  # type: ignore[attr-defined]
+        out.line(f"if type({v}) is dict:")  # what data.py's `given_rows` checks, written out
+        out.require(f"len({v}) == {len(fields)}", indent="    ")
+        for k, (name, dtype, shape, bound) in enumerate(fields):
+            t = f"{v}_f{k}"
+            out.line(f"    {t} = {v}.get({out.constant(name)})")
+            out.require(f"type({t}) is _Tensor and {t}.dtype is {out.constant(dtype)} and {t}.layout is _strided "
+                        f"and not {t}.is_meta", indent="    ")
+            if k == 0:
+                out.line(f"    {v}_rows = {t}.shape[0] if {t}.dim() else -1")
+            out.require(f"{t}.shape == ({v}_rows,{''.join(f' {int(n)},' for n in shape)})", indent="    ")
+            if bound is not None:
+                out.require(f"in_bounds({t}, {int(bound)})", indent="    ")
+        out.require(f"{v}_rows > 0", indent="    ")
+        if self.device is not None:
+            out.require(f"all(t.device == {out.constant(self.device)} for t in {v}.values())", indent="    ")
+        out.line(f"    {v}_batch = given_batch({spec}, {v}, {v}_rows)")
+        if self.device is None:  # a Batch on another device is moved by the full check
+            out.line(f"elif type({v}) is Batch and {v}.spec is {spec}:")
+            out.line(f"    {v}_rows, {v}_batch = {v}.size, {v}")
+        out.line("else: return None")
+        for a in self.axes[:1]:  # a batch has one size: what `__call__` binds too
+            out.axis(f"{v}_rows", a)
+        return f"{v}_batch"
 
 
 @dataclass(frozen=True)
@@ -225,6 +270,9 @@ class NotFromPython:
         raise ValueError(f"`{self.param.fn}`'s parameter `{self.param.name}` of type {self.type_text} can't be "
                          f"passed from Python")
 
+    def quick(self, v: str, out: QuickChecks, specs: Mapping[str, ModelSpec]) -> str | None:
+        return None  # no call passes: the full check says why
+
 
 @dataclass(frozen=True)
 class KindGuard:
@@ -239,6 +287,22 @@ class KindGuard:
         if not _KIND_CHECKS[self.kind](self, value):
             raise ShapeError(f"{self.param} must be {self.type_name}, not {_describe(value)}")
         return value
+
+    def quick(self, v: str, out: QuickChecks, specs: Mapping[str, ModelSpec]) -> str | None:
+        """A model or optimizer passes at once only if its model has the very spec of `specs` (the
+        program's own: what api.py's stale-model check passes at once too); other kinds as here."""
+        if self.kind == "model" or self.kind == "optimizer":
+            spec = specs.get(self.model or "")
+            if spec is None:
+                return None
+            if self.kind == "model":
+                out.require(f"isinstance({v}, Model) and {v}.spec is {out.constant(spec)}")
+            else:
+                out.require(f"isinstance({v}, Optimizer) and {v}.kind == {out.constant(self.optimizer)} "
+                            f"and {v}.model.spec is {out.constant(spec)}")
+        else:
+            out.require(f"{out.constant(_KIND_CHECKS[self.kind])}({out.constant(self)}, {v})")
+        return v
 
 
 def _is_model(g: KindGuard, v: Any) -> bool:
@@ -272,3 +336,66 @@ def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor {shape_text(value.shape)} {dtype_name(value.dtype)}"
     return f"a {type(value).__name__}"
+
+
+# -- a function's short way through its checks (issue 15) ----------------------------------------
+
+class QuickChecks:
+    """The text of a function's short way through its argument checks (`signature_check`), as its
+    guards write it: one condition after another, each argument's check read off its cached metadata.
+    Only ever made of this module's own names, the guards' constants (by the names `constant` gives
+    them) and ints; never of user text."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.constants: dict[str, Any] = {}
+        self.dims: dict[str, str] = {}  # each generic dim's local name, once an argument has bound it
+
+    def constant(self, value: Any) -> str:
+        name = f"_c{len(self.constants)}"
+        self.constants[name] = value
+        return name
+
+    def require(self, condition: str, indent: str = "") -> None:
+        self.lines.append(f"    {indent}if not ({condition}): return None")
+
+    def line(self, text: str) -> None:
+        self.lines.append(f"    {text}")
+
+    def axis(self, size: str, a: AxisCheck) -> None:
+        """`size` (an expression) against one axis: a fixed size, or a generic dim, bound by the first
+        argument that has it (known as the text is written: the arguments are checked in order)."""
+        if a.size is not None:
+            self.require(f"{size} == {int(a.size)}")
+        elif a.generic is not None:
+            if a.generic in self.dims:
+                self.require(f"{size} == {self.dims[a.generic]}")
+            else:
+                self.dims[a.generic] = f"_d{len(self.dims)}"
+                self.line(f"{self.dims[a.generic]} = {size}")
+
+
+def _plain_axes(axes: tuple[AxisCheck, ...]) -> bool:
+    """No axis computed from generic dims (those take the full check)."""
+    return all(a.compute is None and (a.size is None or a.generic is None) for a in axes)
+
+
+def signature_check(guards: Sequence[Any], specs: Mapping[str, ModelSpec]
+                    ) -> Callable[[Sequence[Any]], list[Any] | None] | None:
+    """A function's short way through its argument guards, written once (issue 15): given the
+    arguments in order, the values the guards would give, or None where any argument needs more than
+    a look at cached metadata (then the guards themselves run, and word what is wrong). None where
+    some guard has no quick check. `specs`: the program's model specs by name."""
+    out = QuickChecks()
+    names = [f"_v{k}" for k in range(len(guards))]
+    results = [g.quick(v, out, specs) if hasattr(g, "quick") else None for g, v in zip(guards, names)]
+    if any(r is None for r in results):
+        return None
+    unpack = [f"    {''.join(v + ', ' for v in names)}= values"] if names else []
+    text = "\n".join(["def check(values):", *unpack, *out.lines,
+                      f"    return [{', '.join(r for r in results if r is not None)}]", ""])
+    scope = {**out.constants, "_Tensor": torch.Tensor, "_strided": torch.strided, "Model": Model,
+             "Optimizer": Optimizer, "Batch": Batch, "given_batch": given_batch, "in_bounds": in_bounds}
+    exec(compile(text, "<argument checks>", "exec"), scope)  # our own text: see QuickChecks
+    check: Callable[[Sequence[Any]], list[Any] | None] = scope["check"]
+    return check
