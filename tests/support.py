@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,3 +38,15 @@ def param_and_adamw_bytes(shapes: list[tuple[int, ...]]) -> tuple[int, int]:
     opt.step()
     state = [t for per_param in opt.state.values() for t in per_param.values() if isinstance(t, torch.Tensor)]
     return sum(p.numel() * p.element_size() for p in params), sum(t.numel() * t.element_size() for t in state)
+
+
+@contextmanager
+def importable(folder: Path, module: str, source: str) -> Iterator[Path]:
+    """`source` as the module `module` in `folder`, on sys.path while the block runs: a module only the
+    controller's sys.path finds (the workers get that path), e.g. to register handlers of a test's own."""
+    (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    sys.path.insert(0, str(folder))
+    try:
+        yield folder
+    finally:
+        sys.path.remove(str(folder))

@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from shapescript.parallel import pool as pool_mod
 from shapescript.parallel import worker as worker_mod
 from shapescript.parallel.handlers import listening_sockets
 from shapescript.parallel.pool import WorkerPool, collective_timeout, current_collective_timeout
+from support import importable
 
 ROOT = Path(__file__).resolve().parents[2]
 WHERE = "`train_step` (train.ss:32:4)"
@@ -77,8 +77,7 @@ def pool2() -> Iterator[WorkerPool]:
 @pytest.fixture(scope="module")
 def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A module only the controller's sys.path finds, registering a handler of its own."""
-    folder = tmp_path_factory.mktemp("probe")
-    (folder / "ss_probe_handlers.py").write_text(textwrap.dedent("""
+    with importable(tmp_path_factory.mktemp("probe"), "ss_probe_handlers", """
         import torch
         from shapescript.parallel.handlers import handler
 
@@ -91,10 +90,8 @@ def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             state.waiting_at("train.ss:30:12")  # as a hook that never restores the status
             torch.distributed.all_reduce(torch.ones(1))
             raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
-    """))
-    sys.path.insert(0, str(folder))
-    yield folder
-    sys.path.remove(str(folder))
+    """) as folder:
+        yield folder
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from shapescript.parallel.interrupts import StepInterrupt
 from shapescript.parallel.pool import WorkerPool
 
 from programs import LIN_HEADER, LIN_LOSS, LIN_STEP, LINEAR, README
+from support import importable
 
 # -- which calls are sent without waiting: a fact of the typed program --------------------------------
 
@@ -71,19 +72,15 @@ def test_only_the_controllers_module_sends_without_waiting() -> None:
 @pytest.fixture(scope="module")
 def counting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A handler module only the controller's sys.path finds: `bump` counts the calls each worker ran."""
-    import sys
-    folder = tmp_path_factory.mktemp("bump")
-    (folder / "ss_bump_handlers.py").write_text(textwrap.dedent("""
+    with importable(tmp_path_factory.mktemp("bump"), "ss_bump_handlers", """
         from shapescript.parallel.handlers import handler
 
         @handler("bump")
         def bump(state):
             state.bumps = getattr(state, "bumps", 0) + 1
             return state.bumps
-    """))
-    sys.path.insert(0, str(folder))
-    yield folder
-    sys.path.remove(str(folder))
+    """) as folder:
+        yield folder
 
 
 def pool_of(devices: str) -> WorkerPool:
