@@ -197,10 +197,11 @@ class RemoteFunction:
         return split_value(value, axis, shares(size, world))
 
     def __call__(self, *args: Any) -> Any:
-        workers, messages = self._messages(args)
-        # The call's wall time, for the timeline (parallel/timeline.py); one that first waits for the
-        # workers to start or to load the program isn't kept.
+        workers = self._workers(args)
+        # The call's wall time, for the timeline (parallel/timeline.py), from before its arguments are
+        # split; one that first waits for the workers to start or to load the program isn't kept.
         settled, began = workers.settled, time.perf_counter()
+        messages = self._messages(workers, args)
         return self._joined(workers, args, workers.call("call", messages, where=self.where), settled, began)
 
     def later(self, *args: Any) -> Any:
@@ -210,8 +211,9 @@ class RemoteFunction:
         from this one's."""
         if not pipeline.enabled() or any(isinstance(a, Mode) for a in args):
             return self(*args)
-        workers, messages = self._messages(args)
+        workers = self._workers(args)
         settled, began = workers.settled, time.perf_counter()
+        messages = self._messages(workers, args)
         result = pipeline.Pending(workers.settle)
 
         def answered(replies: list[Any] | None) -> None:
@@ -223,28 +225,29 @@ class RemoteFunction:
         workers.submit("call", messages, self.where, answered)
         return result
 
-    def _messages(self, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...] | list[tuple[Any, ...]]]:
-        """The workers, and the arguments of the `call` handler: one tuple for all, or one a worker."""
+    def _workers(self, args: tuple[Any, ...]) -> Any:
         for a in args:  # before workers(), which would start a new pool for a stale handle's call
             check_handle(a)
-        workers = linked(self.link, self.where).workers()
+        return linked(self.link, self.where).workers()
+
+    def _messages(self, workers: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+        """The arguments of the `call` handler: one tuple for all workers, or one a worker."""
         split = [(a, k) for a, k in zip(args, self.plan.params) if k is not None]
         # A result joined from the workers' parts needs every part; a whole one only worker 0's (the
         # others answer None: program_handlers.call's `every`).
         every = self.plan.result is not None
         if not split:
-            return workers, (self.name, tuple(encode(a) for a in args), None, every)
+            return (self.name, tuple(encode(a) for a in args), None, every)
         if self.plan.heads:  # each worker its heads of each argument; no batch is split
             columns = [self.heads_of(a, k, n, workers.world) for n, (a, k) in enumerate(zip(args, self.plan.params))]
-            return workers, [(self.name, tuple(encode(c[w]) for c in columns), None, every)
-                             for w in range(workers.world)]
+            return [(self.name, tuple(encode(c[w]) for c in columns), None, every) for w in range(workers.world)]
         n = batch_size(*split[0])
         parts = shares(n, workers.world)
         columns = [split_value(a, k, parts) for a, k in zip(args, self.plan.params)]
         # Each worker is told where its part lies in the whole batch: a random draw is the whole
         # batch's, of which each worker keeps its part's rows (runtime/modes.py).
-        return workers, [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n), every)
-                         for w in range(workers.world)]
+        return [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n), every)
+                for w in range(workers.world)]
 
     def _joined(self, workers: Any, args: tuple[Any, ...], replies: list[Any], settled: bool, began: float) -> Any:
         results = [result for result, _, _ in replies]
