@@ -8,7 +8,7 @@
 """
 
 from shapescript import parallel, sinks
-from shapescript.api import Program, build, load
+from shapescript.api import Program, build, cluster, load
 from shapescript.parallel import collective_timeout
 from shapescript.errors import (CompileError, DeviceError, Diagnostic, DomainError, ShapeError, ShapeScriptError,
                                 WorkerError)
@@ -21,7 +21,7 @@ from shapescript.runtime.optim import Optimizer, adamw, sgd
 
 __all__ = ["Batch", "CompileError", "DeviceError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer",
            "Program", "ShapeError", "ShapeScriptError", "TensorDataset", "Train", "WorkerError", "adamw", "build",
-           "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]
+           "cluster", "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]
 
 
 def load_ipython_extension(ip: object) -> None:  # `%load_ext shapescript`; IPython is imported only then

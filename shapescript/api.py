@@ -194,10 +194,17 @@ class Program:
         with self._pool_lock():
             if self._pool is None or not self._pool.alive:
                 devices = self.checked.device_set
-                if devices.several_hosts:  # the local pool is one host's; a cluster places the others
+                from .parallel import cluster as clusters
+                on = clusters.current()  # with a cluster, any devices line's workers run there
+                if devices.several_hosts and on is None:  # the local pool is one host's; a cluster places the others
                     raise ClusterNeededError.of(str(devices), devices.hosts, devices.count)
                 from .parallel.pool import WorkerPool
-                pool = WorkerPool(self.checked.device_set, modules=["shapescript.parallel.program_handlers"])
+                launcher = None
+                if on is not None:
+                    from .parallel.ray_workers import RayLauncher
+                    launcher = RayLauncher(on)
+                pool = WorkerPool(self.checked.device_set, modules=["shapescript.parallel.program_handlers"],
+                                  launcher=launcher)
                 try:
                     if background:
                         pool.first("load_program", self._load_args(), where="loading the program")
@@ -450,4 +457,18 @@ def build(path_or_source: str | os.PathLike[str], standalone: bool = False, devi
     return python_module(compile_program(source, file, devices, dims), target, standalone=standalone)
 
 
-__all__ = ["CompileError", "Diagnostic", "Function", "ModelType", "Program", "build", "load", "parse_devices"]
+def cluster(address: object) -> Any:
+    """Run programs' workers on a Ray cluster from now on (docs/cluster.md): `"auto"` ($RAY_ADDRESS,
+    or a cluster running on this machine), `"ray://head:10001"`, or an object with an `.address`
+    (ray.cluster_utils.Cluster). Any devices line then runs there, `2 x cuda[0 1]` as well as
+    `cuda[0 1]`; pools already running stay where they are. `None`: stop the workers on the cluster
+    and go back to this machine's. Needs `pip install 'shapescript[ray]'`."""
+    from .parallel import cluster as clusters
+    if address is None:
+        clusters.disconnect()
+        return None
+    return clusters.connect(address)
+
+
+__all__ = ["CompileError", "Diagnostic", "Function", "ModelType", "Program", "build", "cluster", "load",
+           "parse_devices"]

@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Self
 
 from shapescript.devices import DeviceSet
-from shapescript.errors import ShapeScriptError, WorkerError
+from shapescript.errors import ClusterNeededError, ShapeScriptError, WorkerError
 # collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
 from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, TIMEOUT_ENV,  # noqa: F401
                                            WorkerExit, WorkerProcess, collective_timeout, current_collective_timeout,
@@ -66,16 +66,23 @@ class WorkerPool:
     run one at a time, each getting its own answers. A process forked from the one that started the
     workers can't call them, and its exit or `stop()` leaves them running for their owner."""
 
-    def __init__(self, devices: DeviceSet, timeout: float | None = None, modules: Sequence[str] = ()) -> None:
+    def __init__(self, devices: DeviceSet, timeout: float | None = None, modules: Sequence[str] = (),
+                 launcher: Any = None) -> None:
+        """`launcher`: who starts the workers elsewhere (parallel/ray_workers.py's RayLauncher, on a
+        cluster); None for processes on this machine."""
         if devices.kind not in ("cpu", "cuda"):
             raise ValueError(f"devices must be cpu[...] or cuda[...], not {devices}")
+        if devices.several_hosts and launcher is None:
+            raise ClusterNeededError.of(str(devices), devices.hosts, devices.count)
         if timeout is not None:
             timeout = timeout_seconds(timeout, "the collective timeout")
-        if devices.kind == "cuda":  # before any worker starts, rather than as each one fails
+        if devices.kind == "cuda" and launcher is None:  # before any worker starts, rather than as each one fails
             require_visible(devices.indices or (0,), str(devices), "the workers")
         self.devices = devices
         self.indices: tuple[int, ...] = devices.indices if devices.indices is not None else (0,)
-        self.world = len(self.indices)
+        self.world = devices.count
+        self._launcher = launcher
+        self._shutdown: Callable[[list[WorkerProcess], str | None, float, int], None] = shutdown  # the launcher's own
         self.timeout = timeout
         self.modules = tuple(modules)
         self.cold_start_s: float | None = None  # seconds from start() until every worker was ready
@@ -96,7 +103,8 @@ class WorkerPool:
         self._in_flight: deque[InFlight] = deque()  # calls sent without waiting for their answers: see submit
         self.answered_at = 0.0  # perf_counter() when the last call's answers were read
         self.exits: tuple[WorkerExit, ...] = ()  # how each worker ended, once the pool has stopped
-        self.timeline = Timeline(str(devices), [f"{devices.kind}:{i}" for i in self.indices])  # RemoteFunction's calls
+        labels = launcher.labels(devices) if launcher is not None else [f"{devices.kind}:{i}" for i in self.indices]
+        self.timeline = Timeline(str(devices), labels)  # RemoteFunction's calls
 
     # -- starting ----------------------------------------------------------------------------------
 
@@ -123,6 +131,14 @@ class WorkerPool:
         self._state = "starting"
         self._t0 = time.perf_counter()
         self.timeout = self.timeout if self.timeout is not None else current_collective_timeout()
+        if self._launcher is not None:  # workers elsewhere: it sets _workers, _shutdown and _finalizer
+            self._owner = os.getpid()
+            try:
+                self._launcher.spawn(self)
+            except BaseException as exc:
+                self._die(f"the workers couldn't be started: {exc}")
+                raise
+            return
         sweep_stale_folders()  # the backstop: a killed controller's workers remove its folder as they exit
         self._folder = tempfile.mkdtemp(prefix=f"shapescript-workers-{owner_tag()}-")  # mode 0700: ours alone
         self._owner = os.getpid()  # a forked child neither uses nor stops these workers
@@ -286,7 +302,7 @@ class WorkerPool:
         if self._foreign():
             return  # the workers, their sockets and folder are the parent's, which goes on using them
         ended = [(w, w.dead()) for w in self._workers]  # the ones that stopped before we stopped them
-        shutdown(self._workers, self._folder, grace, self._owner)
+        self._shutdown(self._workers, self._folder, grace, self._owner)
         shared.close_idle()  # the batches' shared buffers (a call still holding one: when it lets go)
         self.exits = self.exits or tuple(
             WorkerExit(w.rank, w.label, w.proc.pid, w.how_it_stopped() if by_itself else STOPPED_BY_CONTROLLER)

@@ -326,7 +326,12 @@ def _boot(config: dict[str, Any]) -> WorkerState:
     state = WorkerState(rank, world, device, config["status_path"])
     for name in config["modules"]:
         importlib.import_module(name)
-    store = dist.FileStore(config["store_path"], world)
+    if config.get("store_address"):  # workers on a cluster meet at worker 0's node (parallel/ray_workers.py)
+        host, port = config["store_address"]
+        store: dist.Store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timedelta(seconds=config["timeout"]),
+                                          wait_for_workers=False, master_listen_fd=config.get("store_listen_fd"))
+    else:
+        store = dist.FileStore(config["store_path"], world)
     dist.init_process_group("nccl" if kind == "cuda" else "gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=config["timeout"]),
                             device_id=device if kind == "cuda" else None)
