@@ -37,17 +37,18 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Self
 
 from shapescript.devices import DeviceSet
-from shapescript.errors import ClusterNeededError, ShapeScriptError, WorkerError
+from shapescript.errors import ClusterNeededError, WorkerError
 # collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
 from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, TIMEOUT_ENV,  # noqa: F401
                                            WorkerExit, WorkerProcess, collective_timeout, current_collective_timeout,
-                                           is_stopped, loopback, ranks_text, shutdown, sweep_stale_folders,
+                                           loopback, ranks_text, shutdown, sweep_stale_folders,
                                            timeout_seconds, torch_settings)
 from shapescript.parallel import shared
+from shapescript.parallel.failures import FailureReports
 from shapescript.parallel.interrupts import step_interrupt, until_the_step_ends
 from shapescript.parallel.pipeline import InFlight
 from shapescript.parallel.timeline import Timeline
-from shapescript.parallel.worker import WAITING, WORKER_MAIN, describe_status, dumps, read_status
+from shapescript.parallel.worker import WAITING, WORKER_MAIN, dumps
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import require_visible
 from shapescript.runtime.steps import between_steps
@@ -59,7 +60,7 @@ ERROR_GRACE = 1.0  # after one worker raised an error of its own, how long the o
 LOOK_EVERY = 0.25  # seconds between looks at the workers' processes and statuses while a call waits
 
 
-class WorkerPool:
+class WorkerPool(FailureReports):
     """One worker process per device of `devices`, in one process group. `timeout` is the collective
     timeout in seconds (default: `current_collective_timeout()` when the pool starts); `modules` are
     imported by every worker as it starts, e.g. to register more handlers. Calls from several threads
@@ -553,10 +554,10 @@ class WorkerPool:
                     self._fail_dead(w, doing)
             now = time.monotonic()
             if pending and not ready:  # nothing happened: a look at the processes and their statuses
-                every_one_stopped = all(is_stopped(w.proc.pid) for w in pending.values())
+                every_one_stopped = all(w.stopped() for w in pending.values())
                 stopped_since = min(stopped_since, now) if every_one_stopped else never
                 if now >= error_deadline:  # a collective that the failed worker won't join never ends
-                    waiting = {r for r, w in pending.items() if read_status(w.status_path)[0] == WAITING}
+                    waiting = {r for r, w in pending.items() if w.status()[0] == WAITING}
                     released = released or bool(waiting & waiting_before)
                     waiting_before = waiting
             out_of_time = now >= min(answer_deadline, collective_deadline, stopped_since + self.timeout)
@@ -572,7 +573,7 @@ class WorkerPool:
         return replies, sorted(pending), released and bool(pending)
 
     def _any_waiting(self, pending: dict[int, WorkerProcess]) -> bool:
-        return any(read_status(w.status_path)[0] == WAITING for w in pending.values())
+        return any(w.status()[0] == WAITING for w in pending.values())
 
     def _decode(self, w: WorkerProcess, data: bytes) -> tuple[Any, ...]:
         try:
@@ -581,80 +582,3 @@ class WorkerPool:
             error = WorkerError(f"worker {w.rank} ({w.label})'s answer can't be read: {type(exc).__name__}: {exc}")
             return ("err", {"type": "WorkerError", "message": str(error), "traceback": "", "status": "",
                             "collective": False, "pickled": dumps(error)})
-
-    # -- failures ----------------------------------------------------------------------------------
-
-    def _fail_dead(self, w: WorkerProcess, doing: str) -> None:
-        status = read_status(w.status_path)
-        how = w.how_it_stopped()
-        at = f" (it was waiting for the other workers at {status[1]})" if status[0] == WAITING else ""
-        others = "The other workers were stopped too" if self.world > 1 else "It"
-        self._die(f"worker {w.rank} stopped")
-        raise WorkerError(
-            f"worker {w.rank} ({w.label}) stopped while {doing}{at}: {how}. {others}, and what was on "
-            f"the devices is gone: new models, or a checkpoint, are needed to go on.")
-
-    def _fail_alone(self, failed: list[tuple[int, dict[str, Any]]], pending: list[int], where: str) -> None:
-        """A worker raised an error of its own, and the others went on to a collective, where they would
-        wait for it until the collective timeout: stop them all now, and raise its error."""
-        rank, payload = next((r, p) for r, p in failed if not p["collective"])
-        w = self._workers[rank]  # before _die forgets the workers
-        places = sorted({read_status(self._workers[r].status_path)[1] for r in pending} - {""})
-        self._die(f"worker {rank} raised an error in {where} while the others waited for it")
-        self._raise_error(w, payload, where, note=(
-            f"Only some workers raised it: {ranks_text(pending)} went on and waited for the others at "
-            f"{' and '.join(places) or 'a collective'}, so every worker was stopped at once, and what was on the "
-            f"devices is gone: new models, or a checkpoint, are needed to go on."))
-
-    def _fail_stuck(self, replies: list[tuple[Any, ...] | None], pending: list[int], where: str) -> None:
-        """The chapter's report of a call that didn't finish: where each worker was."""
-        lines: list[str] = []
-        notes: list[str] = []
-        for w in self._workers:
-            reply = replies[w.rank]
-            if reply is None:
-                stopped = ", and is stopped (SIGSTOP, Ctrl-Z or a debugger)" if is_stopped(w.proc.pid) else ""
-                lines.append(f"worker {w.rank}: didn't answer; it was "
-                             f"{describe_status(*read_status(w.status_path))}{stopped}")
-            elif reply[0] == "ok":
-                lines.append(f"worker {w.rank}: finished")
-            else:
-                payload = reply[1]
-                lines.append(f"worker {w.rank}: was {payload['status']}" if payload["collective"]
-                             else f"worker {w.rank}: raised {payload['type']}: {payload['message']}")
-                if payload["traceback"] and not notes:
-                    notes.append(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
-        failed = any(r is not None and r[0] == "err" for r in replies)
-        if pending and failed:
-            head = f"a worker failed while running {where}, and {ranks_text(pending)} didn't finish:"
-        elif len(pending) == self.world:  # none answered: each was stopped for the whole timeout
-            head = (f"{ranks_text(pending)} didn't finish {where}: stopped for {self.timeout:g} s (the collective timeout) "
-                    f"without answering:")
-        elif pending:
-            head = f"{ranks_text(pending)} didn't finish {where} within {self.timeout:g} s of the others:"
-        else:
-            head = f"a worker failed while running {where}, and the workers timed out waiting for each other:"
-        self._die(f"{where} didn't finish")
-        exc = WorkerError("\n  ".join([head] + lines))
-        exc.add_note(f"The workers were stopped, and what was on the devices is gone. The collective timeout is "
-                     f"{self.timeout:g} s (${TIMEOUT_ENV}, or shapescript.collective_timeout(seconds)).")
-        for note in notes:
-            exc.add_note(note)
-        raise exc
-
-    def _raise_error(self, w: WorkerProcess, payload: dict[str, Any], where: str, note: str = "") -> None:
-        """A handler's exception, raised here: the same class if it's one of ours, else a WorkerError."""
-        exc: BaseException | None = None
-        if payload["pickled"] is not None:
-            try:
-                exc = pickle.loads(payload["pickled"])
-            except Exception:
-                exc = None
-        if not isinstance(exc, ShapeScriptError):
-            exc = WorkerError(f"worker {w.rank} ({w.label}) raised {payload['type']} while running {where}: "
-                              f"{payload['message']}")
-        if note:
-            exc.add_note(note)
-        if payload["traceback"]:
-            exc.add_note(f"worker {w.rank}'s traceback ({w.label}):\n{payload['traceback']}")
-        raise exc

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from shapescript.parallel.worker import dumps
+from shapescript.parallel.worker import dumps, read_status
 from shapescript.runtime.leftovers import sweep
 
 DEFAULT_TIMEOUT = 600.0
@@ -160,6 +160,14 @@ class WorkerProcess:
 
     def dead(self) -> bool:
         return self.proc.poll() is not None
+
+    def status(self) -> tuple[str, str]:
+        """What the worker is doing, from its status file (worker.read_status); ("", "") if unknown."""
+        return read_status(self.status_path)
+
+    def stopped(self) -> bool:
+        """Whether its process is stopped (SIGSTOP, Ctrl-Z, a debugger)."""
+        return is_stopped(self.proc.pid)
 
     def how_it_stopped(self) -> str:
         try:

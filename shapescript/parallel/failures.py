@@ -1,0 +1,98 @@
+"""How a pool reports a call that failed on its workers: one died, one raised an error the others
+didn't, or the call didn't finish within the collective timeout (the chapter's table of where each
+worker was). WorkerPool inherits these; each stops the workers and raises."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from shapescript.errors import ShapeScriptError, WorkerError
+from shapescript.parallel.processes import TIMEOUT_ENV, WorkerProcess, ranks_text
+from shapescript.parallel.worker import WAITING, describe_status
+
+
+class FailureReports:
+    """The failure half of WorkerPool (pool.py), which sets these attributes."""
+
+    world: int
+    timeout: float | None
+    _workers: list[WorkerProcess]
+
+    def _die(self, reason: str) -> None:
+        raise NotImplementedError
+
+    def _fail_dead(self, w: WorkerProcess, doing: str) -> None:
+        status = w.status()
+        how = w.how_it_stopped()
+        at = f" (it was waiting for the other workers at {status[1]})" if status[0] == WAITING else ""
+        others = "The other workers were stopped too" if self.world > 1 else "It"
+        self._die(f"worker {w.rank} stopped")
+        raise WorkerError(
+            f"worker {w.rank} ({w.label}) stopped while {doing}{at}: {how}. {others}, and what was on "
+            f"the devices is gone: new models, or a checkpoint, are needed to go on.")
+
+    def _fail_alone(self, failed: list[tuple[int, dict[str, Any]]], pending: list[int], where: str) -> None:
+        """A worker raised an error of its own, and the others went on to a collective, where they would
+        wait for it until the collective timeout: stop them all now, and raise its error."""
+        rank, payload = next((r, p) for r, p in failed if not p["collective"])
+        w = self._workers[rank]  # before _die forgets the workers
+        places = sorted({self._workers[r].status()[1] for r in pending} - {""})
+        self._die(f"worker {rank} raised an error in {where} while the others waited for it")
+        self._raise_error(w, payload, where, note=(
+            f"Only some workers raised it: {ranks_text(pending)} went on and waited for the others at "
+            f"{' and '.join(places) or 'a collective'}, so every worker was stopped at once, and what was on the "
+            f"devices is gone: new models, or a checkpoint, are needed to go on."))
+
+    def _fail_stuck(self, replies: list[tuple[Any, ...] | None], pending: list[int], where: str) -> None:
+        """The chapter's report of a call that didn't finish: where each worker was."""
+        lines: list[str] = []
+        notes: list[str] = []
+        for w in self._workers:
+            reply = replies[w.rank]
+            if reply is None:
+                stopped = ", and is stopped (SIGSTOP, Ctrl-Z or a debugger)" if w.stopped() else ""
+                lines.append(f"worker {w.rank}: didn't answer; it was "
+                             f"{describe_status(*w.status())}{stopped}")
+            elif reply[0] == "ok":
+                lines.append(f"worker {w.rank}: finished")
+            else:
+                payload = reply[1]
+                lines.append(f"worker {w.rank}: was {payload['status']}" if payload["collective"]
+                             else f"worker {w.rank}: raised {payload['type']}: {payload['message']}")
+                if payload["traceback"] and not notes:
+                    notes.append(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
+        failed = any(r is not None and r[0] == "err" for r in replies)
+        if pending and failed:
+            head = f"a worker failed while running {where}, and {ranks_text(pending)} didn't finish:"
+        elif len(pending) == self.world:  # none answered: each was stopped for the whole timeout
+            head = (f"{ranks_text(pending)} didn't finish {where}: stopped for {self.timeout:g} s (the collective timeout) "
+                    f"without answering:")
+        elif pending:
+            head = f"{ranks_text(pending)} didn't finish {where} within {self.timeout:g} s of the others:"
+        else:
+            head = f"a worker failed while running {where}, and the workers timed out waiting for each other:"
+        self._die(f"{where} didn't finish")
+        exc = WorkerError("\n  ".join([head] + lines))
+        exc.add_note(f"The workers were stopped, and what was on the devices is gone. The collective timeout is "
+                     f"{self.timeout:g} s (${TIMEOUT_ENV}, or shapescript.collective_timeout(seconds)).")
+        for note in notes:
+            exc.add_note(note)
+        raise exc
+
+    def _raise_error(self, w: WorkerProcess, payload: dict[str, Any], where: str, note: str = "") -> None:
+        """A handler's exception, raised here: the same class if it's one of ours, else a WorkerError."""
+        exc: BaseException | None = None
+        if payload["pickled"] is not None:
+            try:
+                exc = pickle.loads(payload["pickled"])
+            except Exception:
+                exc = None
+        if not isinstance(exc, ShapeScriptError):
+            exc = WorkerError(f"worker {w.rank} ({w.label}) raised {payload['type']} while running {where}: "
+                              f"{payload['message']}")
+        if note:
+            exc.add_note(note)
+        if payload["traceback"]:
+            exc.add_note(f"worker {w.rank}'s traceback ({w.label}):\n{payload['traceback']}")
+        raise exc
