@@ -17,7 +17,12 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) examples/digits/train.py
 
-test: $(VENV)/.installed chromium
+# The tests also run programs' workers on a simulated Ray cluster (tests/cluster): the `ray` extra.
+$(VENV)/.ray: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[ray]'
+	touch $@
+
+test: $(VENV)/.installed $(VENV)/.ray chromium
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q

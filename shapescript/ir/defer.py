@@ -48,11 +48,10 @@ def _body(body: tuple[N.Stmt, ...], in_loop: bool, on_workers: frozenset[str], w
         elif (in_loop and isinstance(s, N.Assign) and isinstance(s.value, N.FnCall) and _on_workers(s.value, on_workers)
               and _only_logged(s.targets, body[k + 1:], writes, reads)):
             s = dataclasses.replace(s, value=dataclasses.replace(s.value, later=True))
-        elif in_loop and isinstance(s, N.Do) and (record := _logged_record(s)) is not None:  # logs(loss=step(...))
+        elif in_loop and isinstance(s, N.Do) and (logged := _logged_record(s)) is not None:  # logs(loss=step(...))
+            write, record = logged
             values = tuple(dataclasses.replace(a, later=True) if isinstance(a, N.FnCall) and _on_workers(a, on_workers)
                            else a for a in record.args)
-            write = s.expr
-            assert isinstance(write, N.OpCall)
             s = dataclasses.replace(s, expr=dataclasses.replace(
                 write, args=(write.args[0], dataclasses.replace(record, args=values))))
         out.append(s)
@@ -63,12 +62,12 @@ def _on_workers(e: N.FnCall, on_workers: frozenset[str]) -> bool:
     return e.kind == "fn" and e.name in on_workers
 
 
-def _logged_record(s: N.Stmt) -> N.OpCall | None:
-    """The `logs(...)` of a statement `write(sink, logs(...))`, else None."""
+def _logged_record(s: N.Stmt) -> tuple[N.OpCall, N.OpCall] | None:
+    """(the `write`, its `logs(...)`) of a statement `write(sink, logs(...))`, else None."""
     if isinstance(s, N.Do) and isinstance(s.expr, N.OpCall) and s.expr.op == "write":
         record = s.expr.args[1]
         if isinstance(record, N.OpCall) and record.op == "logs":
-            return record
+            return s.expr, record
     return None
 
 
@@ -79,11 +78,13 @@ def _only_logged(names: tuple[str, ...], rest: tuple[N.Stmt, ...], writes: Count
         return False
     logged: Counter[str] = Counter()
     for s in rest:
-        record = _logged_record(s)
-        if record is not None and isinstance(s, N.Do) and not _reads(s.expr.args[0], names):  # type: ignore[attr-defined]
-                logged.update(a.id for a in record.args if isinstance(a, N.Name) and a.id in names)
-                if any(a is not None and not isinstance(a, N.Name) and _reads(a, names) for a in record.args):
-                    return False
+        logged_here = _logged_record(s)
+        if logged_here is None or _reads(logged_here[0].args[0], names):
+            continue
+        record = logged_here[1]
+        logged.update(a.id for a in record.args if isinstance(a, N.Name) and a.id in names)
+        if any(a is not None and not isinstance(a, N.Name) and _reads(a, names) for a in record.args):
+            return False
     return all(logged[n] == reads[n] for n in names)
 
 

@@ -16,7 +16,7 @@ from shapescript.runtime import calls, checkpoint, collectives, sharding
 from shapescript.runtime.data import Batch, TensorDataset
 from shapescript.runtime.model import Model, leaves, live_name
 from shapescript.runtime.modes import Mode
-from shapescript.runtime.optim import Optimizer, adamw, sgd
+from shapescript.runtime.optim import Optimizer
 
 
 @handler("load_program")
@@ -46,8 +46,7 @@ def init_model(state: Any, handle: int, model: str, seed: int) -> None:
 
 @handler("make_optimizer")
 def make_optimizer(state: Any, handle: int, model: int, kind: str, hyper: dict[str, Any]) -> None:
-    make = adamw if kind == "AdamW" else sgd
-    state.objects[handle] = make(state.objects[model], **hyper)
+    state.objects[handle] = sharded_state.make_optimizer(state.objects[model], kind, hyper)
 
 
 @handler("keep_dataset")
