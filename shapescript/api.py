@@ -457,17 +457,22 @@ def build(path_or_source: str | os.PathLike[str], standalone: bool = False, devi
     return python_module(compile_program(source, file, devices, dims), target, standalone=standalone)
 
 
-def cluster(address: object) -> Any:
+def cluster(address: object, runtime_env: dict[str, Any] | None = None) -> Any:
     """Run programs' workers on a Ray cluster from now on (docs/cluster.md): `"auto"` ($RAY_ADDRESS,
     or a cluster running on this machine), `"ray://head:10001"`, or an object with an `.address`
     (ray.cluster_utils.Cluster). Any devices line then runs there, `2 x cuda[0 1]` as well as
-    `cuda[0 1]`; pools already running stay where they are. `None`: stop the workers on the cluster
-    and go back to this machine's. Needs `pip install 'shapescript[ray]'`."""
+    `cuda[0 1]`; pools already running stay where they are. `runtime_env` is Ray's, for this
+    process's connection: `{"py_modules": ["my_externs.py"]}` ships modules the hosts can't import
+    (extern fns') to every worker; it is a ValueError once Ray was connected by a `ray.init` of
+    one's own. `None`: stop the workers on the cluster and go back to this machine's. Needs
+    `pip install 'shapescript[ray]'`."""
     from .parallel import cluster as clusters
     if address is None:
+        if runtime_env is not None:
+            raise ValueError("runtime_env is for connecting to a cluster, not for ss.cluster(None)")
         clusters.disconnect()
         return None
-    return clusters.connect(address)
+    return clusters.connect(address, runtime_env=runtime_env)
 
 
 __all__ = ["CompileError", "Diagnostic", "Function", "ModelType", "Program", "build", "cluster", "load",

@@ -6,6 +6,7 @@ import gc
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -76,3 +77,18 @@ def nothing_left_in_the_temp_folder(pytestconfig: pytest.Config) -> Iterator[Pat
         time.sleep(0.1)
     left = leftovers()
     assert not left, f"the tests left these in the temp folder (/tmp): {', '.join(left)}"
+
+
+class StrayInterrupt(Exception):
+    """A Ctrl-C that came while no call ran: the test's own handler, so that pytest isn't stopped."""
+
+
+@pytest.fixture
+def no_stray_interrupts() -> Iterator[None]:
+    def stray(signum: int, frame: object) -> None:
+        raise StrayInterrupt
+    previous = signal.signal(signal.SIGINT, stray)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

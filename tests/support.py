@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,3 +53,16 @@ def importable(folder: Path, module: str, source: str) -> Iterator[Path]:
         yield folder
     finally:
         sys.path.remove(str(folder))
+
+
+# Ctrl-C from a thread of the test (tests/parallel/test_interrupts.py, tests/cluster/test_failures.py).
+def interrupt_after(*delays: float) -> threading.Thread:
+    """Ctrl-C this process after each of `delays` seconds (counted from now), from a thread."""
+    def send() -> None:
+        start = time.monotonic()
+        for delay in delays:
+            time.sleep(max(0.0, start + delay - time.monotonic()))
+            os.kill(os.getpid(), signal.SIGINT)
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread

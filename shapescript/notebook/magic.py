@@ -25,7 +25,7 @@ from .cells import Cell
 from .device_table import batch_option
 from .models import model_html
 from ..errors import CompileError, ShapeScriptError
-from . import progress
+from . import on_cluster, progress
 from .report import CellCompileError, NotebookError
 from .session import PROGRAM_VARIABLE, Session
 from .timeline import view_for
@@ -39,6 +39,8 @@ USAGE = f"""\
 %%shapescript --batch N    the same, its placement table showing the shares of a batch of N
 %shapescript comms         the placement and communication table (--batch N: the shares of a batch of N)
 %shapescript devices D     run the program on D: cpu, cuda, cpu[0 1], cuda[0 1 2] (without D: show them)
+%shapescript cluster A     run the workers on the Ray cluster at A: auto, ray://host:port or host:port
+                           (without A: show it, its nodes and their resources; `off`: back to this machine)
 %shapescript status        the workers: device, pid, memory, and the models and optimizers they hold
 %shapescript timeline      where each worker's time goes in the calls on the workers, live
 %shapescript stop          stop the workers (they start again when needed)
@@ -71,6 +73,8 @@ class ShapeScriptMagics(Magics):
         rest = rest.strip()
         if command == "devices":
             self._devices(rest)
+        elif command == "cluster":
+            self._cluster(rest)
         elif command in ("status", "stop", "source", "reset") and not rest:
             self._simple(command)
         elif command == "explain" and rest:
@@ -101,6 +105,19 @@ class ShapeScriptMagics(Magics):
             raise UsageError(str(e)) from None
         _print(self._run(lambda: self.session.set_devices(text)))
         self._show_placement()
+
+    def _cluster(self, address: str) -> None:
+        """`%shapescript cluster [ADDRESS | off]` (on_cluster.py)."""
+        if not address:
+            display(on_cluster.view())
+            return
+        try:
+            if address == "off":
+                _print(on_cluster.disconnect(self.session))
+            else:
+                _print(on_cluster.connect(self.session, address))
+        except on_cluster.AddressError as e:
+            raise UsageError(str(e)) from None
 
     def _comms(self, batch: int | None) -> None:
         """The program's DeviceTable, opened (its text in a terminal), for a batch of `batch` if given."""

@@ -83,16 +83,24 @@ class Session:
         stop (saying what dies with them) and, on several devices, new ones start."""
         if self.program is not None and program.adopt_workers(self.program, keep_datasets):
             return []
-        notes = []
-        if pool_of(self.program) is not None:
-            notes.append(self._stop_workers(f"the program now runs on {program.devices}"))
-        if program.several:
-            try:
-                program.workers(background=True)  # the first call waits for them
-                notes.append(f"Starting workers on {program.devices} in the background.")
-            except ShapeScriptError as e:  # can't even spawn them: the program retries when it needs them
-                notes.append(f"The workers on {program.devices} couldn't be started: {e}")
-        return notes
+        notes = self.stop_workers(f"the program now runs on {program.devices}")
+        return notes + self.start_workers(program)
+
+    def stop_workers(self, why: str) -> list[str]:
+        """Stop the workers, saying what goes with them (nothing to say if none run)."""
+        return [self._stop_workers(why)] if pool_of(self.program) is not None else []
+
+    @staticmethod
+    def start_workers(program: Program | None) -> list[str]:
+        """On several devices, start `program`'s workers in the background, where workers now start
+        (this machine, or the current cluster); what happened, to show."""
+        if program is None or not program.several:
+            return []
+        try:
+            program.workers(background=True)  # the first call waits for them
+            return [f"Starting workers on {program.devices} in the background."]
+        except ShapeScriptError as e:  # can't even spawn them: the program retries when it needs them
+            return [f"The workers on {program.devices} couldn't be started: {e}"]
 
     def _stale_models(self, changed: set[str], kinds: dict[str, str]) -> list[str]:
         """A note for each changed model type that the notebook holds models of."""

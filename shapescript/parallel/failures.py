@@ -50,16 +50,16 @@ class FailureReports:
         notes: list[str] = []
         for w in self._workers:
             reply = replies[w.rank]
+            who = w.named()
             if reply is None:
                 stopped = ", and is stopped (SIGSTOP, Ctrl-Z or a debugger)" if w.stopped() else ""
-                lines.append(f"worker {w.rank}: didn't answer; it was "
-                             f"{describe_status(*w.status())}{stopped}")
+                lines.append(f"{who}: didn't answer; it was {describe_status(*w.status())}{stopped}")
             elif reply[0] == "ok":
-                lines.append(f"worker {w.rank}: finished")
+                lines.append(f"{who}: finished")
             else:
                 payload = reply[1]
-                lines.append(f"worker {w.rank}: was {payload['status']}" if payload["collective"]
-                             else f"worker {w.rank}: raised {payload['type']}: {payload['message']}")
+                lines.append(f"{who}: was {payload['status']}" if payload["collective"]
+                             else f"{who}: raised {payload['type']}: {payload['message']}")
                 if payload["traceback"] and not notes:
                     notes.append(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
         failed = any(r is not None and r[0] == "err" for r in replies)

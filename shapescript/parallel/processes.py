@@ -169,6 +169,10 @@ class WorkerProcess:
         """Whether its process is stopped (SIGSTOP, Ctrl-Z, a debugger)."""
         return is_stopped(self.proc.pid)
 
+    def named(self) -> str:
+        """How a report's table names it: "worker 1" (a worker elsewhere adds where it is)."""
+        return f"worker {self.rank}"
+
     def how_it_stopped(self) -> str:
         try:
             return how_it_stopped(self.proc.wait(timeout=1.0), self.proc.pid)

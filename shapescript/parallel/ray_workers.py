@@ -19,14 +19,22 @@ messages of pool.py and worker.py. Only how the socket is made differs:
 What the controller knows of a worker it can't see as a process stands in for WorkerProcess's
 `proc` (`_ActorProcess`): it waits on the actor's `serve` task, and a dead actor's end is Ray's
 death cause. A worker's status file (what it runs, where it waits) is a nameless file of its own
-process: a controller on the same machine (a cluster on the loopback) reads it through /proc, one on
-another host can't, and reads no status (a stuck worker's shows as idle there). Batches go through
-the connections, never through shared memory (cluster.connect turns it off).
+process: a controller that sees the worker's /proc (process_space: a cluster on this machine's
+loopback) reads it there, and whether the process is stopped, as for a local worker; for a worker on
+another host (or in a container) an actor on its host reads both (`look`, on the actor's second
+thread while `serve` runs in the first): its own, or a peer's, since a stopped process can't answer
+for itself; no answer reads as unknown. Batches go through the connections, never through shared
+memory (cluster.connect turns it off).
+
+Cleanup: stop() and a failure end the actors and remove the placement group (_stop_actors); when the
+controller's process ends, however it ends, Ray removes its job's actors and placement groups (none
+is detached), which tests/cluster/test_failures.py checks.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hmac
 import os
 import pickle
@@ -43,9 +51,10 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, cast
 
 from shapescript.errors import WorkerError
-from shapescript.parallel.cluster import Cluster, ray_module, track
-from shapescript.parallel.processes import WorkerProcess, shutdown, torch_settings
-from shapescript.parallel.worker import dumps
+from shapescript.parallel.cluster import Cluster, missing_module_help, ray_module, track
+from shapescript.parallel.ray_relay import Mailbox, RelayedConnection
+from shapescript.parallel.processes import WorkerProcess, is_stopped, shutdown, torch_settings
+from shapescript.parallel.worker import UNKNOWN, dumps, read_status
 
 if TYPE_CHECKING:
     from shapescript.parallel.pool import WorkerPool
@@ -54,6 +63,9 @@ TOKEN_BYTES = 32
 PLACE_TIMEOUT = 120.0  # seconds for the cluster to find room for the pool's devices
 CONNECT_TIMEOUT = 180.0  # seconds for every actor to start (importing torch) and connect
 LOOK_EVERY = 0.5  # seconds between asking Ray whether an actor has died, while a call waits
+LOOK_TIMEOUT = 2.0  # seconds for an actor to answer a look at a worker's status, else it is unknown
+LOOK_FRESH = 0.2  # seconds a look stays true: a report asks for the status and the stop of each worker
+RELAYED_THREADS = 6  # an actor's threads when relayed: serve, look, pull, and pushes that wait for the worker
 ACTOR_CLASS = "ShapeScriptWorker"  # as Ray's lists of actors name it
 GROUP_PREFIX = "shapescript workers on "  # a pool's placement group's name: this and its devices
 
@@ -88,6 +100,20 @@ def node_address() -> str:
     return str(ray.util.get_node_ip_address())
 
 
+def process_space() -> str:
+    """Which /proc this process sees: its machine's boot id and its pid namespace. Another process
+    that sees the same reads this one's /proc/PID entries (the status file, whether it is stopped)
+    as its own; "" where there is no /proc."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{f.read().strip()} {os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+Place = tuple[str, int, str, int, str]  # ShapeScriptWorker.where
+
+
 class ShapeScriptWorker:
     """One worker, as a Ray actor (made one by `ray.remote` in the controller, so that this module
     imports without Ray). `serve` is the worker's whole life, as worker.main is a local one's."""
@@ -97,11 +123,14 @@ class ShapeScriptWorker:
         # The worker's status file (worker.WorkerState) has no name: it goes with the process, however
         # it ends, and a controller on the same host reads it as /proc/PID/fd/N.
         self._status = tempfile.TemporaryFile(prefix="shapescript-status-")
+        self._mailbox = Mailbox()  # a relayed worker's connection (serve_relayed)
 
-    def where(self) -> tuple[str, int, str, int]:
-        """(this node's address, this process's pid, this node's Ray ID, the status file's fd)."""
+    def where(self) -> Place:
+        """(this node's address, this process's pid, this node's Ray ID, the status file's fd, the
+        process_space it sees /proc in)."""
         import ray
-        return node_address(), os.getpid(), ray.get_runtime_context().get_node_id(), self._status.fileno()
+        return (node_address(), os.getpid(), ray.get_runtime_context().get_node_id(), self._status.fileno(),
+                process_space())
 
     def open_store(self) -> int:
         """Worker 0: bind the process group's meeting point on this node's address; its port."""
@@ -110,35 +139,55 @@ class ShapeScriptWorker:
         self._store.listen(128)
         return int(self._store.getsockname()[1])
 
+    def look(self, pid: int, status_fd: int) -> tuple[str, str, bool]:
+        """A worker on this host as the controller would see it on its own machine: its status file
+        (worker.read_status) and whether its process is stopped. Answered by a thread of its own
+        (the actor's second), while `serve` runs."""
+        return (*read_status(f"/proc/{pid}/fd/{status_fd}"), is_stopped(pid))
+
     def serve(self, controller: tuple[str, int], token: bytes) -> str:
-        """Connect to the controller, take the settings, join the process group and answer calls
-        until told to stop; "stopped", or "disconnected" if the controller's socket closed first."""
-        from shapescript.parallel import worker
-        import torch.distributed as dist
+        """Connect to the controller, then `serve_on` that connection."""
         sock = socket.create_connection(controller, timeout=CONNECT_TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(token)
         sock.settimeout(None)
-        conn = Connection(sock.detach())
+        return self.serve_on(Connection(sock.detach()))
+
+    def serve_relayed(self) -> str:
+        """`serve_on` the mailbox's connection: the controller's messages come through `push` and
+        `pull` (parallel/ray_relay.py), for a controller that the workers can't connect to."""
+        return self.serve_on(self._mailbox.worker_end)
+
+    def push(self, number: int, data: bytes) -> None:
+        self._mailbox.push(number, data)
+
+    def pull(self, wait: float) -> tuple[list[bytes], bool]:
+        return self._mailbox.pull(wait)
+
+    def serve_on(self, conn: Connection) -> str:
+        """Take the settings, join the process group and answer calls until told to stop; "stopped",
+        or "disconnected" if the controller's side closed first."""
+        from shapescript.parallel import worker
+        from shapescript.runtime import calls
+        import torch.distributed as dist
         try:
             config = pickle.loads(conn.recv_bytes())
             interface = interface_of(node_address())
             os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = interface
             config["status_path"] = f"/proc/self/fd/{self._status.fileno()}"
             config["sys_path"] = config["sys_path"] + [p for p in sys.path if p not in config["sys_path"]]
+            # An extern fn's module this host lacks: an error that says where, and how to ship it.
+            calls.missing_module_help = functools.partial(missing_module_help, worker=(
+                f"worker {config['rank']} ({config['kind']}:{config['index']} at {node_address()})"))
             if config["kind"] == "cuda":
                 config["index"] = 0  # Ray shows an actor only the GPU it gave it
             if self._store is not None:  # the store's server takes it over, and closes it
                 config["store_listen_fd"], self._store = self._store.detach(), None
-            try:
-                state = worker._boot(config)
-            except BaseException as exc:  # the controller raises it as "worker r failed to start"
-                worker._send(conn, ("err", worker.error_payload(exc, None)))
+            served = worker.work(conn, config)
+            if served is None:
                 return "failed to start"
-            worker._send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
-            stopped = worker._serve(conn, state)
             dist.destroy_process_group()
-            return "stopped" if stopped else "disconnected"
+            return "stopped" if served else "disconnected"
         finally:
             conn.close()
 
@@ -161,10 +210,42 @@ class _ActorProcess:
     pid, `poll`/`wait` on its `serve` task, signals as Ray's kill (an actor on another host can't be
     signalled, and a stopped one can't be continued)."""
 
-    def __init__(self, actor: Any, serving: Any, pid: int, node_id: str) -> None:
-        self.actor, self.serving, self.pid, self.node_id = actor, serving, pid, node_id
+    def __init__(self, actor: Any, serving: Any, pid: int, node_id: str, status_fd: int) -> None:
+        self.actor, self.serving, self.pid, self.node_id, self.status_fd = actor, serving, pid, node_id, status_fd
         self._ended: str | None = None  # how it ended, once known
         self._looked = 0.0
+        # The actors that can read its status on its host: its own, and a peer on the same node if
+        # there is one (RayLauncher sets it), since a stopped process can't answer for itself.
+        self.lookers: list[Any] = [actor]
+        self._seen: tuple[float, tuple[str, str, bool]] | None = None  # (when, look())
+
+    def look(self) -> tuple[str, str, bool]:
+        """(status kind, text, whether stopped) as a process on its host reads them (ShapeScriptWorker.
+        look); (UNKNOWN, "", False) if no actor there answers within LOOK_TIMEOUT. Kept LOOK_FRESH
+        seconds: a report asks for both halves of each worker's, one after the other."""
+        now = time.monotonic()
+        if self._seen is None or now - self._seen[0] > LOOK_FRESH:
+            self._seen = (now, self._ask_lookers())
+        return self._seen[1]
+
+    def _ask_lookers(self) -> tuple[str, str, bool]:
+        """Every looker asked at once, the first answer taken: a stopped worker's own actor never
+        answers, and a stopped peer must not hold up the look at a worker that can answer."""
+        ray = ray_module()
+        if not ray.is_initialized():
+            return UNKNOWN, "", False
+        asked = [looker.look.remote(self.pid, self.status_fd) for looker in self.lookers]
+        deadline = time.monotonic() + LOOK_TIMEOUT
+        while asked:
+            answered, asked = ray.wait(asked, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not answered:
+                break
+            try:
+                kind, text, stopped = ray.get(answered[0])
+                return str(kind), str(text), bool(stopped)
+            except Exception:  # that actor is dead, or its node lost: another's answer
+                continue
+        return UNKNOWN, "", False
 
     def ended(self, timeout: float = 0.0) -> str | None:
         """None while `serve` runs; once it has ended, how: its answer, or Ray's death cause."""
@@ -204,7 +285,23 @@ class _ActorProcess:
 
 class ActorWorker(WorkerProcess):
     """A worker that is a Ray actor, as the pool sees it (no pidfd: `dead()` asks Ray, at most every
-    LOOK_EVERY seconds, since the pool asks on every wake-up while a call waits)."""
+    LOOK_EVERY seconds, since the pool asks on every wake-up while a call waits). Its status and
+    whether it is stopped: read through /proc where its host is this machine (`status_path` set),
+    else by an actor on its host (_ActorProcess.look)."""
+
+    def status(self) -> tuple[str, str]:
+        if self.status_path:
+            return super().status()
+        kind, text, _ = cast(_ActorProcess, self.proc).look()
+        return kind, text
+
+    def stopped(self) -> bool:
+        if self.status_path:
+            return super().stopped()
+        return cast(_ActorProcess, self.proc).look()[2]
+
+    def named(self) -> str:
+        return f"worker {self.rank} ({self.label})"  # its host, where the devices line can't say it
 
     def dead(self) -> bool:
         proc = cast(_ActorProcess, self.proc)
@@ -259,7 +356,7 @@ class RayLauncher:
         bundle = {"CPU": devices.per_host, **({"GPU": devices.per_host} if devices.kind == "cuda" else {})}
         group = placement_group([dict(bundle) for _ in range(devices.hosts)],
                                 strategy="STRICT_SPREAD" if devices.several_hosts else "STRICT_PACK",
-                                name=f"{GROUP_PREFIX}{devices}")
+                                name=f"{GROUP_PREFIX}{devices} ({secrets.token_hex(4)})")  # names are unique on a cluster
         actors: list[Any] = []
         pool._shutdown = lambda workers, folder, grace, owner: _stop_actors(actors, group, workers, folder, grace, owner)
         pool._finalizer = weakref.finalize(pool, _stop_actors, actors, group, pool._workers, None, 1.0, pool._owner)
@@ -279,16 +376,22 @@ class RayLauncher:
                     "store_address": (places[0][0], store_port), "timeout": pool.timeout,
                     "sys_path": [p or os.getcwd() for p in sys.path], "modules": pool.modules,
                     "torch": torch_settings()}
-        for rank, (actor, ref, conn, (node, pid, node_id, status_fd)) in enumerate(zip(actors, serving, conns, places)):
-            # A worker's status, on this machine's cluster: its file, read through /proc.
-            status = f"/proc/{pid}/fd/{status_fd}" if self.cluster.local else ""
-            worker = ActorWorker(rank, f"{label_of(devices, rank)} at {node}",
-                                 cast(subprocess.Popen, _ActorProcess(actor, ref, pid, node_id)), conn, None, status)
+        procs = [_ActorProcess(actor, ref, pid, node_id, status_fd)
+                 for actor, ref, (_, pid, node_id, status_fd, _) in zip(actors, serving, places)]
+        for proc in procs:
+            proc.lookers = [proc.actor] + [p.actor for p in procs if p.node_id == proc.node_id and p is not proc][:1]
+        here = process_space()
+        for rank, (proc, conn, (node, pid, _, status_fd, space)) in enumerate(zip(procs, conns, places)):
+            # A worker's status, where it is a process of this machine (a cluster on the loopback, not
+            # in a container): its file, read through /proc; elsewhere, ActorWorker asks its host.
+            status = f"/proc/{pid}/fd/{status_fd}" if here and space == here else ""
+            worker = ActorWorker(rank, f"{label_of(devices, rank)} at {node}", cast(subprocess.Popen, proc), conn,
+                                 None, status)
             pool._workers.append(worker)
             conn.send_bytes(dumps({**settings, "rank": rank, "index": devices.place(rank)[1], "status_path": ""}))
 
     def _start_actors(self, ray: Any, actors: list[Any], group: Any,
-                      devices: Any) -> tuple[list[Connection], list[Any], list[tuple[str, int, str, int]], int]:
+                      devices: Any) -> tuple[list[Connection], list[Any], list[Place], int]:
         """Start one actor per worker into `actors`; their connections, their `serve` tasks, where
         each runs (ShapeScriptWorker.where), and the port of worker 0's store."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -297,10 +400,16 @@ class RayLauncher:
             host, _ = devices.place(rank)
             actors.append(remote.options(
                 num_cpus=1, num_gpus=1 if devices.kind == "cuda" else 0, max_restarts=0,
+                # `serve` in one thread; `look`, and a relayed worker's `pull` and `push`, in others
+                max_concurrency=RELAYED_THREADS if self.cluster.relayed else 2,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=host),
             ).remote())
         store_port = ray.get(actors[0].open_store.remote(), timeout=CONNECT_TIMEOUT)
         places = ray.get([a.where.remote() for a in actors], timeout=CONNECT_TIMEOUT)
+        if self.cluster.relayed:  # no socket to this process: the messages go through Ray
+            serving = [a.serve_relayed.remote() for a in actors]
+            relays = [RelayedConnection(a, ray, label_of(devices, rank)) for rank, a in enumerate(actors)]
+            return [r.conn for r in relays], serving, places, store_port
         with _listener(self.controller_address()) as listener:
             tokens = [secrets.token_bytes(TOKEN_BYTES) for _ in actors]
             serving = [a.serve.remote(listener.getsockname(), t) for a, t in zip(actors, tokens)]

@@ -46,6 +46,7 @@ from shapescript.runtime.leftovers import ending
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
 IDLE, RUNNING, WAITING = "I", "R", "W"
+UNKNOWN = "?"  # no file's: a status that couldn't be read (a worker on another host that didn't answer)
 
 
 def describe_status(kind: str, text: str) -> str:
@@ -54,6 +55,8 @@ def describe_status(kind: str, text: str) -> str:
         return f"running {text}"
     if kind == WAITING:
         return f"waiting for the other workers at {text}"
+    if kind == UNKNOWN:
+        return "in a state unknown to the controller (nothing on its host answered a look)"
     return "idle"
 
 
@@ -380,6 +383,26 @@ def _serve(conn: Connection, state: WorkerState) -> bool:
         state.meter.settle()  # the call's memory peak, read once the reply is on its way (memory.py)
 
 
+def work(conn: Connection, config: dict[str, Any]) -> bool | None:
+    """A worker's life once it has its settings, wherever it runs (main here, a Ray actor's `serve` in
+    ray_workers.py): start, say ready, answer calls. _serve's answer; None if it failed to start (its
+    error sent to the controller, which raises it as "worker r failed to start") or the controller
+    went away before it was ready."""
+    try:
+        state = _boot(config)
+    except BaseException as exc:
+        try:
+            _send(conn, ("err", error_payload(exc, None)))
+        except OSError:
+            pass
+        return None
+    try:
+        _send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
+    except OSError:
+        return None
+    return _serve(conn, state)
+
+
 # The program of a worker's `python -c`: this module imported by name, never the controller's __main__
 # (as `-m` would, but without runpy's warning when the package imports it). It enters the packages
 # `shapescript` and `shapescript.parallel` without running their __init__, which import the compiler
@@ -423,18 +446,10 @@ def main(argv: list[str]) -> None:
     except (EOFError, OSError):
         os._exit(1)  # the controller went away while we started
     controller.folder = config["folder"]
-    try:
-        state = _boot(config)
-    except BaseException as exc:  # the controller raises it as "worker r failed to start"
-        try:
-            _send(conn, ("err", error_payload(exc, None)))
-        finally:
-            os._exit(1)
-    try:
-        _send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
-    except OSError:
+    served = work(conn, config)
+    if served is None:
         os._exit(1)
-    if not _serve(conn, state) and controller.gone(2.0):  # its end closed the socket: see _Controller
+    if not served and controller.gone(2.0):  # its end closed the socket: see _Controller
         controller.leave_nothing_behind()
     try:
         dist.destroy_process_group()

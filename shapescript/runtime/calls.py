@@ -20,13 +20,17 @@ class PythonCallError(ShapeScriptError, RuntimeError):
 
 
 class ExternImportError(ShapeScriptError, ImportError):
-    """An extern fn's module can't be imported by the workers, as the controller's own script."""
+    """An extern fn's module can't be imported by the workers: the controller's own script, or a
+    module a worker on a cluster doesn't have."""
 
 
 # Set on a worker by `preload_externs`: the file of the script the controller runs (None if it runs
 # none), which no worker imports.
 on_worker = False
 controller_script: str | None = None
+# Set on a worker on a cluster (parallel/ray_workers.py): given a module that worker can't import,
+# where it is and how to ship the module there.
+missing_module_help: Callable[[str], str] | None = None
 
 
 def main_script() -> str | None:
@@ -91,6 +95,9 @@ def resolve(module: str, attr: str, where: str) -> Callable[..., Any]:
         except ExternImportError:
             raise
         except (ImportError, AttributeError) as e:
+            if isinstance(e, ModuleNotFoundError) and on_worker and missing_module_help is not None:
+                raise ExternImportError(f"{where}: can't import the function `{module}.{attr}`: "
+                                        f"{missing_module_help(e.name or module)} ({e})") from None
             raise PythonCallError(f"{where}: can't find the Python function `{module}.{attr}`: {e}") from None
         _FUNCTIONS[key] = func
     return func

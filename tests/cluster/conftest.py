@@ -1,48 +1,45 @@
-"""The cluster tests: a Ray cluster of 2 simulated nodes on this machine's loopback, started once per
-module. Skipped when Ray (`pip install 'shapescript[ray]'`) isn't installed."""
+"""The cluster tests: a Ray cluster of 2 simulated nodes on this machine's loopback, started once for
+all of tests/cluster (a start costs seconds of the 2 CPUs) and stopped as soon as the last of them has
+run, so the rest of the suite runs without it. Skipped when Ray (`pip install 'shapescript[ray]'`)
+isn't installed."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-# Before Ray is imported (ray_constants reads it then): without it Ray puts its GCS on the machine's
-# interface address, beyond the loopback.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-ray = pytest.importorskip("ray", reason="Ray isn't installed: pip install 'shapescript[ray]'")
+from ray_support import SimulatedCluster  # skips tests/cluster without Ray
 
-from shapescript.parallel import cluster as clusters  # noqa: E402
-
-NODE = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False,
-        "object_store_memory": 80 * 1024 * 1024}
+HERE = Path(__file__).resolve().parent
+_running: list[SimulatedCluster] = []
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
-    """Two nodes of 2 CPUs each, this process connected as the current cluster (ss.cluster). Ray's
-    session folder is a short one of its own in /tmp, not pytest's tmp_path: Ray's Unix sockets live
-    in it, and a socket's path may not exceed 107 bytes. Removed, with the cluster, afterwards."""
-    from ray.cluster_utils import Cluster
-    folder = tempfile.mkdtemp(prefix="ssray-", dir="/tmp")
-    before = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = folder
-    cluster = Cluster(initialize_head=True, head_node_args=dict(NODE), shutdown_at_exit=False)
+    """The simulated cluster (ray.cluster_utils.Cluster), shared by every test of tests/cluster."""
+    simulated = SimulatedCluster()
+    _running.append(simulated)
     try:
-        cluster.add_node(**NODE)
-        cluster.wait_for_nodes()
-        clusters.connect(cluster)
-        yield cluster
+        yield simulated.cluster
     finally:
-        clusters.disconnect()
-        ray.shutdown()
-        cluster.shutdown()
-        if before is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = before
-        shutil.rmtree(folder, ignore_errors=True)
+        simulated.stop()
+        if simulated in _running:
+            _running.remove(simulated)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """After the last test of this folder (a session fixture otherwise lives until the whole suite
+    ends), the cluster stops: its processes would take the CPUs' time, and ss.cluster would send
+    every later program's workers to it."""
+    yield
+    if _running and not any(HERE in later.path.parents for later in _after(item)):
+        _running.pop().stop()
+
+
+def _after(item: pytest.Item) -> list[pytest.Item]:
+    items = item.session.items
+    return items[items.index(item) + 1:] if item in items else []

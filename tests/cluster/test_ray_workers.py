@@ -1,80 +1,26 @@
 """A program's workers as Ray actors (parallel/ray_workers.py), on a simulated cluster of 2 nodes on
 this machine's loopback (conftest.py): the same results as one device, nothing listening beyond the
-loopback, nothing left on the cluster after a stop, and a killed worker reported at once."""
+loopback, nothing left on the cluster after a stop. Failures: test_failures.py."""
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import psutil
 import pytest
-import torch
 
 import shapescript as ss
+from ray_support import assert_same, digit_batches, eventually_nothing_left, ours_on_the_cluster, train
 from programs import README
-from shapescript.errors import WorkerError
 from shapescript.parallel import cluster as clusters
 from shapescript.parallel.handlers import listening_sockets
-from shapescript.parallel.ray_workers import ACTOR_CLASS, GROUP_PREFIX
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 STEPS = 20
-
-
-def digit_batches(n: int, rows: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    return [{"img": torch.randn(rows, 784, generator=g), "label": torch.randint(0, 10, (rows,), generator=g)}
-            for _ in range(n)]
-
-
-def train(devices: str, batches: list[dict[str, torch.Tensor]],
-          inspect: Callable[[Any], None] = lambda pool: None) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The README MLP's losses and final params after a train_step on each batch; `inspect` is given
-    the worker pool (on several devices) before it stops."""
-    prog = ss.load(README, devices=devices, name="mlp.ss")
-    try:
-        m = prog.Mlp.init(seed=0)
-        opt = ss.adamw(m, lr=1e-3)
-        losses = [float(prog.train_step(m, opt, b)) for b in batches]
-        if prog.several:
-            assert prog.pool is not None and prog.pool._launcher is not None, "the workers didn't run on the cluster"
-            inspect(prog.pool)
-        return losses, m.state_dict()
-    finally:
-        prog.stop()
-
-
-def assert_same(reference: tuple[list[float], dict[str, torch.Tensor]],
-                other: tuple[list[float], dict[str, torch.Tensor]]) -> None:
-    assert other[0] == pytest.approx(reference[0], abs=1e-5)
-    assert set(other[1]) == set(reference[1])
-    for name, value in reference[1].items():
-        torch.testing.assert_close(other[1][name], value, atol=1e-5, rtol=0, msg=lambda text: f"{name}: {text}")
-
-
-def ours_on_the_cluster() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The live actors of our workers' class, and the placement groups not removed."""
-    actors = [a for a in ray._private.state.actors().values()
-              if a["ActorClassName"].endswith(ACTOR_CLASS) and a["State"] != "DEAD"]
-    groups = [g for g in ray.util.placement_group_table().values()
-              if g["name"].startswith(GROUP_PREFIX) and g["state"] != "REMOVED"]
-    return actors, groups
-
-
-def eventually_nothing_left(seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while any(ours_on_the_cluster()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    actors, groups = ours_on_the_cluster()
-    assert not actors, f"actors left on the cluster: {actors}"
-    assert not groups, f"placement groups left on the cluster: {groups}"
 
 
 def test_readme_mlp_on_one_host_of_the_cluster_then_nothing_left() -> None:
@@ -125,26 +71,6 @@ def test_nothing_listens_beyond_the_loopback() -> None:
             {pid: psutil.Process(pid).cmdline()[:2] for pid, found in beyond.items() if found}
     finally:
         prog.stop()
-
-
-def test_a_killed_worker_is_reported_at_once() -> None:
-    prog = ss.load(README, devices="cpu[0 1]", name="mlp.ss")
-    batch = digit_batches(1, 8)[0]
-    try:
-        m = prog.Mlp.init(seed=0)
-        opt = ss.adamw(m, lr=1e-3)
-        prog.train_step(m, opt, batch)
-        os.kill(prog.pool.pids[1], signal.SIGKILL)
-        began = time.monotonic()
-        with pytest.raises(WorkerError) as caught:
-            prog.train_step(m, opt, batch)
-        assert time.monotonic() - began < 10
-        message = str(caught.value)
-        assert "worker 1 (cpu:1 at 127.0.0.1)" in message and "actor" in message.lower(), message
-    finally:
-        prog.stop()
-    eventually_nothing_left()
-    assert_same(train("cpu", [batch]), train("cpu[0 1]", [batch]))  # and a new program runs
 
 
 def test_without_ray_a_typed_error_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -173,7 +173,7 @@ class SlowPool:
 
     made = 0
 
-    def __init__(self, devices: object, modules: object = ()) -> None:
+    def __init__(self, devices: object, modules: object = (), launcher: object = None) -> None:
         SlowPool.made += 1
         self.alive = True
 

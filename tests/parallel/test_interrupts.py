@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,35 +15,9 @@ from shapescript.errors import WorkerError
 from shapescript.parallel.interrupts import SECOND_INTERRUPT_S, StepInterrupt
 
 from programs import README
+from support import interrupt_after
 
 pytestmark = pytest.mark.slow
-
-
-class StrayInterrupt(Exception):
-    """A Ctrl-C that came while no call ran: the test's own handler, so that pytest isn't stopped."""
-
-
-@pytest.fixture
-def no_stray_interrupts() -> Iterator[None]:
-    def stray(signum: int, frame: object) -> None:
-        raise StrayInterrupt
-    previous = signal.signal(signal.SIGINT, stray)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def interrupt_after(*delays: float) -> threading.Thread:
-    """Ctrl-C this process after each of `delays` seconds (counted from now), from a thread."""
-    def send() -> None:
-        start = time.monotonic()
-        for delay in delays:
-            time.sleep(max(0.0, start + delay - time.monotonic()))
-            os.kill(os.getpid(), signal.SIGINT)
-    thread = threading.Thread(target=send)
-    thread.start()
-    return thread
 
 
 def test_an_interrupt_waits_for_the_step_and_the_models_stay(no_stray_interrupts: None) -> None:
