@@ -311,7 +311,7 @@ def check_pip_install(words: list[str], line: str) -> None:
     """An install can't run offline: what it names must be what pyproject.toml declares."""
     project = pyproject()
     declared = [*project["dependencies"], *(d for ds in project["optional-dependencies"].values() for d in ds)]
-    pins = dict(re.match(r"([\w.-]+)\s*==\s*(\S+)", d).groups() for d in declared if "==" in d)
+    pins = dict(re.match(r"([\w.-]+)(?:\[[\w,-]+\])?\s*==\s*(\S+)", d).groups() for d in declared if "==" in d)
     names = {re.match(r"[\w.-]+", d).group(0).lower() for d in declared}
     check_extras(line)
     k = 0
