@@ -371,6 +371,19 @@ RUN_TIME = [
     ("several hosts (`devices 2 x cuda[0 1]`) with no cluster to run on", "`ClusterNeededError` (a "
      "`WorkerError`) at the first call or `init`, saying how to give a cluster; compiling, checking and "
      "the DeviceTable need none"),
+    ("`ss.cluster(...)` or `%shapescript cluster` without Ray installed", "`RayNotInstalledError` (a "
+     "`WorkerError`) saying `pip install 'shapescript[ray]'`"),
+    ("`ss.cluster(...)` to an address where no cluster answers", "`WorkerError` naming the address and "
+     "Ray's reason"),
+    ("`ss.cluster(address, runtime_env=...)` after Ray was connected by a `ray.init` of one's own",
+     "`ValueError`: Ray takes a runtime_env only as a process connects; the current cluster is unchanged"),
+    ("on a cluster: a worker can't import an `extern fn`'s module (it is only on the controller's machine)",
+     "`ExternImportError` naming the .ss line, the module, the worker, its device and host, and how to "
+     "ship it (`runtime_env={\"py_modules\": [...]}`) or install it"),
+    ("on a cluster: a worker's actor dies, or its node is lost", "`WorkerError` at once, naming the worker, "
+     "its device, host and node address, and Ray's cause; the others are stopped"),
+    ("on a cluster: no room for the devices line's devices", "`WorkerError` after 120 s saying what the "
+     "placement group needs and what is free"),
 ]
 
 CODES: dict[str, Code] = {c.code: c for c in _ENTRIES}

@@ -11,7 +11,9 @@ messages of pool.py and worker.py. Only how the socket is made differs:
    this machine's loopback, else to its own address on the cluster's network as Ray reports it
    (never all interfaces), and closes it once every worker has connected. Each actor connects and
    first sends a random token that only it was given (in its arguments), so a connection from
-   anything else is refused.
+   anything else is refused. A controller attached through Ray Client (`ray://`) may be beyond the
+   workers' reach, so it listens on nothing: each worker's messages go through Ray instead
+   (`serve_relayed`, parallel/ray_relay.py).
 3. The workers' process group meets at a TCPStore on worker 0's node address (a socket bound there
    by worker 0 itself, handed to the store), and Gloo / NCCL use the interface of each worker's node
    address.
