@@ -5,6 +5,7 @@ cluster. Importing it skips the test module when Ray isn't installed."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -123,8 +124,8 @@ class SimulatedCluster:
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = self._tmpdir_before
-        # Twice: Ray's processes that are still ending may write a last log line into it after the first.
+        # Now, and again as the test process exits: one of Ray's ending processes recreates its session
+        # folder in it seconds after the cluster stops.
         shutil.rmtree(self.folder, ignore_errors=True)
-        time.sleep(1.0)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
         self.folder = None
