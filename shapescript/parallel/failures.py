@@ -5,6 +5,7 @@ worker was). WorkerPool inherits these; each stops the workers and raises."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 from shapescript.errors import ShapeScriptError, WorkerError
@@ -18,9 +19,7 @@ class FailureReports:
     world: int
     timeout: float | None
     _workers: list[WorkerProcess]
-
-    def _die(self, reason: str) -> None:
-        raise NotImplementedError
+    _die: Callable[[str], None]  # stop every worker, saying why (WorkerPool's method)
 
     def _fail_dead(self, w: WorkerProcess, doing: str) -> None:
         status = w.status()
