@@ -11,6 +11,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 UPDATE_GOLDEN = os.environ.get("SHAPESCRIPT_UPDATE_GOLDEN") == "1"
@@ -66,3 +69,32 @@ def interrupt_after(*delays: float) -> threading.Thread:
     thread = threading.Thread(target=send)
     thread.start()
     return thread
+
+
+LONG_STEP = "`a long step`"  # the `where` of interrupted_once's and interrupted_twice's calls
+
+
+def interrupted_once(pool: Any) -> BaseException:
+    """A 1.5 s step on the pool's workers (the `sleep` handler) with one Ctrl-C 0.4 s in: the
+    StepInterrupt raised once the step has run to its end, which is asserted."""
+    from shapescript.parallel.interrupts import StepInterrupt
+    thread = interrupt_after(0.4)
+    start = time.monotonic()
+    with pytest.raises(StepInterrupt) as info:
+        pool.call("sleep", (1.5,), where=LONG_STEP)
+    thread.join()
+    assert time.monotonic() - start >= 1.5  # the step ran to its end
+    return info.value
+
+
+def interrupted_twice(pool: Any) -> BaseException:
+    """A 30 s step with a second Ctrl-C soon after the first: the plain KeyboardInterrupt (not a
+    StepInterrupt) raised at once, which is asserted."""
+    from shapescript.parallel.interrupts import SECOND_INTERRUPT_S, StepInterrupt
+    thread = interrupt_after(0.4, 0.4 + SECOND_INTERRUPT_S / 3)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as info:
+        pool.call("sleep", (30.0,), where=LONG_STEP)
+    thread.join()
+    assert not isinstance(info.value, StepInterrupt) and time.monotonic() - start < 10
+    return info.value

@@ -8,7 +8,9 @@
 
 While a cluster is current, every pool a program starts runs its workers as Ray actors
 (parallel/ray_workers.py), whatever its devices line; without one, a devices line naming several
-hosts is a ClusterNeededError. Ray is imported here, lazily, and nowhere at `import shapescript`.
+hosts is a ClusterNeededError. Pools already running stay as they are, shared-memory batches
+included: each pool says whether it shares memory (WorkerPool.shares_memory), not this module.
+Ray is imported here, lazily, and nowhere at `import shapescript`.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ class Cluster:
 
 _current: Cluster | None = None
 _pools: weakref.WeakSet[Any] = weakref.WeakSet()  # the pools started on it, stopped by disconnect()
-_shared_before: bool | None = None  # parallel/shared.py's switch before connect() turned it off
 
 
 def ray_module() -> Any:
@@ -101,7 +102,7 @@ def connect(target: object, runtime_env: dict[str, Any] | None = None) -> Cluste
     fns' modules, datasets' classes) to every host. Ray takes it only as this process connects: with
     Ray connected by someone else (a `ray.init` of the user's), it is a ValueError; a cluster that
     connect() connected is disconnected first, and connected again with it."""
-    global _current, _shared_before
+    global _current
     address = address_of(target)
     ray = ray_module()
     ours = _current is not None and _current.we_connected  # disconnect() below ends Ray's connection
@@ -122,10 +123,6 @@ def connect(target: object, runtime_env: dict[str, Any] | None = None) -> Cluste
             raise WorkerError(f"couldn't connect to the Ray cluster at {address}: {exc}") from None
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     local = bool(nodes) and all(str(n.get("NodeManagerAddress", "")).startswith("127.") for n in nodes)
-    from shapescript.parallel import shared
-    if _shared_before is None:
-        # Batches go through the workers' connections: another host can't map this one's /dev/shm.
-        _shared_before, shared.enabled = shared.enabled, False
     _current = Cluster(address, local, we_connected, relayed=ray.util.client.ray.is_connected())
     return _current
 
@@ -153,15 +150,12 @@ def track(pool: Any) -> None:
 def disconnect() -> None:
     """Stop the pools started on the current cluster, and forget it (disconnecting from Ray if
     connect() connected). Nothing happens without one."""
-    global _current, _shared_before
+    global _current
     if _current is None:
         return
     for pool in list(_pools):
         pool.stop()
     _pools.clear()
     cluster, _current = _current, None
-    from shapescript.parallel import shared
-    if _shared_before is not None:
-        shared.enabled, _shared_before = _shared_before, None
     if cluster.we_connected:
         ray_module().shutdown()

@@ -4,13 +4,42 @@ worker was). WorkerPool inherits these; each stops the workers and raises."""
 
 from __future__ import annotations
 
+import math
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from shapescript.errors import ShapeScriptError, WorkerError
 from shapescript.parallel.processes import TIMEOUT_ENV, WorkerProcess, ranks_text
 from shapescript.parallel.worker import WAITING, describe_status
+
+
+FAR_LOOKS_PER_TIMEOUT = 10  # a wait's looks at whether workers on other hosts are stopped, per collective timeout
+
+
+class StoppedLooks:
+    """Since when every worker a call still waits for has been stopped (SIGSTOP, Ctrl-Z, a debugger):
+    the wait gives such workers the collective timeout. A worker whose status file is this machine's
+    (`status_path`) is looked at through /proc, at each of the wait's wakes. A worker on another host
+    (an actor of a cluster: ray_workers.ActorWorker, no `status_path`) is looked at by a Ray call to
+    its host, so where there is one, the looks are a tenth of the timeout apart, the first a tenth
+    in: a call that ends before then asks nothing of the actors (what a worker is doing is asked only
+    by a report, or once a worker has failed), and workers all stopped are given up on within 1.1
+    timeouts. How the wait sees a worker die costs no look: a pidfd, or Ray's answer of its task."""
+
+    def __init__(self, workers: Sequence[WorkerProcess], timeout: float, now: float) -> None:
+        far = any(not w.status_path for w in workers)
+        self.every = timeout / FAR_LOOKS_PER_TIMEOUT if far else 0.0
+        self.due = now + self.every
+        self.since = math.inf  # inf: not all stopped at the last look
+
+    def look(self, pending: Iterable[WorkerProcess], now: float) -> float:
+        """`since`, after a look at `pending` if one is due."""
+        if now >= self.due:
+            self.due = now + self.every
+            stopped = all(w.stopped() for w in pending)
+            self.since = min(self.since, now) if stopped else math.inf
+        return self.since
 
 
 class FailureReports:

@@ -44,7 +44,7 @@ from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, 
                                            loopback, ranks_text, shutdown, sweep_stale_folders,
                                            timeout_seconds, torch_settings)
 from shapescript.parallel import shared
-from shapescript.parallel.failures import FailureReports
+from shapescript.parallel.failures import FailureReports, StoppedLooks
 from shapescript.parallel.interrupts import step_interrupt, until_the_step_ends
 from shapescript.parallel.pipeline import InFlight
 from shapescript.parallel.timeline import Timeline
@@ -248,6 +248,12 @@ class WorkerPool(FailureReports):
         return self._state
 
     @property
+    def shares_memory(self) -> bool:
+        """Whether big batches reach these workers through this machine's shared memory (shared.py):
+        processes of this machine, yes (unless $SHAPESCRIPT_SHARED_BATCHES=0); actors on a cluster, no."""
+        return self._launcher is None and shared.enabled
+
+    @property
     def settled(self) -> bool:
         """Running, with no `first` call pending: the next call goes straight to the workers."""
         return self._state == "running" and self._first is None
@@ -304,7 +310,8 @@ class WorkerPool(FailureReports):
             return  # the workers, their sockets and folder are the parent's, which goes on using them
         ended = [(w, w.dead()) for w in self._workers]  # the ones that stopped before we stopped them
         self._shutdown(self._workers, self._folder, grace, self._owner)
-        shared.close_idle()  # the batches' shared buffers (a call still holding one: when it lets go)
+        if self._launcher is None:  # the batches' shared buffers (a call still holding one: when it lets go)
+            shared.close_idle()
         self.exits = self.exits or tuple(
             WorkerExit(w.rank, w.label, w.proc.pid, w.how_it_stopped() if by_itself else STOPPED_BY_CONTROLLER)
             for w, by_itself in ended)
@@ -510,13 +517,13 @@ class WorkerPool(FailureReports):
         to follow; once one has failed in a collective, `COLLECTIVE_GRACE` to report their own failure
         (cut short when none of them is waiting at a collective); once one has raised an error of its
         own, `ERROR_GRACE` to raise theirs, after which any found waiting at a collective on two looks
-        are given up on. Workers that are all stopped (SIGSTOP) get the collective timeout."""
+        are given up on. Workers that are all stopped (SIGSTOP) get the collective timeout (StoppedLooks)."""
         assert self.timeout is not None
         replies: list[tuple[Any, ...] | None] = [None] * self.world
         pending = {w.rank: w for w in self._workers}
         never = float("inf")
         answer_deadline = collective_deadline = error_deadline = never
-        stopped_since = never  # since when every pending worker has been stopped
+        stopped = StoppedLooks(self._workers, self.timeout, time.monotonic())  # since when all pending stopped
         waiting_before: set[int] = set()  # the pending workers waiting at a collective at the last look
         released = False
         poller = select.poll()  # cheaper than multiprocessing's wait(), which builds a selector each time
@@ -554,13 +561,12 @@ class WorkerPool(FailureReports):
                     self._fail_dead(w, doing)
             now = time.monotonic()
             if pending and not ready:  # nothing happened: a look at the processes and their statuses
-                every_one_stopped = all(w.stopped() for w in pending.values())
-                stopped_since = min(stopped_since, now) if every_one_stopped else never
+                stopped.look(pending.values(), now)
                 if now >= error_deadline:  # a collective that the failed worker won't join never ends
                     waiting = {r for r, w in pending.items() if w.status()[0] == WAITING}
                     released = released or bool(waiting & waiting_before)
                     waiting_before = waiting
-            out_of_time = now >= min(answer_deadline, collective_deadline, stopped_since + self.timeout)
+            out_of_time = now >= min(answer_deadline, collective_deadline, stopped.since + self.timeout)
             gave_up = out_of_time or released or (collective_deadline < never and not self._any_waiting(pending))
             if pending and gave_up and not wait([w.conn for w in pending.values()], 0):  # a last look for replies
                 break

@@ -26,7 +26,7 @@ loopback) reads it there, and whether the process is stopped, as for a local wor
 another host (or in a container) an actor on its host reads both (`look`, on the actor's second
 thread while `serve` runs in the first): its own, or a peer's, since a stopped process can't answer
 for itself; no answer reads as unknown. Batches go through the connections, never through shared
-memory (cluster.connect turns it off).
+memory (a pool with a launcher doesn't share: WorkerPool.shares_memory).
 
 Cleanup: stop() and a failure end the actors and remove the placement group (_stop_actors); when the
 controller's process ends, however it ends, Ray removes its job's actors and placement groups (none
@@ -286,10 +286,12 @@ class _ActorProcess:
 
 
 class ActorWorker(WorkerProcess):
-    """A worker that is a Ray actor, as the pool sees it (no pidfd: `dead()` asks Ray, at most every
-    LOOK_EVERY seconds, since the pool asks on every wake-up while a call waits). Its status and
-    whether it is stopped: read through /proc where its host is this machine (`status_path` set),
-    else by an actor on its host (_ActorProcess.look)."""
+    """A worker that is a Ray actor, as the pool sees it (no pidfd: `dead()` asks Ray whether its
+    `serve` task has ended, `ray.wait` on its result, at most every LOOK_EVERY seconds,
+    since the pool asks on every wake-up while a call waits). Its status and whether it is stopped:
+    read through /proc where its host is this machine (`status_path` set), else by an actor on its
+    host (_ActorProcess.look), a Ray call that a pool's wait makes only for a report, once a worker
+    has failed, or a tenth of the collective timeout apart (failures.StoppedLooks)."""
 
     def status(self) -> tuple[str, str]:
         if self.status_path:

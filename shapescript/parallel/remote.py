@@ -144,21 +144,23 @@ def check_handle(value: Any) -> None:
         value.model._workers()
 
 
-def split_value(value: Any, axis: int | None, parts: list[int]) -> list[Any]:
-    """Each worker's part of an argument: split along `axis`, or the whole for everyone."""
+def split_value(value: Any, axis: int | None, parts: list[int], share_memory: bool) -> list[Any]:
+    """Each worker's part of an argument: split along `axis`, or the whole for everyone. Big tensors'
+    rows go through shared memory if `share_memory` (the pool's shares_memory: its workers are
+    processes of this machine), else whole through the connections."""
     if axis is None:
         return [value] * len(parts)
     if getattr(value, "is_remote", False) and hasattr(value, "_parts"):  # a RemoteBatch: indices only
         return value._parts(parts)
     if isinstance(value, Batch):
         fields = batch_fields(value)
-        shared = share_rows(fields, parts)  # big fields: each worker's rows in shared memory
+        shared = share_rows(fields, parts) if share_memory else {}  # big fields: each worker's rows there
         pieces: dict[str, Any] = {k: shared.get(k) or torch.split(v, parts) for k, v in fields.items()}
         lengths = {k: torch.split(v, parts) for k, v in value.lengths.items()}
         return [Batch(value.spec, {k: p[i] for k, p in pieces.items()}, {k: p[i] for k, p in lengths.items()})
                 for i in range(len(parts))]
     if isinstance(value, torch.Tensor):
-        rows = share_rows({"": value}, parts) if axis == 0 else {}
+        rows = share_rows({"": value}, parts) if axis == 0 and share_memory else {}
         return rows.get("") or list(torch.split(value, parts, dim=axis))
     raise ShapeError(f"can't split a {type(value).__name__} across the devices")
 
@@ -186,15 +188,16 @@ class RemoteFunction:
         self.link, self.plan, self.name = link, plan, name
         self.where = plan.where
 
-    def heads_of(self, value: Any, axis: int | None, index: int, world: int) -> list[Any]:
+    def heads_of(self, value: Any, axis: int | None, index: int, workers: Any) -> list[Any]:
         """Each worker's part of an argument split along H (`split H`): N equal parts of its axis."""
+        world = workers.world
         if axis is None:
             return [value] * world
         size = batch_size(value, axis)
         if size % world:
             raise ShapeError(f"{self.where}: argument {index + 1} is split along its axis {axis} across the "
                              f"{world} devices (split H), but that axis has {size} entries, not a multiple of {world}")
-        return split_value(value, axis, shares(size, world))
+        return split_value(value, axis, shares(size, world), workers.shares_memory)
 
     def __call__(self, *args: Any) -> Any:
         workers = self._workers(args)
@@ -239,11 +242,11 @@ class RemoteFunction:
         if not split:
             return (self.name, tuple(encode(a) for a in args), None, every)
         if self.plan.heads:  # each worker its heads of each argument; no batch is split
-            columns = [self.heads_of(a, k, n, workers.world) for n, (a, k) in enumerate(zip(args, self.plan.params))]
+            columns = [self.heads_of(a, k, n, workers) for n, (a, k) in enumerate(zip(args, self.plan.params))]
             return [(self.name, tuple(encode(c[w]) for c in columns), None, every) for w in range(workers.world)]
         n = batch_size(*split[0])
         parts = shares(n, workers.world)
-        columns = [split_value(a, k, parts) for a, k in zip(args, self.plan.params)]
+        columns = [split_value(a, k, parts, workers.shares_memory) for a, k in zip(args, self.plan.params)]
         # Each worker is told where its part lies in the whole batch: a random draw is the whole
         # batch's, of which each worker keeps its part's rows (runtime/modes.py).
         return [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n), every)

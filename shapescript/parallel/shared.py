@@ -6,6 +6,9 @@ the buffer's name, the byte offset of ITS rows, their dtype and shape. The worke
 (kept mapped by name) and copies its rows out (`arrive`), into its own memory or onto its GPU, so
 nothing the program keeps points into a buffer that the next call overwrites. Small fields, and any
 field when shared memory can't be had (no /dev/shm, full, or `enabled` False), go through the pipes.
+Whether a call tries is its pool's to say (WorkerPool.shares_memory): processes of this machine map
+the buffers; Ray actors on a cluster, perhaps on other hosts, never do, and other pools of this
+process go on sharing while a cluster is connected.
 
 Buffers are files in /dev/shm, mode 0600, named `shapescript-batch-<owner>-<random>` (owner_tag():
 a controller killed before it could remove them is known to have ended, and the next controller to
@@ -48,7 +51,7 @@ MAX_BUFFERS = 4  # at most this many buffers at once (calls whose arguments are 
 WORKER_MAPS = 4  # buffers a worker keeps mapped
 NAME = re.compile(r"shapescript-batch-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]{16}")
 
-enabled: bool = os.environ.get(ENV, "1").strip() != "0"  # tests and benchmarks set it to force the pipes
+enabled: bool = os.environ.get(ENV, "1").strip() != "0"  # for every pool; tests, benchmarks set it: the pipes
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,11 @@ import torch
 import shapescript as ss
 from ray_support import NODE, assert_same, digit_batches, eventually_nothing_left, ours_on_the_cluster, train
 from programs import README
-from support import interrupt_after
+from support import interrupted_once, interrupted_twice
 from shapescript.api import parse_devices
 from shapescript.errors import WorkerError
 from shapescript.parallel import cluster as clusters
 from shapescript.parallel import ray_workers
-from shapescript.parallel.interrupts import SECOND_INTERRUPT_S, StepInterrupt
 from shapescript.parallel.pool import WorkerPool
 from shapescript.parallel.ray_workers import ActorWorker, RayLauncher
 from shapescript.parallel.worker import IDLE, UNKNOWN, describe_status
@@ -153,6 +152,35 @@ def test_a_stuck_collective_says_where_each_worker_on_each_host_was(remote_statu
     assert "unknown" in describe_status(*workers[0].status())
 
 
+def test_a_call_that_ends_normally_asks_no_actor_for_a_workers_status(
+        remote_statuses: RayLauncher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a call waits, whether the workers on other hosts are alive is Ray's to say (their `serve`
+    tasks); what each is doing is asked of the actors only when a report needs it, and whether all
+    are stopped a tenth of the collective timeout apart (failures.StoppedLooks): nothing during a
+    call shorter than that, a look when asked afterwards."""
+    asked: list[int] = []
+    ask = ray_workers._ActorProcess._ask_lookers
+
+    def counted(proc: Any) -> Any:
+        asked.append(proc.pid)
+        return ask(proc)
+    monkeypatch.setattr(ray_workers._ActorProcess, "_ask_lookers", counted)
+    pool = WorkerPool(parse_devices("cpu[0 1]"), timeout=60, launcher=remote_statuses)
+    try:
+        pool.start()
+        assert all(w.status_path == "" for w in pool._workers)
+        asked.clear()
+        began = time.monotonic()
+        assert pool.call("sleep", (2.0,), where="`a long step`") == [0, 1]
+        assert time.monotonic() - began >= 2.0
+        assert asked == []  # formerly a look at each of the wait's wakes, 4 a second
+        assert pool._workers[1].status() == (IDLE, "") and not pool._workers[1].stopped()  # a report's look
+        assert asked and set(asked) == {pool._workers[1].proc.pid}  # taken when asked for, of that worker
+    finally:
+        pool.stop()
+    eventually_nothing_left()
+
+
 def test_ctrl_c_on_the_cluster_as_on_local_workers(no_stray_interrupts: None) -> None:
     """One Ctrl-C waits for the step, and the models stay; a second soon after stops the workers at
     once, and nothing of theirs is left on the cluster (tests/parallel/test_interrupts.py: locally)."""
@@ -163,22 +191,13 @@ def test_ctrl_c_on_the_cluster_as_on_local_workers(no_stray_interrupts: None) ->
         before = m.w1
         pool = prog.workers()
         assert all(w.status_path.startswith("/proc/") for w in pool._workers)  # this machine's: read directly
-        thread = interrupt_after(0.4)
-        began = time.monotonic()
-        with pytest.raises(StepInterrupt):
-            pool.call("sleep", (1.5,), where="`a long step`")
-        thread.join()
-        assert time.monotonic() - began >= 1.5 and pool.alive and torch.equal(m.w1, before)
+        interrupted_once(pool)
+        assert pool.alive and torch.equal(m.w1, before)
         prog.train_step(m, opt, digit_batches(1, 8)[0])
         assert not torch.equal(m.w1, before)
 
         pids = pool.pids
-        thread = interrupt_after(0.4, 0.4 + SECOND_INTERRUPT_S / 3)
-        began = time.monotonic()
-        with pytest.raises(KeyboardInterrupt) as caught:
-            pool.call("sleep", (30.0,), where="`a long step`")
-        thread.join()
-        assert not isinstance(caught.value, StepInterrupt) and time.monotonic() - began < 10
+        interrupted_twice(pool)
         assert not pool.alive
     finally:
         prog.stop()

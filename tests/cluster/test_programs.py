@@ -10,7 +10,7 @@ import importlib.util
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 import shapescript as ss
-from ray_support import assert_same
-from programs import GPT, LINEAR
+from ray_support import assert_same, digit_batches, train
+from programs import GPT, LINEAR, README
 from shapescript.parallel import cluster as clusters
+from shapescript.parallel import shared
 from shapescript.runtime.calls import ExternImportError
 from support import ROOT
 
@@ -208,6 +209,37 @@ def test_a_checkpoint_saved_on_two_hosts_loads_on_cpu_and_on_local_cpu01_bit_exa
                     assert torch.equal(held[key], saved[key]), (layout, name, key)
     finally:
         two.stop()
+
+
+def trained_and_shared(prog: Any, batches: list[dict[str, torch.Tensor]]) -> tuple[Any, list[int]]:
+    """The README MLP's losses and params after a train_step on each batch, and how many of the batches'
+    tensors each worker took from shared memory (the `shared_reads` handler) meanwhile."""
+    m = prog.Mlp.init(seed=0)
+    opt = ss.adamw(m, lr=1e-3)
+    before = prog.workers().call("shared_reads", ())
+    losses = [float(prog.train_step(m, opt, b)) for b in batches]
+    reads = [after - b for after, b in zip(prog.workers().call("shared_reads", ()), before)]
+    return (losses, m.state_dict()), reads
+
+
+def test_a_local_pool_shares_memory_while_the_cluster_is_current_and_the_actors_never() -> None:
+    """Batches of 128 rows (400 KB of images, over shared.THRESHOLD): a local pool started while
+    the cluster is current (as one started before ss.cluster(...), which stays) takes them from shared
+    memory, the actors through their connections; both train as one device."""
+    batches = digit_batches(3, 128)
+    assert batches[0]["img"].numel() * 4 >= shared.THRESHOLD and shared.enabled
+    reference = train("cpu", batches)
+    for where in ("this machine", "the cluster"):
+        prog = ss.load(README, devices="cpu[0 1]", name="mlp.ss")
+        try:
+            with local_workers() if where == "this machine" else nullcontext():
+                prog.workers()
+            assert clusters.current() is not None and (prog.pool._launcher is None) == (where == "this machine")
+            run, reads = trained_and_shared(prog, batches)
+        finally:
+            prog.stop()
+        assert reads == ([len(batches)] * 2 if where == "this machine" else [0, 0]), where
+        assert_same(reference, run)
 
 
 def test_the_workers_own_loading_of_a_dataset_trains_as_on_one_device(runs: dict[tuple[str, str], Any]) -> None:

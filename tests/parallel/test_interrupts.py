@@ -12,10 +12,10 @@ import torch
 
 import shapescript as ss
 from shapescript.errors import WorkerError
-from shapescript.parallel.interrupts import SECOND_INTERRUPT_S, StepInterrupt
+from shapescript.parallel.interrupts import StepInterrupt
 
 from programs import README
-from support import interrupt_after
+from support import LONG_STEP, interrupted_once, interrupted_twice
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +27,8 @@ def test_an_interrupt_waits_for_the_step_and_the_models_stay(no_stray_interrupts
         opt = ss.adamw(m, lr=1e-3)
         before = m.w1
         pool = prog.workers()
-        thread = interrupt_after(0.4)
-        start = time.monotonic()
-        with pytest.raises(StepInterrupt) as info:
-            pool.call("sleep", (1.5,), where="`a long step`")  # a step the interrupt comes in the middle of
-        thread.join()
-        assert time.monotonic() - start >= 1.5  # the step ran to its end
-        assert "`a long step` ended on every worker" in "\n".join(info.value.__notes__)
+        interrupt = interrupted_once(pool)  # in the middle of a step, which runs to its end
+        assert f"{LONG_STEP} ended on every worker" in "\n".join(interrupt.__notes__)
         assert pool.alive and torch.equal(m.w1, before)  # the workers and the model are still there
         batch = {"img": torch.randn(8, 784), "label": torch.arange(8) % 10}
         assert float(prog.train_step(m, opt, batch)) > 0  # and train on
@@ -47,13 +42,8 @@ def test_a_second_interrupt_stops_the_workers_at_once(no_stray_interrupts: None)
     try:
         m = prog.Mlp.init(seed=0)
         pool = prog.workers()
-        thread = interrupt_after(0.4, 0.4 + SECOND_INTERRUPT_S / 3)
-        start = time.monotonic()
-        with pytest.raises(KeyboardInterrupt) as info:
-            pool.call("sleep", (30.0,), where="`a long step`")
-        thread.join()
-        assert not isinstance(info.value, StepInterrupt) and time.monotonic() - start < 10
-        assert "were stopped in the middle of `a long step`" in "\n".join(info.value.__notes__)
+        interrupt = interrupted_twice(pool)  # at once
+        assert f"were stopped in the middle of {LONG_STEP}" in "\n".join(interrupt.__notes__)
         assert not pool.alive
         with pytest.raises(WorkerError, match="workers that have stopped"):
             m.w1
