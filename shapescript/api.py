@@ -27,7 +27,7 @@ from .background import BackgroundRun, stop_runs_of
 from .parallel.interrupts import preparing_a_call
 from .parallel import pipeline
 from .parallel.remote import RemoteFunction
-from .runtime import calls, data, steps
+from .runtime import calls, data, recorded, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
 from .stale import current_models
@@ -415,7 +415,9 @@ class Function:
 
     def _run(self, checked: list[Any]) -> Any:
         if self._on_workers or not self.program.several:
-            return self._py(*checked)
+            # one cuda device: a fn in the module's RECORDABLE table is recorded (runtime/recorded.py)
+            recorder = recorded.for_program(self.program.namespace, self._py)
+            return self._py(*checked) if recorder is None else recorder.call(self._py.__name__, self._py, checked)
         # A controller's fn: its loops may send steps without waiting for their answers.
         with pipeline.settled(lambda: self.program.pool, f"`{self.name}`", self.program.checked.device_set):
             return self._py(*checked)

@@ -14,6 +14,7 @@ from ..syntax import ast as A
 from . import guards, specs, targets
 from .targets import Target, target_for
 from .printer import BodyPrinter, py_name
+from .recording import recordable
 from .specs import spec_var
 from .type_checks import IMPORT as TYPE_CHECKS_IMPORT, TypeChecks
 from .text import comment_text, literal
@@ -99,6 +100,8 @@ class _Writer:
         self.emit("")
         externs = [(n.target.rpartition(".")[0], n.target.rpartition(".")[2], str(n.span))
                    for n in (f.node for f in c.fns.values() if f.kind == "extern") if isinstance(n, A.Extern)]
+        if c.device_set.kind == "cuda" and self.target in (Target.ONE_DEVICE, Target.WORKER):
+            self.emit(f"RECORDABLE = {literal(recordable(self.ir))}  # fns a cuda device may record as CUDA graphs")
         self.emit(f"EXTERN_TARGETS = {literal(externs)}  # imported by each worker as the program loads")
         self.emit(f"SS_FILE = {literal(c.file)}")
         self.emit(f"SS_LINES = {literal(self.where)}")

@@ -23,7 +23,7 @@ from .type_checks import TypeChecks
 
 # Names the generated module binds itself, or calls: a user's name among them is renamed.
 RESERVED = {"torch", "_F", "_rt", "annotations", "types", "sys", "getattr", "tuple", "float",
-            "DIMS", "DEVICE", "SHARD_PARAMS", "HEAD_PARAMS", "GUARDS", "PYTHON_RESULTS", "EXTERN_TARGETS", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
+            "DIMS", "DEVICE", "SHARD_PARAMS", "HEAD_PARAMS", "GUARDS", "PYTHON_RESULTS", "EXTERN_TARGETS", "RECORDABLE", "SS_FILE", "SS_LINES", "RUNTIME_SOURCE"}
 
 
 def py_name(name: str) -> str:

@@ -12,7 +12,7 @@ import torch
 from shapescript.parallel import loading, shared, sharded_state
 from shapescript.parallel.timeline import timed
 from shapescript.parallel.handlers import handler
-from shapescript.runtime import calls, checkpoint, collectives, sharding
+from shapescript.runtime import calls, checkpoint, collectives, recorded, sharding
 from shapescript.runtime.data import Batch, TensorDataset
 from shapescript.runtime.model import Model, leaves, live_name
 from shapescript.runtime.modes import Mode
@@ -118,8 +118,10 @@ def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None, answe
             values[k] = batch
     # An unsplit call has no batch part to set: the one between calls is None already.
     batch_part = collectives.in_batch_part(part) if part is not None else nullcontext()
+    # A step of a fn the module's RECORDABLE table names is recorded on a cuda device (runtime/recorded.py)
+    recorder = recorded.recorder_for(state.device) if name in state.program.get("RECORDABLE", ()) else None
     with batch_part, torch.no_grad():  # value_and_grad turns gradients on where needed
-        result = fn(*values)
+        result = fn(*values) if recorder is None else recorder.call(name, fn, values, part)
     if not answer:
         if state.device.type == "cuda":  # as the copy to the CPU would: the reply says the step's work is done
             torch.cuda.current_stream(state.device).synchronize()

@@ -142,7 +142,10 @@ def all_sum(x: torch.Tensor, where: str = "") -> torch.Tensor:
 
 def _sum_and_count(total: torch.Tensor, count: torch.Tensor | float, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """All-reduce a partial sum and its count together: one collective."""
-    count_t = torch.as_tensor(count, dtype=total.dtype, device=total.device).reshape(1)
+    # A number is filled in on the device: a tensor made from it would be copied from the host, which
+    # a recorded step's capture refuses (runtime/recorded.py)
+    count_t = (count.to(total.device, total.dtype).reshape(1) if isinstance(count, torch.Tensor)
+               else torch.full((1,), count, dtype=total.dtype, device=total.device))
     packed = all_sum(torch.cat([total.reshape(-1), count_t]), where)
     return packed[:-1].reshape(total.shape), packed[-1]
 

@@ -234,6 +234,10 @@ def checked_hyper(kind: str, hyper: Mapping[str, Any], where: str) -> dict[str, 
 
 TORCH_KINDS: dict[str, type[torch.optim.Optimizer]] = {"AdamW": torch.optim.AdamW, "Sgd": torch.optim.SGD}
 
+# Set by runtime/recorded.py, which records steps on cuda devices: whether an optimizer of params on
+# this device is made capturable. Nothing records in a standalone build: none is.
+capturable_on: Callable[[torch.device], bool] = lambda device: False
+
 
 def _make(kind: str, m: Model, hyper: dict[str, Any]) -> Optimizer:
     remote = getattr(m, "is_remote", False)
@@ -256,7 +260,15 @@ def _make(kind: str, m: Model, hyper: dict[str, Any]) -> Optimizer:
 def torch_optimizer(kind: str, m: Model, hyper: Mapping[str, Any]) -> torch.optim.Optimizer:
     """torch's optimizer of `kind` for `m`, with `hyper`'s settings and param groups."""
     settings = {k: v for k, v in hyper.items() if k != "no_decay"}
-    return TORCH_KINDS[kind](torch_groups(m, hyper), **settings)
+    params = m.params()
+    # Recorded steps capture AdamW's step, which needs its step count on the device; SGD keeps none.
+    capturable = kind == "AdamW" and bool(params) and capturable_on(params[0].device)
+    if capturable:
+        settings["capturable"] = True
+    made = TORCH_KINDS[kind](torch_groups(m, hyper), **settings)
+    if capturable:  # torch's warning that such a step is slower uncaptured: warm-ups are so by design
+        made._warned_capturable_if_run_uncaptured = True  # type: ignore[attr-defined]
+    return made
 
 
 def adamw(m: Model, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),

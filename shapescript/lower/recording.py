@@ -1,0 +1,67 @@
+"""Which functions a cuda device may record as CUDA graphs (runtime/recorded.py): the module's
+`RECORDABLE` table, decided here from the checked program rather than guessed at run time.
+
+A recorded step replays the device's work and nothing else, so a function is recordable only if
+its whole step is device work that the same arguments' shapes make the same every time: it runs
+on the devices (it uses tensors), and neither it nor any function it calls takes or makes a Mode
+(dropout counts its draws in Python), calls a python or extern fn, or takes or returns anything
+but tensors, batches, models, optimizers and plain numbers. What the table can't see (an op that
+waits for the device, as `.item()` does) makes the capture fail at run time, and that function
+then runs as it always did.
+"""
+
+from __future__ import annotations
+
+from ..check import types as T
+from ..ir import nodes as N
+from ..ir.walk import walk
+from .printer import py_name
+
+# The types a recorded step may take from its caller: each is tensors the graph reads or changes in
+# place, or a plain value that is part of the step's signature.
+_TAKES = (T.TensorT, T.BatchT, T.ModelT, T.OptT, T.ScalarT)
+
+
+def _plain_result(ty: T.Ty) -> bool:
+    """Whether a result can be handed back as copies of the graph's output tensors."""
+    if isinstance(ty, T.TupleT):
+        return all(_plain_result(item) for item in ty.items)
+    return isinstance(ty, (T.TensorT, T.ScalarT, T.NoneT))
+
+
+def _entry(fn: N.Function) -> bool:
+    """Whether `fn` can be called as a recorded step: device work, taking and giving plain values."""
+    return (fn.placement == "workers" and all(isinstance(p.ty, _TAKES) for p in fn.params)
+            and _plain_result(fn.ret))
+
+
+def _only_device_work(fn: N.Function) -> bool:
+    """Whether `fn`'s own body does nothing a replay would skip (its callees are looked at apart)."""
+    if fn.kind != "fn":
+        return False
+    return not any(e.ty == T.MODE or (isinstance(e, N.FnCall) and e.kind != "fn") for e in walk(fn.body))
+
+
+def _callees(fn: N.Function) -> set[str]:
+    found = set()
+    for e in walk(fn.body):
+        if isinstance(e, N.FnCall):
+            found.add(e.name)
+        elif isinstance(e, N.GradCall):
+            found.add(e.fn)
+    return found
+
+
+def recordable(module: N.Module) -> tuple[str, ...]:
+    """The Python names of `module`'s functions whose steps may be recorded (as the module binds them,
+    and as the workers' calls and api.Function look them up), in the module's order."""
+    fns = {fn.name: fn for fn in module.functions}
+    ruled_out = {name for name, fn in fns.items() if not _only_device_work(fn)}
+    changed = True
+    while changed:  # a caller of a function ruled out is ruled out
+        changed = False
+        for name, fn in fns.items():
+            if name not in ruled_out and any(c not in fns or c in ruled_out for c in _callees(fn)):
+                ruled_out.add(name)
+                changed = True
+    return tuple(py_name(name) for name, fn in fns.items() if name not in ruled_out and _entry(fn))
