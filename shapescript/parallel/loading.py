@@ -4,8 +4,10 @@ A loop over a dataset in the controller doesn't load its batches. The dataset is
 worker once (again only if its length changes). A call names the loop (the dataset, the shuffles'
 seeds, the batch size) and the batch's number; each worker makes the loop's order from the seeds
 itself, and loads its own part of the next batches in a prefetch thread while the current step
-runs. Items are checked as they load (a TensorDataset is kept on the worker's device, checked
-whole when it arrives, and gathered there). A dataset the workers can't receive, as one defined
+runs; on a GPU they are copied from pinned memory on a stream of the worker's own (`Transfer`).
+Items are checked as they load (a TensorDataset is kept on the worker's device, checked whole when
+it arrives, and gathered there: on a GPU the next batch is gathered while the controller makes the
+next call). A dataset the workers can't receive, as one defined
 in the controller's main script, which they never import, is loaded in the controller with a
 warning, and its batches travel through the pipes.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import threading
 import warnings
 import weakref
 from collections import OrderedDict
@@ -25,8 +28,8 @@ from typing import Any, Iterator
 import torch
 
 from shapescript.devices import shares
-from shapescript.runtime.data import (Batch, DataSpec, batch_bounds, generic_dims, load_items, pad_batch,
-                                      padded_sizes, shuffle_order, with_progress)
+from shapescript.runtime.data import (Batch, DataSpec, batch_bounds, batch_fields, generic_dims, load_items,
+                                      pad_batch, padded_sizes, shuffle_order, with_progress)
 
 _handles = itertools.count(1_000_000)  # apart from the models' handles
 
@@ -158,33 +161,131 @@ def keep(state: Any, base: Any, spec: DataSpec) -> Any:
     return base
 
 
-def load_part(state: Any, base: Any, indices: list[int], spec: DataSpec) -> Batch:
-    if getattr(base, "checked", False):  # kept on the device, checked whole: a gather, nothing more
-        return Batch(spec, base.__getitems__(indices))
-    fields, lengths = load_items(base, indices, spec)
-    pin = state.device.type == "cuda"  # pinned pages let the copy run while the GPU computes
-    move = {k: _to_device(v, state.device, pin) for k, v in fields.items()}
-    return Batch(spec, move, {k: _to_device(v, state.device, pin) for k, v in lengths.items()})
+@dataclass(frozen=True)
+class Transfer:
+    """How a worker's batches reach its device, chosen by the device's kind (`transfer_for`)."""
+
+    pin: bool  # loaded items go through pinned (page-locked) memory, which the GPU's DMA reads while it computes
+    side_stream: bool  # copies and gathers run on a stream of the worker's own; the step's stream waits for them
+    gather_ahead: int  # batches of a kept dataset gathered before their call
+
+
+# On the CPU a batch is made where it is used: no pinning (there is no DMA to feed), no streams,
+# and a kept dataset gathered at call time, since on 2 cores fetching ahead competes with the step.
+INLINE = Transfer(pin=False, side_stream=False, gather_ahead=0)
+# On a GPU, copies from pinned memory with non_blocking are asynchronous, and on a stream of their
+# own they overlap the step's kernels (torch's "pin_memory and non_blocking" guide, torch.cuda.Stream).
+# Gathering a kept dataset's next batch there as well takes it off the next call's path: the gather
+# itself, and the upload of its indices, which from pageable memory would wait for the step's stream.
+STAGED = Transfer(pin=True, side_stream=True, gather_ahead=1)
+
+
+def transfer_for(device: torch.device) -> Transfer:
+    return STAGED if device.type == "cuda" else INLINE
+
+
+@dataclass
+class Staged:
+    """A batch made on the side stream: usable on another stream once that stream waits for `ready`."""
+
+    batch: Batch
+    ready: Any  # a torch.cuda.Event recorded after the batch's copies; None: made where it is used
+
+
+_side_streams: dict[torch.device, Any] = {}  # each worker's own copy stream, by device
+_side_lock = threading.Lock()  # the prefetch thread and the worker's main thread may both ask first
+
+
+def side_stream(device: torch.device) -> Any:
+    """The worker's own stream on `device` for copies and gathers, made on first use."""
+    with _side_lock:
+        stream = _side_streams.get(device)
+        if stream is None:
+            stream = _side_streams[device] = torch.cuda.Stream(device=device)
+        return stream
+
+
+def load_part(state: Any, base: Any, indices: list[int], spec: DataSpec,
+              transfer: Transfer = INLINE, after: Any = None) -> Staged:
+    """This worker's part of a batch, on its device. With a side stream, the copies (or the gather)
+    are queued there and the result is `ready` once they're done: `use` makes the step's stream wait.
+    `after`: a stream whose queued work the side stream waits for first (the step's, when the gather
+    reads what it wrote), None when the source is host memory."""
+    kept = getattr(base, "checked", False)  # kept on the device, checked whole: a gather, nothing more
+    if not transfer.side_stream:
+        if kept:
+            return Staged(Batch(spec, base.__getitems__(indices)), None)
+        fields, lengths = load_items(base, indices, spec)
+        return Staged(Batch(spec, _moved(fields, state.device, transfer.pin),
+                            _moved(lengths, state.device, transfer.pin)), None)
+    if not kept:
+        fields, lengths = load_items(base, indices, spec)  # on the host, before the side stream is involved
+    stream = side_stream(state.device)
+    # The device too: a new thread's current CUDA device is 0, and pinning or copying there would
+    # make a context on GPU 0 in every worker.
+    with torch.cuda.device(state.device), torch.cuda.stream(stream):
+        if after is not None:
+            stream.wait_stream(after)
+        if kept:
+            batch = Batch(spec, _gather(base.fields, indices, state.device))
+        else:
+            batch = Batch(spec, _moved(fields, state.device, transfer.pin), _moved(lengths, state.device, transfer.pin))
+        ready = stream.record_event()
+    return Staged(batch, ready)
+
+
+def _moved(tensors: dict[str, torch.Tensor], device: torch.device, pin: bool) -> dict[str, torch.Tensor]:
+    return {k: _to_device(v, device, pin) for k, v in tensors.items()}
 
 
 def _to_device(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
+    # pin_memory's copy is the host's; torch's caching host allocator keeps the pinned block until the
+    # asynchronous copy from it has run, so it may be dropped at once.
     return t.pin_memory().to(device, non_blocking=True) if pin else t.to(device)
 
 
+def _gather(fields: dict[str, torch.Tensor], indices: list[int], device: torch.device) -> dict[str, torch.Tensor]:
+    """TensorDataset.__getitems__ on the device, its indices uploaded from pinned memory without waiting."""
+    rows = torch.tensor(indices, dtype=torch.long).pin_memory().to(device, non_blocking=True)
+    return {name: t.index_select(0, rows) for name, t in fields.items()}
+
+
+def use(staged: Staged, device: torch.device) -> Batch:
+    """The batch, safe to use on the current stream: that stream waits for the side stream's copies,
+    and the caching allocator, which knows only the side stream the tensors were made on, is told
+    that the current stream uses them too (Tensor.record_stream), so their memory isn't handed to
+    the next copy while the step still reads it."""
+    if staged.ready is None:
+        return staged.batch
+    current = torch.cuda.current_stream(device)
+    if torch.cuda.is_current_stream_capturing():  # a wait on an event from outside a graph can't be captured
+        staged.ready.synchronize()
+    else:
+        current.wait_event(staged.ready)
+    for t in [*batch_fields(staged.batch).values(), *staged.batch.lengths.values()]:
+        t.record_stream(current)
+    return staged.batch
+
+
 class WorkerLoop:
-    """One loop over batches, on a worker: the order made from the seeds, and (for a dataset loaded
-    item by item) this worker's part of the next `AHEAD` batches loading in a thread while the
-    current step runs."""
+    """One loop over batches, on a worker: the order made from the seeds, and this worker's part of
+    the next batches made ahead while the current step runs. A dataset loaded item by item loads the
+    next `AHEAD` in a thread; a dataset kept on the device is gathered at call time on the CPU, and on
+    a GPU the next one is gathered on the side stream as soon as the current one is queued, so it is
+    ready while the controller makes the next call (`Transfer`)."""
 
     AHEAD = 2
     _threads = ThreadPoolExecutor(1, thread_name_prefix="shapescript-prefetch")  # one per worker process
 
-    def __init__(self, state: Any, base: Any, seeds: tuple[int, ...], n: int, spec: DataSpec) -> None:
+    def __init__(self, state: Any, base: Any, seeds: tuple[int, ...], n: int, spec: DataSpec,
+                 transfer: Transfer | None = None) -> None:
         self.state, self.base, self.n, self.spec = state, base, n, spec
+        self.transfer = transfer if transfer is not None else transfer_for(state.device)
         self.total = len(base)
         self.order = shuffle_order(self.total, seeds).tolist() if seeds else range(self.total)
         self.count = -(-self.total // n)
-        self.ahead: dict[int, Future[Batch]] = {}
+        self.kept = getattr(base, "checked", False)
+        self.ahead: dict[int, Future[Staged]] = {}
         self.last: tuple[tuple[int, int, int], Batch] | None = None  # a batch used twice loads once
 
     def part(self, number: int, start: int, size: int) -> list[int]:
@@ -198,33 +299,53 @@ class WorkerLoop:
         return sum(sizes[:self.state.rank]), sizes[self.state.rank]
 
     def take(self, number: int, start: int, size: int) -> Batch:
-        """This worker's part of batch `number`, prefetched if it was the one expected; and start
-        loading the next ones."""
+        """This worker's part of batch `number`, made ahead if it was the one expected; and start
+        making the next ones."""
         if self.last is not None and self.last[0] == (number, start, size):
             return self.last[1]
         ahead = self.ahead.pop(number, None)
         for k in [k for k in self.ahead if k < number]:  # batches the loop skipped
             self.ahead.pop(k).cancel()
-        # A dataset kept on the device is gathered there, a single tensor operation: fetching ahead
-        # would only compete with the step for the same cores (or, on a GPU, gain nothing).
-        ahead_count = 0 if getattr(self.base, "checked", False) else self.AHEAD
-        for k in range(number + 1, min(self.count, number + 1 + ahead_count)):
-            if k not in self.ahead:
-                self.ahead[k] = self._threads.submit(self._load, k, *self.my_share(k))
+        if not self.kept:  # the thread loads the next ones while this one loads or waits
+            self._start_ahead(number, self.AHEAD)
         if ahead is not None and (start, size) == self.my_share(number):
-            batch = ahead.result()  # a bad item raises here, as it would have loading now
+            staged = ahead.result()  # a bad item raises here, as it would have loading now
         else:
-            batch = self._load(number, start, size)
+            staged = self._load(number, start, size)
+        if self.kept:  # queued after this one's gather, on the same stream
+            self._start_ahead(number, self.transfer.gather_ahead)
+        batch = use(staged, self.state.device)
         self.last = ((number, start, size), batch)
         return batch
 
-    def _load(self, number: int, start: int, size: int) -> Batch:
-        return load_part(self.state, self.base, self.part(number, start, size), self.spec)
+    def _start_ahead(self, number: int, count: int) -> None:
+        # Items load in the thread; a gather is only queued on the GPU (or made on the CPU), so it runs here.
+        start = _done if self.kept else self._threads.submit
+        for k in range(number + 1, min(self.count, number + 1 + count)):
+            if k not in self.ahead:
+                self.ahead[k] = start(self._load, k, *self.my_share(k))
+
+    def _load(self, number: int, start: int, size: int) -> Staged:
+        # A gather reads the kept dataset on the side stream: it waits for what the step's stream has
+        # queued, which orders it after anything written there (and after the last use of the memory
+        # it may reuse). Copies from the host need no such wait; record_stream covers their memory.
+        after = torch.cuda.current_stream(self.state.device) if self.kept and self.transfer.side_stream else None
+        return load_part(self.state, self.base, self.part(number, start, size), self.spec, self.transfer, after)
 
     def close(self) -> None:
         for future in self.ahead.values():
             future.cancel()
         self.ahead.clear()
+
+
+def _done(f: Callable[..., Staged], *args: Any) -> Future[Staged]:
+    """f(*args) run now, as a finished Future (its exception kept for `result()` to raise)."""
+    future: Future[Staged] = Future()
+    try:
+        future.set_result(f(*args))
+    except Exception as e:  # noqa: BLE001 (raised again where the batch is taken)
+        future.set_exception(e)
+    return future
 
 
 class WorkerLoops:
