@@ -6,7 +6,7 @@ PYTHON ?= python3
 # machine where that gives the multi-GB CUDA build, `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
 TORCH_INDEX ?=
 
-.PHONY: demo test bench clean chromium
+.PHONY: demo test bench clean chromium gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ chromium:
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/step.py
+
+# On a machine with a GPU: the GPU-only tests, then benchmarks/gpu.py (without one it says so). It uses
+# the python that has the GPU build of torch (PYTHON=..., else .venv's, else python3): no CPU install first.
+gpu-check:
+	scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV)
