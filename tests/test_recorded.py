@@ -8,7 +8,7 @@ import ast
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -139,16 +139,8 @@ class FakeGraph:
         self.maker.replays += 1
         fresh = self.run()
         with torch.no_grad():
-            for out, new in zip(_tensors(self.outputs), _tensors(fresh)):
+            for out, new in zip(recorded.output_tensors(self.outputs), recorded.output_tensors(fresh)):
                 out.copy_(new)
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, tuple):
-        for v in value:
-            yield from _tensors(v)
 
 
 def state_of(m: Any, opt: Any) -> Callable[[], list[torch.Tensor]]:

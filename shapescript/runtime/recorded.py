@@ -197,12 +197,13 @@ def _copied(out: Any) -> Any:
     return out
 
 
-def _tensors(out: Any) -> Iterator[torch.Tensor]:
+def output_tensors(out: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a result: itself, or those of a tuple, nested ones included."""
     if isinstance(out, torch.Tensor):
         yield out
     elif isinstance(out, tuple):
         for o in out:
-            yield from _tensors(o)
+            yield from output_tensors(o)
 
 
 # -- the recorder --------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ class Recorder:
                 out = fn(*values)
         finally:
             current.wait_stream(self.stream)
-        for t in _tensors(out):
+        for t in output_tensors(out):
             t.record_stream(current)  # made on the side stream, used on the current one
         return out
 
