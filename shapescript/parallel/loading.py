@@ -62,6 +62,11 @@ class RemoteBatch:
             start += n
         return out
 
+    def _own_shares(self) -> tuple:
+        """What every worker is sent when each takes the share a call's split gives it (`my_share`):
+        the same for all, so a call's message is pickled once."""
+        return ("batchref", self._plan, self._number, None, None)
+
     def __repr__(self) -> str:
         return f"RemoteBatch[{self.size}] {self.spec.name} (loaded by the workers)"
 
@@ -298,9 +303,15 @@ class WorkerLoop:
         sizes = shares(end - first, self.state.world)
         return sum(sizes[:self.state.rank]), sizes[self.state.rank]
 
-    def take(self, number: int, start: int, size: int) -> Batch:
-        """This worker's part of batch `number`, made ahead if it was the one expected; and start
-        making the next ones."""
+    def whole_size(self, number: int) -> int:
+        first, end = batch_bounds(self.total, self.n, number)
+        return end - first
+
+    def take(self, number: int, start: int | None, size: int | None) -> Batch:
+        """This worker's part of batch `number` (start None: its own share), made ahead if it was the
+        one expected; and start making the next ones."""
+        if start is None or size is None:
+            start, size = self.my_share(number)
         if self.last is not None and self.last[0] == (number, start, size):
             return self.last[1]
         ahead = self.ahead.pop(number, None)
@@ -366,6 +377,11 @@ class WorkerLoops:
             while len(self.loops) > self.KEEP:
                 self.loops.popitem(last=False)[1].close()
         return loop
+
+
+# A call's `part` when its split arguments are all batchrefs to each worker's own share: each worker
+# works out where its part lies itself (program_handlers.call), so every worker gets the same message.
+OWN_SHARE = "own share"
 
 
 def needs_agreement(state: Any, plan: tuple) -> bool:

@@ -84,18 +84,28 @@ def to_cpu(value: Any) -> Any:
 
 
 @handler("call")
-def call(state: Any, name: str, args: tuple, part: tuple[int, int] | None = None, every: bool = True) -> Any:
+def call(state: Any, name: str, args: tuple, part: tuple[int, int] | str | None = None, every: bool = True) -> Any:
     """Run `name` on this worker's arguments; `part` is where its part lies in the whole batch
-    (offset, the whole batch's size). Answers the result, for each Mode argument in order the count
+    (offset, the whole batch's size), or loading.OWN_SHARE when the worker works it out from its
+    batchrefs (then every worker got the same message). Answers the result, for each Mode argument in order the count
     of draws it has made, so that the controller's mode advances as one device's would, and the
     call's WorkerTiming for the timeline (parallel/timeline.py; None where timing is off).
     `every`: whether every worker answers its result (one split along the batch axis, joined from
     the parts); otherwise worker 0 alone answers the result and the draws (the same on every worker:
     the controller reads worker 0's), and the others None for both, which spares copying, pickling and
     reading a result no one reads."""
+    where = _own_part(state, args) if isinstance(part, str) else part  # str: loading.OWN_SHARE
     with timed(state.clock):
-        answer = _run(state, name, args, part, every or state.rank == 0)
+        answer = _run(state, name, args, where, every or state.rank == 0)
     return answer if answer == SKIPPED else (*answer, state.clock.take())
+
+
+def _own_part(state: Any, args: tuple) -> tuple[int, int]:
+    """Where this worker's part lies in the whole batch (its offset, the whole's size), for a call
+    whose batches are batchrefs to each worker's own share."""
+    _, plan, number, _, _ = next(a for a in args if a[0] == "batchref")
+    loop = LOOPS.get(state, plan)
+    return loop.my_share(number)[0], loop.whole_size(number)
 
 
 def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None, answer: bool) -> Any:

@@ -24,7 +24,7 @@ from shapescript.devices import shares
 from shapescript.errors import ShapeError, WorkerError
 from shapescript.names import MEMBER_PREFIX
 from shapescript.parallel import pipeline
-from shapescript.parallel.loading import RemoteBatches
+from shapescript.parallel.loading import OWN_SHARE, RemoteBatch, RemoteBatches
 from shapescript.parallel.shared import SharedRows, share_rows
 from shapescript.runtime.data import Batch, batch_fields
 from shapescript.runtime.modes import Mode
@@ -245,6 +245,9 @@ class RemoteFunction:
             columns = [self.heads_of(a, k, n, workers) for n, (a, k) in enumerate(zip(args, self.plan.params))]
             return [(self.name, tuple(encode(c[w]) for c in columns), None, every) for w in range(workers.world)]
         n = batch_size(*split[0])
+        if all(isinstance(a, RemoteBatch) for a, _ in split):  # batches the workers load: one message for all
+            return (self.name, tuple(encode(a._own_shares() if k is not None else a)
+                                     for a, k in zip(args, self.plan.params)), OWN_SHARE, every)
         parts = shares(n, workers.world)
         columns = [split_value(a, k, parts, workers.shares_memory) for a, k in zip(args, self.plan.params)]
         # Each worker is told where its part lies in the whole batch: a random draw is the whole

@@ -1,0 +1,73 @@
+"""A call of a loop's step is one message for every worker, pickled once (issue 15, item 2): its
+batches are batchrefs that each worker resolves to its own share, and the worker works out where
+that share lies in the whole batch itself, which random draws need. Results are compared with
+devices="cpu", whose dropout masks are the whole batch's as the workers' are."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+
+import shapescript as ss
+from programs import LIN_HEADER, LIN_LOSS
+
+# A loop whose step takes a Mode (dropout), and one whose step doesn't (sent ahead, pipelined).
+PROGRAM = LIN_HEADER + "\n" + LIN_LOSS + textwrap.dedent("""\
+
+    fn noisy_loss(m: Lin, batch: [b] Ex, mode: Mode) -> [] = cross_entropy(dropout(batch.x, 0.5, mode) @ m.w, batch.y, over=C)
+
+    fn noisy_step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex, mode: Mode) -> []:
+        l, g = value_and_grad(noisy_loss, m, batch, mode)
+        update(mut m, mut opt, g)
+        return l
+
+    fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        update(mut m, mut opt, g)
+        return l
+
+    fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink, mode: Mode):
+        for batch in data |> shuffle(seed=1) |> batches(7):
+            write(log, logs(noisy=noisy_step(mut m, mut opt, batch, mode), plain=step(mut m, mut opt, batch)))
+    """)
+
+
+def data(n: int) -> ss.TensorDataset:
+    g = torch.Generator().manual_seed(3)
+    return ss.TensorDataset(x=torch.randn(n, 4, generator=g), y=torch.randint(0, 3, (n,), generator=g))
+
+
+def trained(prog: Any) -> tuple[list[tuple[float, float]], torch.Tensor]:
+    m = prog.Lin.init(seed=0)
+    opt = ss.adamw(m, lr=0.1)
+    sink = ss.sinks.memory()
+    prog.fit(m, opt, data(33), sink, ss.Train(seed=4))  # 33 rows in 7s: the last batch has 5
+    return [(r["noisy"], r["plain"]) for r in sink.records], m.state_dict()["w"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", ["cpu[0 1]", "cpu[0 1 2]"])
+def test_a_loops_steps_go_as_one_message_and_train_as_one_device(devices: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    one_losses, one_w = trained(ss.load(PROGRAM, devices="cpu", name="one.ss"))
+    prog = ss.load(PROGRAM, devices=devices, name="one.ss")
+    try:
+        pool = prog.workers()
+        sent: list[Any] = []
+        submit, call = pool.submit, pool.call
+        monkeypatch.setattr(pool, "submit", lambda handler, args, *rest: (sent.append(args), submit(handler, args, *rest))[1])
+        monkeypatch.setattr(pool, "call", lambda handler, args, *rest, **kw: (sent.append(args), call(handler, args, *rest, **kw))[1])
+        losses, w = trained(prog)
+    finally:
+        prog.stop()
+    steps = [args for args in sent if isinstance(args, tuple) and args and args[0] in ("step", "noisy_step")]
+    assert len(steps) == 2 * 5  # both steps of each of the 5 batches, each one tuple for all workers
+    assert all(args[2] == "own share" for args in steps)
+    assert all(isinstance(a, tuple) and a[0] == "batchref" for args in steps for a in args[1] if a[0] == "batchref")
+    assert len(losses) == len(one_losses) == 5
+    for (noisy, plain), (one_noisy, one_plain) in zip(losses, one_losses):
+        assert noisy == pytest.approx(one_noisy, abs=1e-5) and plain == pytest.approx(one_plain, abs=1e-5)
+    torch.testing.assert_close(w, one_w, atol=1e-5, rtol=1e-5)
