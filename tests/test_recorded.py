@@ -281,13 +281,19 @@ def test_a_worker_that_could_not_capture_makes_every_worker_run_eagerly(monkeypa
     run.assert_matches_eager()
 
 
-def test_workers_that_all_captured_replay_and_agree_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def honest_workers() -> tuple[list[bool], Callable[[bool, torch.device, str], bool]]:
+    """An agreement in which every other worker did as this one: (what it was asked, the agreement)."""
     asked: list[bool] = []
 
     def everyone(ok: bool, device: torch.device, where: str) -> bool:
         asked.append(ok)
         return ok
 
+    return asked, everyone
+
+
+def test_workers_that_all_captured_replay_and_agree_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked, everyone = honest_workers()
     run = Run(monkeypatch, agree=everyone)
     monkeypatch.setattr(run.recorder, "world", lambda: 2)
     run.steps(data([64] * 10))
@@ -297,12 +303,7 @@ def test_workers_that_all_captured_replay_and_agree_once(monkeypatch: pytest.Mon
 
 
 def test_a_worker_whose_capture_failed_tells_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked: list[bool] = []
-
-    def everyone(ok: bool, device: torch.device, where: str) -> bool:
-        asked.append(ok)
-        return ok
-
+    asked, everyone = honest_workers()
     run = Run(monkeypatch, agree=everyone, fail=RuntimeError("capture"))
     monkeypatch.setattr(run.recorder, "world", lambda: 2)
     run.steps(data([64] * 8))
