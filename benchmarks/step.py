@@ -6,9 +6,12 @@
 The step: examples/readme/mlp.ss loaded with devices='cpu' (D = 784, Hd = 256, C = 10), AdamW with
 lr = 1e-3, called from Python as `prog.train_step(m, opt, {"img": x, "label": y})`, against the same
 model written by hand (two param tensors, relu MLP, F.cross_entropy, torch.optim.AdamW,
-backward/step/zero_grad). Both start from the same weights, see the same batch, and run with the
-same torch.set_num_threads. Their steps alternate (ABBA order, so neither always goes first), after
-a warmup; each figure is the median of many repetitions. The ratio is ShapeScript / PyTorch.
+backward/step/zero_grad) twice: with torch's default AdamW, as people write it, and with
+`fused=True`, the kernel ShapeScript's AdamW runs on cpu (so that ratio is the call path's cost
+alone). All start from the same weights, see the same batch, and run with the same
+torch.set_num_threads. Their steps take turns, the order rotating every repetition so none always
+goes first, after a warmup; each figure is the median of many repetitions. Each ratio is
+ShapeScript / that PyTorch side.
 
 Compile time: shapescript.api.compile_program (parse and check) + shapescript.pipeline.python_module
 (the typed IR, then Python source) of the README program, torch already imported: the median of repeats in
@@ -18,6 +21,7 @@ this process, and the median over a few fresh processes of their first compile.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import os
 import platform
 import statistics
@@ -47,10 +51,10 @@ LR = 1e-3
 class Hand:
     """The README's model written directly in PyTorch."""
 
-    def __init__(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, fused: bool | None = None) -> None:
         self.w1 = w1.detach().clone().requires_grad_(True)
         self.w2 = w2.detach().clone().requires_grad_(True)
-        self.opt = torch.optim.AdamW([self.w1, self.w2], lr=LR)
+        self.opt = torch.optim.AdamW([self.w1, self.w2], lr=LR, fused=fused)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(torch.relu(x @ self.w1) @ self.w2, y)
@@ -61,8 +65,9 @@ class Hand:
 
 
 def time_steps(batch: int, warmup: int, reps: int, generated: bool = False,
-               dims: tuple[int, int, int] = (D, HD, C)) -> tuple[float, float, float]:
-    """(median ShapeScript step, median PyTorch step, median of the per-pair ratios), seconds.
+               dims: tuple[int, int, int] = (D, HD, C)) -> tuple[float, list[tuple[float, float]]]:
+    """The median ShapeScript step, and for each PyTorch side (default AdamW, fused AdamW) its
+    median step and the median of the per-repetition ratios ShapeScript / it; seconds.
 
     `generated`: call the generated Python function directly with a ready ss.Batch, skipping what
     `prog.train_step` does first (checking the arguments): the cost of the generated code alone.
@@ -74,7 +79,7 @@ def time_steps(batch: int, warmup: int, reps: int, generated: bool = False,
         prog = ss.load(PROGRAM, devices="cpu", dims=dict(zip(("D", "Hd", "C"), dims)))
     m = prog.Mlp.init(seed=0)
     opt = ss.adamw(m, lr=LR)
-    hand = Hand(m.w1, m.w2)
+    hands = [Hand(m.w1, m.w2), Hand(m.w1, m.w2, fused=True)]
     g = torch.Generator().manual_seed(batch)
     teacher = torch.randn(d, c, generator=g)
     if generated:
@@ -86,7 +91,7 @@ def time_steps(batch: int, warmup: int, reps: int, generated: bool = False,
         train_step = prog.train_step
 
     def fresh() -> tuple[torch.Tensor, torch.Tensor]:
-        # A new batch for every pair of steps, drawn outside the timing: "images" in [0, 1] and
+        # A new batch for every round of steps, drawn outside the timing: "images" in [0, 1] and
         # labels from a fixed random linear teacher, so there is something to learn and the loss
         # falls as in real training, but no batch is seen twice.
         x = torch.rand(batch, d, generator=g)
@@ -98,26 +103,33 @@ def time_steps(batch: int, warmup: int, reps: int, generated: bool = False,
         train_step(m, opt, data)
         return time.perf_counter() - t0
 
-    def pt_step(x: torch.Tensor, y: torch.Tensor) -> float:
-        t0 = time.perf_counter()
-        hand.step(x, y)
-        return time.perf_counter() - t0
+    def hand_step(hand: Hand) -> Callable[[torch.Tensor, torch.Tensor], float]:
+        def step(x: torch.Tensor, y: torch.Tensor) -> float:
+            t0 = time.perf_counter()
+            hand.step(x, y)
+            return time.perf_counter() - t0
+        return step
 
+    sides = [ss_step, *map(hand_step, hands)]
     for _ in range(warmup):
         x, y = fresh()
-        ss_step(x, y)
-        pt_step(x, y)
-    ss_times, pt_times = [], []
+        for side in sides:
+            side(x, y)
+    times: list[list[float]] = [[] for _ in sides]
     for i in range(reps):
         x, y = fresh()
-        if i % 2 == 0:  # ABBA: ShapeScript first on even repetitions, PyTorch first on odd ones
-            ss_times.append(ss_step(x, y))
-            pt_times.append(pt_step(x, y))
-        else:
-            pt_times.append(pt_step(x, y))
-            ss_times.append(ss_step(x, y))
-    ratios = [a / b for a, b in zip(ss_times, pt_times)]
-    return statistics.median(ss_times), statistics.median(pt_times), statistics.median(ratios)
+        for k in range(len(sides)):  # rotate who goes first
+            which = (i + k) % len(sides)
+            times[which].append(sides[which](x, y))
+    ours = times[0]
+    return statistics.median(ours), [(statistics.median(theirs), statistics.median(a / b for a, b in zip(ours, theirs)))
+                                     for theirs in times[1:]]
+
+
+def show(batch: int, reps: int, ours: float, theirs: list[tuple[float, float]], note: str = "") -> None:
+    (plain, plain_pair), (fused, fused_pair) = theirs
+    print(f"{batch:>6}  {ours * 1e3:>9.3f} ms  {plain * 1e3:>9.3f} ms  {ours / plain:>6.3f}  {plain_pair:>6.3f}"
+          f"  {fused * 1e3:>9.3f} ms  {ours / fused:>6.3f}  {fused_pair:>6.3f}  {reps}{note}", flush=True)
 
 
 _COLD = """
@@ -179,23 +191,20 @@ def main(argv: list[str] | None = None) -> None:
           f"{'flushed to zero' if flush else 'kept'}")
     # (batch, warmup, repetitions): each side runs warmup + repetitions steps
     plan = [(64, 20, 100), (6144, 3, 10)] if args.quick else [(64, 200, 2000), (6144, 10, 200)]
-    print(f"{'batch':>6}  {'ShapeScript':>12}  {'PyTorch':>12}  {'ratio':>6}  {'pair ratio':>10}  steps")
+    print("ratio: ShapeScript / that side; pair: the median of the per-step ratios")
+    print(f"{'batch':>6}  {'ShapeScript':>12}  {'PyTorch':>12}  {'ratio':>6}  {'pair':>6}"
+          f"  {'fused AdamW':>12}  {'ratio':>6}  {'pair':>6}  steps")
     for batch, warmup, reps in plan:
-        a, b, r = time_steps(batch, warmup, reps)
-        print(f"{batch:>6}  {a * 1e3:>9.3f} ms  {b * 1e3:>9.3f} ms  {a / b:>6.3f}  {r:>10.3f}  {reps}",
-              flush=True)
+        show(batch, reps, *time_steps(batch, warmup, reps))
     # A small model, whose step is short enough that what a call costs before the generated code
     # runs shows: the README's MLP with D = 12, Hd = 32, C = 5.
     small_warmup, small_reps = (50, 500) if args.quick else (500, 5000)
-    a, b, r = time_steps(64, small_warmup, small_reps, dims=SMALL)
-    print(f"{64:>6}  {a * 1e3:>9.3f} ms  {b * 1e3:>9.3f} ms  {a / b:>6.3f}  {r:>10.3f}  {small_reps}"
-          f"  (the {'-'.join(map(str, SMALL))} MLP)", flush=True)
+    show(64, small_reps, *time_steps(64, small_warmup, small_reps, dims=SMALL),
+         note=f"  (the {'-'.join(map(str, SMALL))} MLP)")
     if args.breakdown:
         print("the generated code alone, given a ready batch (no argument checks):")
         for batch, warmup, reps in plan:
-            a, b, r = time_steps(batch, warmup, reps, generated=True)
-            print(f"{batch:>6}  {a * 1e3:>9.3f} ms  {b * 1e3:>9.3f} ms  {a / b:>6.3f}  {r:>10.3f}  {reps}",
-                  flush=True)
+            show(batch, reps, *time_steps(batch, warmup, reps, generated=True))
     first, median = time_compile(5 if args.quick else 50, 1 if args.quick else 5)
     print(f"compile (check + lower) of {PROGRAM.relative_to(ROOT)}: {median * 1e3:.2f} ms median; "
           f"{first * 1e3:.2f} ms the first time in a fresh process (after importing torch and shapescript)")

@@ -265,6 +265,11 @@ def torch_optimizer(kind: str, m: Model, hyper: Mapping[str, Any]) -> torch.opti
     capturable = kind == "AdamW" and bool(params) and capturable_on(params[0].device)
     if capturable:
         settings["capturable"] = True
+    elif params and params[0].device.type == "cpu" and all(p.is_contiguous() for p in params):
+        # torch's fused kernels on cpu: one pass over each param instead of a dozen tensor ops
+        # (AdamW on the README's MLP 77 µs a step against 458; SGD's results are bitwise the same,
+        # AdamW's within rounding). See docs/benchmarks.md, session 12.
+        settings["fused"] = True
     made = TORCH_KINDS[kind](torch_groups(m, hyper), **settings)
     if capturable:  # torch's warning that such a step is slower uncaptured: warm-ups are so by design
         made._warned_capturable_if_run_uncaptured = True  # type: ignore[attr-defined]
@@ -295,7 +300,9 @@ def update(m: Model, opt: Optimizer, g: Grads) -> None:
                          f"{m.spec.name} (declared at {m.spec.where})")
     params = m.params()
     for p, gi in zip(params, g.tensors):
-        p.grad = gi
+        # autograd.grad may hand back a broadcast view (the gradient of a sum has strides 0), which
+        # torch's fused kernels read wrongly: give them the param's own layout, as backward() does
+        p.grad = gi if gi.stride() == p.stride() else gi.contiguous()
     # Ctrl-C during the step takes effect when it ends, so that a model and its optimizer state are
     # never left half-updated (a step is many tensor operations).
     held: list[FrameType | None] = []

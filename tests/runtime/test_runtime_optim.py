@@ -143,6 +143,27 @@ def test_optimizer_records_kind_and_hyper(mlp: ModelSpec) -> None:
 
 
 @pytest.mark.parametrize("ours, torchs", [(adamw, torch.optim.AdamW), (sgd, torch.optim.SGD)])
+def test_a_broadcast_gradient_updates_every_element(mlp: ModelSpec, ours: Callable, torchs: type) -> None:
+    """On cpu our optimizers run torch's fused kernels, which read a gradient whose strides are 0 (the
+    gradient of a sum, as autograd.grad gives it) as if only its first element were set; `update`
+    gives them the param's layout. Against torch's own loop (backward(), the default kernels)."""
+    m = Model.init(mlp, seed=0)
+    opt = ours(m, lr=0.05)
+    assert opt.torch_opt.defaults["fused"]  # the kernels this test is about
+    ref = [p.detach().clone().requires_grad_(True) for p in m.params()]
+    ref_opt = torchs(ref, lr=0.05)
+    for _ in range(3):
+        _, g = value_and_grad(lambda m: (m._m_w1.sum() + m._m_w2.sum()) ** 2, m)
+        assert g.tensors[0].stride() == (0, 0)  # what the kernels misread
+        update(m, opt, g)
+        ((ref[0].sum() + ref[1].sum()) ** 2).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for a, b in zip(m.params(), ref):
+        torch.testing.assert_close(a.detach(), b.detach(), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("ours, torchs", [(adamw, torch.optim.AdamW), (sgd, torch.optim.SGD)])
 def test_defaults_are_torchs(ours: Callable, torchs: type) -> None:
     """docs/api.md promises torch's defaults: each setting ss.adamw / ss.sgd take defaults to what
     the installed torch's optimizer does (sgd's lr was once 1e-2, torch's 1e-3)."""
