@@ -273,6 +273,18 @@ class Program:
         from .parallel.memory import ask
         return ask(self._pool, "measuring memory")
 
+    def recording(self) -> dict[str, str]:
+        """Whether each fn a cuda device may record as a CUDA graph (runtime/recorded.py) is recorded,
+        by name: "recorded (replays 120)", "not recorded: <why>", "warming up (2 of 3 calls)", "not
+        called yet". {} on cpu. On several devices, worker 0's (the workers record together), and {}
+        while no workers run (asking starts none)."""
+        if not self.several:
+            return recorded.program_report(self.namespace)
+        if self.devices.kind != "cuda" or self._pool is None or not self._pool.alive:
+            return {}
+        answers: list[dict[str, str]] = self._pool.call("recording", (), where="asking what is recorded")
+        return answers[0] if answers else {}
+
     def timeline(self, last: int | None = None) -> Any:
         """Where each worker's time went in the last `last` calls on the workers (all those kept, up to
         500, by default): a parallel/timeline.py TimelineTable (print it, or read `.rows`). Asks the

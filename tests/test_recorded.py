@@ -208,7 +208,7 @@ def test_steps_replay_after_warm_up_and_match_eager_steps(monkeypatch: pytest.Mo
     # The first call makes AdamW's state (another signature), then WARMUP eager calls, then capture
     assert run.graphs.captures == 1
     assert run.graphs.replays == 12 - 1 - recorded.WARMUP
-    assert run.status() == "recorded"
+    assert run.status() == "recorded (replays 8)"  # the capturing call's step is a replay too
     run.assert_matches_eager()
     assert run.losses[-1] < run.losses[0]
 
@@ -471,7 +471,7 @@ def test_a_cuda_graph_replays_new_inputs_and_a_failed_capture_leaves_the_stream(
         x = torch.randn(4, 5, device="cuda:0")
         torch.testing.assert_close(recorder.call("product", product, [x, w]), torch.relu(x @ w))
         torch.testing.assert_close(recorder.call("syncs", syncs, [x]), x * float(x.sum()))
-    assert recorder.report()["product"] == "recorded"
+    assert recorder.report()["product"] == "recorded (replays 5)"
     assert recorder.report()["syncs"].startswith("not recorded: capture failed")
     assert torch.cuda.current_stream() == before
 
@@ -489,7 +489,7 @@ def test_readme_recorded_on_cuda0_matches_its_eager_steps(monkeypatch: pytest.Mo
     for batch in data([64] * 20 + [10]):
         losses.append(float(prog.train_step(m, opt, batch)))
         ref_losses.append(float(eager.train_step(ref, ref_opt, batch)))
-    assert recorder.report()["train_step"] == "recorded"
+    assert recorder.report()["train_step"].startswith("recorded (replays ")
     assert losses == pytest.approx(ref_losses, abs=1e-5)
     torch.testing.assert_close(m.w1, ref.w1, atol=1e-5, rtol=0)
     torch.testing.assert_close(m.w2, ref.w2, atol=1e-5, rtol=0)

@@ -14,7 +14,7 @@ from ..syntax import ast as A
 from . import guards, specs, targets
 from .targets import Target, target_for
 from .printer import BodyPrinter, py_name
-from .recording import recordable
+from .recording import RECORD_IMPORT, RecordingPrinter, recordable, recorded_calls
 from .specs import spec_var
 from .type_checks import IMPORT as TYPE_CHECKS_IMPORT, TypeChecks
 from .text import comment_text, literal
@@ -46,6 +46,9 @@ class _Writer:
         self.type_checks = type_checks
         self.lines: list[str] = []
         self.where: dict[int, tuple[int, int]] = {}  # python line -> .ss (line, col)
+        # A cuda device's module records its steps: a loop's calls of them go through the recorder
+        self.recording = checked.device_set.kind == "cuda" and target in (Target.ONE_DEVICE, Target.WORKER)
+        self.recorded_calls = recorded_calls(module) if self.recording else {}
 
     def emit(self, text: str, node: A.Node | None = None, indent: int = 0) -> None:
         self.emit_at(text, None if node is None else node.span, indent)
@@ -68,6 +71,8 @@ class _Writer:
             self.emit('exec(compile(RUNTIME_SOURCE, "<shapescript runtime>", "exec"), _rt.__dict__)')
         else:
             self.emit("from shapescript.runtime import core as _rt")
+            if self.recorded_calls:
+                self.emit(RECORD_IMPORT)
         if self.target is Target.CONTROLLER:
             self.emit(targets.REMOTE_IMPORT)
         if self.type_checks is not None:
@@ -100,7 +105,7 @@ class _Writer:
         self.emit("")
         externs = [(n.target.rpartition(".")[0], n.target.rpartition(".")[2], str(n.span))
                    for n in (f.node for f in c.fns.values() if f.kind == "extern") if isinstance(n, A.Extern)]
-        if c.device_set.kind == "cuda" and self.target in (Target.ONE_DEVICE, Target.WORKER):
+        if self.recording:
             self.emit(f"RECORDABLE = {literal(recordable(self.ir))}  # fns a cuda device may record as CUDA graphs")
         self.emit(f"EXTERN_TARGETS = {literal(externs)}  # imported by each worker as the program loads")
         self.emit(f"SS_FILE = {literal(c.file)}")
@@ -141,8 +146,11 @@ class _Writer:
             self.emit(f"return _rt.python_call({literal(module)}, {literal(attr)}, {args}, PYTHON_RESULTS.get("
                       f"{literal(fn.name)}), {literal(str(node.span))})", node, 1)
             return
-        BodyPrinter(self.emit_at, self.c.device_set.count > 1, self.type_checks,
-                    self.target is Target.CONTROLLER).function(self.ir.function(fn.name))
+        through = self.recorded_calls.get(fn.name)
+        printer = BodyPrinter(self.emit_at, self.c.device_set.count > 1, self.type_checks,
+                              self.target is Target.CONTROLLER) if through is None else \
+            RecordingPrinter(through, self.emit_at, self.c.device_set.count > 1, self.type_checks)
+        printer.function(self.ir.function(fn.name))
 
     def emit_at(self, text: str, span: Span | None = None, indent: int = 0) -> None:
         line = "    " * indent + text

@@ -15,7 +15,9 @@ from __future__ import annotations
 from ..check import types as T
 from ..ir import nodes as N
 from ..ir.walk import walk
-from .printer import py_name
+from .printer import BodyPrinter, Emit, py_name
+from .text import literal
+from .type_checks import TypeChecks
 
 # The types a recorded step may take from its caller: each is tensors the graph reads or changes in
 # place, or a plain value that is part of the step's signature.
@@ -52,9 +54,8 @@ def _callees(fn: N.Function) -> set[str]:
     return found
 
 
-def recordable(module: N.Module) -> tuple[str, ...]:
-    """The Python names of `module`'s functions whose steps may be recorded (as the module binds them,
-    and as the workers' calls and api.Function look them up), in the module's order."""
+def _recordable(module: N.Module) -> list[str]:
+    """The .ss names of the functions whose steps may be recorded, in the module's order."""
     fns = {fn.name: fn for fn in module.functions}
     ruled_out = {name for name, fn in fns.items() if not _only_device_work(fn)}
     changed = True
@@ -64,4 +65,48 @@ def recordable(module: N.Module) -> tuple[str, ...]:
             if name not in ruled_out and any(c not in fns or c in ruled_out for c in _callees(fn)):
                 ruled_out.add(name)
                 changed = True
-    return tuple(py_name(name) for name, fn in fns.items() if name not in ruled_out and _entry(fn))
+    return [name for name, fn in fns.items() if name not in ruled_out and _entry(fn)]
+
+
+def recordable(module: N.Module) -> tuple[str, ...]:
+    """The Python names of `module`'s functions whose steps may be recorded (as the module binds them,
+    and as the workers' calls and api.Function look them up), in the module's order."""
+    return tuple(py_name(name) for name in _recordable(module))
+
+
+def recorded_calls(module: N.Module) -> dict[str, frozenset[str]]:
+    """By caller, the recordable functions whose calls it makes go through the device's recorder:
+    a loop's `train_step(...)` in `run` records as a call from Python does. Only a caller that no
+    recordable function runs, directly or through others, wraps its calls: a step's own calls
+    (train_step's `loss`, loss's `forward`) run inside its capture."""
+    fns = {fn.name: fn for fn in module.functions}
+    entries = set(_recordable(module))
+    inside, todo = set(entries), list(entries)
+    while todo:  # every function some recorded step may run
+        for callee in _callees(fns[todo.pop()]):
+            if callee in fns and callee not in inside:
+                inside.add(callee)
+                todo.append(callee)
+    # Plain calls only: value_and_grad(loss, ...) runs `loss` under autograd, not as a step
+    calls = {name: frozenset(e.name for e in walk(fn.body) if isinstance(e, N.FnCall) and e.name in entries)
+             for name, fn in fns.items() if name not in inside and fn.kind == "fn"}
+    return {name: callees for name, callees in calls.items() if callees}
+
+
+RECORD_IMPORT = "from shapescript.runtime import recorded as _recorded"  # printed where a call is wrapped
+
+
+class RecordingPrinter(BodyPrinter):
+    """A function's body in which each call of `through` goes through the recorder of the module's
+    DEVICE (runtime/recorded.step), named as the module binds the function, as the report says it."""
+
+    def __init__(self, through: frozenset[str], emit: Emit, several: bool, type_checks: TypeChecks | None) -> None:
+        super().__init__(emit, several, type_checks)
+        self.through = through
+
+    def _expr(self, node: N.Expr) -> str:
+        if isinstance(node, N.FnCall) and node.name in self.through:
+            name, args = py_name(node.name), self.passed(node.args)
+            values = f"({', '.join(args)}{',' if len(args) == 1 else ''})"
+            return f"_recorded.step(DEVICE, {literal(name)}, {name}, {values})"
+        return super()._expr(node)

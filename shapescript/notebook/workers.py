@@ -133,7 +133,7 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
     pool = pool_of(program)
     if not program.several:
         return render_rows(f"ShapeScript on {program.devices}: one device, in this kernel; no workers", [], [],
-                           _background_notes())
+                           recording_notes([program.recording()]) + _background_notes())
     if pool is None:
         return ended_table(program.last_pool) or render_rows(
             f"ShapeScript on {program.devices}: no workers running", [], [],
@@ -161,10 +161,30 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
     held = held_objects(pool, user_ns, answers, program.datasets) if state == "running" else []
     notes = [f"Every worker holds: {', '.join(map(str, held))}." if held else "The workers hold nothing."]
     notes += _memory_notes(measured or [])
+    if cuda and answers:  # a cpu program records nothing: its table says nothing of it
+        notes += recording_notes(ask_workers(pool, "recording") or [])
     notes += _background_notes()
     if state == "starting":
         notes = ["The workers are starting; the next call waits for them."]
     return render_rows(f"ShapeScript workers on {pool.devices}: {state}", header, rows, notes)
+
+
+def recording_notes(reports: list[dict[str, str]]) -> list[str]:
+    """What is recorded as CUDA graphs (Program.recording(), each worker's in rank order): one line
+    for every worker where they agree, as they do unless one is behind; [] for a cpu program."""
+    if not reports or not reports[0]:
+        return []
+    if all(r == reports[0] for r in reports):
+        return [_recording_line("Recorded steps (CUDA graphs)", reports[0])]
+    return [_recording_line(f"Recorded steps on worker {rank}", r) for rank, r in enumerate(reports)]
+
+
+def _recording_line(title: str, report: dict[str, str]) -> str:
+    """`train_step: recorded (replays 120)`, for each fn called so far; fns not called are named only."""
+    called = [f"{name}: {state}" for name, state in report.items() if state != "not called yet"]
+    if not called:
+        return f"{title}: none called yet (recordable: {', '.join(report)})."
+    return f"{title}: {'; '.join(called)}."
 
 
 def _background_notes() -> list[str]:

@@ -139,6 +139,14 @@ def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None, answe
     return to_cpu(result), [v.draws for v in values if isinstance(v, Mode)]
 
 
+@handler("recording")
+def recording(state: Any) -> dict[str, str]:
+    """Whether each of the program's recordable fns is recorded on this worker, and why not
+    (runtime/recorded.py): for `%shapescript status` and Program.recording(). {} on cpu."""
+    program = getattr(state, "program", None)
+    return recorded.program_report(program) if program is not None else {}
+
+
 @handler("read")
 def read(state: Any, handle: int, name: str) -> Any:
     """A member of a model, whole (with `shard params`, every worker sends its piece of a param)."""

@@ -24,6 +24,10 @@ tests: a replay would record nothing), during someone else's capture, and anythi
 device. `SHAPESCRIPT_RECORD=off` turns recording off (A/B runs, and a way back), read when a
 process starts, as `SHAPESCRIPT_OVERLAP` is; optimizers are then made as before.
 
+Calls reach a recorder from Python (api.Function), from the controller (program_handlers, a
+worker's call), and from the module's own code (`step`: a loop's call of a step, where the
+lowering printed it so). `program_report` says, per recordable fn of a module, what became of it.
+
 Python that runs in a step runs at capture only: the worker's status and the timeline's clock are
 told nothing during a capture or a replay (a recorded step's collectives are inside the graph, so
 the timeline counts them as computing).
@@ -239,6 +243,15 @@ class _Fn:
     key: Any = None
     streak: int = 0
     step: Recorded | None = None
+    replays: int = 0  # calls its graphs ran, for the report
+
+    def state(self, warmup: int) -> str:
+        """"recorded (replays 120)", "not recorded: <why>", or how far its warm-up is."""
+        if self.refused:
+            return f"not recorded: {self.refused}"
+        if self.step is not None:
+            return f"recorded (replays {self.replays})"
+        return f"warming up ({self.streak} of {warmup} calls)"
 
 
 class Recorder:
@@ -269,6 +282,7 @@ class Recorder:
         if step is not None and step.key == key:
             if step.alive():
                 entry.key = key  # a smaller batch between two replays doesn't start a streak
+                entry.replays += 1
                 return step.replay(values)
             entry.step = None  # its model or optimizer is gone: its graph goes too
         entry.streak = entry.streak + 1 if key == entry.key else 1
@@ -318,20 +332,18 @@ class Recorder:
             return fn(*values)  # this call's step, eagerly: none is lost
         inputs = list(_input_tensors(static))
         entry.step = Recorded(key, graph, inputs, outputs, _owners(values))
+        entry.replays += 1
         graph.replay()
         return _copied(outputs)
 
     def report(self) -> dict[str, str]:
         """Each function's recording, in words: for `%shapescript status` and anyone asking why."""
-        out = {}
-        for entry in self.fns.values():
-            if entry.refused:
-                out[entry.name] = f"not recorded: {entry.refused}"
-            elif entry.step is not None:
-                out[entry.name] = "recorded"
-            else:
-                out[entry.name] = f"warming up ({entry.streak} of {self.warmup} calls)"
-        return out
+        return {entry.name: entry.state(self.warmup) for entry in self.fns.values()}
+
+    def state_of(self, fn: Callable[..., Any]) -> str:
+        """`fn`'s recording, in words; "not called yet" before its first call here."""
+        entry = self.fns.get(fn)
+        return "not called yet" if entry is None else entry.state(self.warmup)
 
 
 _recorders: dict[str, Recorder | None] = {}
@@ -353,6 +365,35 @@ def for_program(namespace: dict[str, Any], fn: Callable[..., Any]) -> Recorder |
     if not table or getattr(fn, "__name__", None) not in table:
         return None
     return recorder_for(namespace["DEVICE"])
+
+
+def step(device: str, name: str, fn: Callable[..., Any], values: Sequence[Any]) -> Any:
+    """`fn(*values)` through `device`'s recorder: a RECORDABLE fn's call from a fn of its module that
+    no recorded step runs (a loop over a Dataset), as lower/recording.py says and codegen prints.
+    One dict lookup finds the recorder; a worker's step tells it its part of the batch, as a call
+    from the controller does (program_handlers._run)."""
+    recorder = _recorders[device] if device in _recorders else recorder_for(device)
+    if recorder is None:
+        return fn(*values)
+    return recorder.call(name, fn, values, collectives.batch_part())
+
+
+OFF = f"not recorded: recording is off ({RECORD_ENV}=off)"
+
+
+def program_report(namespace: dict[str, Any]) -> dict[str, str]:
+    """The recording of each fn in a module's RECORDABLE table, by the name the module binds it to,
+    on the module's device; {} for a module with no table (cpu, a controller's)."""
+    table = namespace.get("RECORDABLE")
+    if not table:
+        return {}
+    where = torch.device(namespace["DEVICE"])
+    recorder = _recorders.get(str(where))  # asking makes none: a recorder is made by a first call
+    if recorder is not None:
+        return {name: recorder.state_of(namespace[name]) for name in table}
+    if may_record(where):
+        return {name: "not called yet" for name in table}
+    return {name: OFF if where.type == "cuda" else "not recorded: not on a cuda device" for name in table}
 
 
 def report() -> dict[str, dict[str, str]]:
