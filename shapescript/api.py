@@ -27,7 +27,7 @@ from .background import BackgroundRun, stop_runs_of
 from .parallel.interrupts import preparing_a_call
 from .parallel import pipeline
 from .parallel.remote import RemoteFunction
-from .runtime import calls, data, recorded, steps
+from .runtime import calls, loops, recorded, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
 from .stale import current_models
@@ -410,7 +410,7 @@ class Function:
     def _invoke(self, checked: list[Any]) -> Any:
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # as torch.no_grad(), at a third of its cost; value_and_grad
-        scope = data.call_scope  # the notebook's: one progress bar per loop for the whole call
+        scope = loops.call_scope  # the notebook's: one progress bar per loop for the whole call
         try:  # turns gradients on where it needs them
             if scope is None:
                 return self._run(checked)

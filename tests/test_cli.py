@@ -66,6 +66,10 @@ def test_standalone_build_runs_without_shapescript(tmp_path) -> None:
         for _ in range(5):
             last = float(M.train_step(m, opt, b))
         assert last < first, (first, last)
+        data = M._rt.TensorDataset(img=torch.randn(100, 784, generator=g), label=torch.randint(0, 10, (100,), generator=g))
+        sink = M._rt.memory()
+        M.run(m, opt, data, sink)  # a loop over shuffled batches (runtime/loops.py, inlined)
+        assert len(sink.records) == 2, sink.records
         assert not [k for k in sys.modules if k.startswith("shapescript")]
         print("standalone ok", first, last)
         """)

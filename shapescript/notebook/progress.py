@@ -1,13 +1,13 @@
 """Progress bars for loops over batches: `for batch in data |> batches(64)` in a program shows a
 bar with the loop's batch count as its total.
 
-runtime/data.py's `progress` hook wraps every loop over batches, on one device (`_Batches`) and on
+runtime/loops.py's `progress` hook wraps every loop over batches, on one device (`_Batches`) and on
 several (`RemoteBatches`, in the controller), when it is set. It is None by default, so scripts,
 the command line and the tests loop as they always did; `%load_ext shapescript` in a Jupyter
 kernel sets it (magic.py), and anyone may opt in with `enable()` or `with bars(): ...`.
 
 One bar per loop, not per pass: during one call from Python into a program (`run(m, opt, data,
-log)`; data.call_scope marks it), a loop that runs again (the next epoch) resets its bar and says
+log)`; loops.call_scope marks it), a loop that runs again (the next epoch) resets its bar and says
 which pass it is on, and a second loop in the same call (an evaluation) gets a bar of its own,
 keyed by the loop's place in the generated code. A loop inside another loop over batches gets its
 own bar too, reused on each pass of the outer one. The bars close when the call ends, so a later
@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any
 
-from ..runtime import data
+from ..runtime import loops
 from . import markup as M
 
 # Makes a tqdm-like bar: factory(total=..., desc=..., unit=...) with update(n), reset(total=...),
@@ -186,7 +186,7 @@ def _cell_scoped() -> bool:
 
 
 class CallScope:
-    """data.call_scope: entered around every call from Python (api.Function), counting nested
+    """loops.call_scope: entered around every call from Python (api.Function), counting nested
     calls (a `python fn` calling the program again) so that only the outermost ends the bars."""
 
     def __enter__(self) -> None:
@@ -217,7 +217,7 @@ _cell_hooked = False  # whether IPython's post_execute closes the main thread's 
 
 def track_calls() -> None:
     """Mark each call from Python into a program, so that `at_call_end` can be used."""
-    data.call_scope = SCOPE
+    loops.call_scope = SCOPE
 
 
 def _hook_cells() -> None:
@@ -234,7 +234,7 @@ def _hook_cells() -> None:
 def at_call_end(key: int, end: Callable[[], None]) -> bool:
     """Run `end` (once per `key`) when this thread's call from Python ends; False if no call is
     running (or calls aren't tracked), so the caller must see to it itself."""
-    if data.call_scope is None or _calls.depth == 0:
+    if loops.call_scope is None or _calls.depth == 0:
         return False
     _calls.at_end.setdefault(key, end)
     return True
@@ -303,24 +303,24 @@ def enable(factory: BarFactory | None = None) -> None:
     make = _default_bars() if factory is None else (lambda: Bars(factory))
     track_calls()
     _hook_cells()
-    data.progress = _hook(make)
+    loops.progress = _hook(make)
 
 
 def disable() -> None:
     """Loops over batches show no bar (the default)."""
-    data.progress = None
+    loops.progress = None
 
 
 def enabled() -> bool:
-    return data.progress is not None
+    return loops.progress is not None
 
 
 @contextmanager
 def bars(factory: BarFactory | None = None) -> Iterator[None]:
     """Bars for the loops inside the `with` block only; the hooks are as they were afterwards."""
-    before = data.progress, data.call_scope
+    before = loops.progress, loops.call_scope
     enable(factory)
     try:
         yield
     finally:
-        data.progress, data.call_scope = before
+        loops.progress, loops.call_scope = before

@@ -28,8 +28,8 @@ from typing import Any, Iterator
 import torch
 
 from shapescript.devices import shares
-from shapescript.runtime.data import (Batch, DataSpec, batch_bounds, batch_fields, generic_dims, load_items,
-                                      pad_batch, padded_sizes, shuffle_order, with_progress)
+from shapescript.runtime.data import Batch, DataSpec, batch_fields, generic_dims, load_items, pad_batch, padded_sizes
+from shapescript.runtime.loops import batch_bounds, shuffle_order, with_progress
 
 _handles = itertools.count(1_000_000)  # apart from the models' handles
 

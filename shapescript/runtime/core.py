@@ -4,7 +4,7 @@ from shapescript.runtime.calls import python_call, show
 from shapescript.runtime.checkpoint import load, save
 from shapescript.runtime.collectives import (all_batch_norm, all_cross_entropy, all_masked_cross_entropy, all_masked_mean,
                                               all_mean, all_sum, world)
-from shapescript.runtime.data import Batch, DataSpec, FieldSpec, TensorDataset, batches, shuffle
+from shapescript.runtime.data import Batch, DataSpec, FieldSpec, TensorDataset
 from shapescript.runtime.guards import (AxisCheck, ArgDims, BatchGuard, DimFormula, KindGuard,  # GUARDS, PYTHON_RESULTS
                                          NotFromPython, Param, ResultGuard, TensorGuard)
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec
@@ -14,6 +14,7 @@ from shapescript.runtime.ops import (affine_layer_norm, batch_norm, causal, caus
                                      masked_mean, masked_sum, topk, valid)
 from shapescript.runtime.optim import Grads, Optimizer, adamw, sgd, update, value_and_grad
 from shapescript.runtime.heads import cut_heads, gather_heads
+from shapescript.runtime.loops import batches, shuffle
 from shapescript.runtime.sharding import gather_param
 from shapescript.runtime.sinks import Logs, Sink, logs, write
 

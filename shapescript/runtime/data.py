@@ -3,15 +3,15 @@
 Every tensor that enters a program from outside is checked here against its `data` declaration:
 shape (fixed dims must match, generic dims bind once per item), dtype (converted only where no
 value can change, `lossless`) and `Index[C]` bounds. Errors name the dataset item, the field, what
-was expected and what came, and the .ss line that declared the field.
+was expected and what came, and the .ss line that declared the field. The loops over datasets
+(`shuffle`, `batches` and the hooks they run through) are in runtime/loops.py.
 """
 
 from __future__ import annotations
 
 import numbers
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,6 @@ import torch
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.names import DATA_RESERVED, is_reserved, similar
-from shapescript.runtime import steps
 from shapescript.runtime.model import dtype_name, shape_text
 
 try:  # numpy is optional; only needed to copy read-only arrays torch would warn about
@@ -447,15 +446,9 @@ def load_items(base: Any, indices: list[int], spec: DataSpec
     return _stack(spec, checked, indices)
 
 
-def _length(ds: Any, op: str) -> int:
-    try:
-        return len(ds)
-    except TypeError:
-        raise TypeError(f"{op}: expected a map-style dataset (with __len__ and __getitem__), "
-                        f"got {type(ds).__name__}") from None
-
-
-def _int_arg(value: Any, op: str, name: str) -> int:
+def int_arg(value: Any, op: str, name: str) -> int:
+    """`value` as an int; a TypeError naming `op`'s `name` for anything else, bools included (also
+    runtime/loops.py's `shuffle` and `batches`)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
     return int(value)
@@ -489,7 +482,7 @@ class TensorDataset:
         return self._length
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        i = _int_arg(i, "TensorDataset[i]", "i")
+        i = int_arg(i, "TensorDataset[i]", "i")
         if not -self._length <= i < self._length:
             raise IndexError(f"index {i} is out of range for a dataset of {self._length} items")
         return {name: t[i] for name, t in self.fields.items()}
@@ -499,108 +492,3 @@ class TensorDataset:
         by_device: dict[torch.device, torch.Tensor] = {}
         return {name: t.index_select(0, by_device.setdefault(t.device, idx.to(t.device)))
                 for name, t in self.fields.items()}
-
-
-class _Shuffled:
-    """A permuted view of a map-style dataset: view[i] is base[perm[i]], perm drawn from `seed`."""
-
-    def __init__(self, base: Any, seed: int) -> None:
-        self.base, self.seed = base, seed
-        self.perm = shuffle_order(_length(base, "shuffle"), (seed,))
-
-    def __len__(self) -> int:
-        return len(self.perm)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.base[int(self.perm[i])]
-
-    def __getitems__(self, indices: Sequence[int]) -> Any:
-        real = self.perm[torch.as_tensor(indices, dtype=torch.long)].tolist()
-        getitems = getattr(self.base, "__getitems__", None)
-        return getitems(real) if getitems is not None else [self.base[i] for i in real]
-
-
-def shuffle_order(length: int, seeds: Sequence[int]) -> torch.Tensor:
-    """The order of `length` items after shuffling with each seed in turn, outermost first: what
-    torch.randperm draws from a generator seeded with each. The same in every process, so workers
-    make a loop's order from its seeds rather than receive it."""
-    order: torch.Tensor | None = None
-    for seed in seeds:
-        perm = torch.randperm(length, generator=torch.Generator().manual_seed(seed))
-        order = perm if order is None else perm[order]
-    return order if order is not None else torch.arange(length)
-
-
-def shuffle(ds: Any, seed: int) -> _Shuffled:
-    """`ds` in the order torch.randperm draws from a generator seeded with `seed`."""
-    return _Shuffled(ds, _int_arg(seed, "shuffle", "seed"))
-
-
-def batch_bounds(total: int, n: int, k: int) -> tuple[int, int]:
-    """Where the k-th batch of `n` starts and ends in a loop's order of `total` items."""
-    return k * n, min(total, (k + 1) * n)
-
-
-# What loops over batches run through when set: `progress(batches, count, data_type_name)` gives
-# the same batches, e.g. behind a progress bar (the notebook sets it: shapescript/notebook/progress.py).
-# None by default, so that scripts, the command line and the tests loop as they are.
-progress: Callable[[Iterator[Any], int, str], Iterator[Any]] | None = None
-
-# What each call from Python into a program (api.Function) runs inside, when set: the notebook's
-# progress bars keep one bar per loop for the whole call, and close them when it ends.
-call_scope: AbstractContextManager[Any] | None = None
-
-
-def with_progress(batches: Iterator[Any], count: int, what: str) -> Iterator[Any]:
-    """`batches` through the `progress` hook, if one is set, and in a background run, a step a batch
-    (runtime/steps.py)."""
-    hook = progress
-    shown = batches if hook is None else hook(batches, count, what)
-    run = steps.current()
-    return shown if run is None else run.steps_of(shown, count, what)
-
-
-class _Batches:
-    """The batches of a dataset, re-iterable; the last one may be smaller. `seeds` are the
-    shuffles' seeds, outermost first (none: the dataset's own order)."""
-
-    def __init__(self, base: Any, seeds: tuple[int, ...], n: int, spec: DataSpec,
-                 device: torch.device | None = None) -> None:
-        self.base, self.seeds, self.n, self.spec = base, seeds, n, spec
-        self.device = device if device is not None and torch.device(device).type != "cpu" else None
-        self.total = _length(base, "batches")
-
-    def __len__(self) -> int:
-        return -(-self.total // self.n)
-
-    def indices(self) -> Iterator[list[int]]:
-        """Each batch's items, as indices into the underlying dataset."""
-        order = shuffle_order(self.total, self.seeds).tolist() if self.seeds else range(self.total)
-        for k in range(len(self)):
-            start, end = batch_bounds(self.total, self.n, k)
-            yield list(order[start:end])
-
-    def __iter__(self) -> Iterator[Batch]:
-        return with_progress(self.load(), len(self), self.spec.name)
-
-    def load(self) -> Iterator[Batch]:
-        """The batches, loaded and checked one by one (what iterating yields, without `progress`)."""
-        for indices in self.indices():
-            fields, lengths = load_items(self.base, indices, self.spec)
-            if self.device is not None:  # loaded and checked on the CPU, then sent to the device
-                fields = {k: v.to(self.device, non_blocking=True) for k, v in fields.items()}
-                lengths = {k: v.to(self.device, non_blocking=True) for k, v in lengths.items()}
-            yield Batch(self.spec, fields, lengths)
-
-
-def batches(ds: Any, n: int, spec: DataSpec, device: torch.device | str | None = None) -> _Batches:
-    """Checked batches of `n` items of `ds` (the last may be smaller, none is empty)."""
-    n = _int_arg(n, "batches", "the batch size")
-    if n <= 0:
-        raise DomainError(f"batches: the batch size must be positive, got {n}")
-    # Unwrap shuffled views so items are fetched from the base and errors name its indices.
-    seeds: list[int] = []
-    while isinstance(ds, _Shuffled):
-        seeds.append(ds.seed)
-        ds = ds.base
-    return _Batches(ds, tuple(seeds), n, spec, device)

@@ -15,8 +15,8 @@ import pytest
 import shapescript as ss
 from shapescript.notebook import live, progress
 from shapescript.notebook.live import LiveSink, charts_html, svg_chart
-from shapescript.runtime import data
-from shapescript.runtime.data import batches, shuffle
+from shapescript.runtime import loops
+from shapescript.runtime.loops import batches, shuffle
 from shapescript.runtime.sinks import Value
 from programs import epochs_of
 from test_widgets import FIT, Bar, FakeHTML, bars, dataset, points  # noqa: F401  (bars: the fixture)
@@ -41,8 +41,8 @@ def prog() -> ss.Program:
 @pytest.fixture(autouse=True)
 def call_scope(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever a test sets of the hooks is undone after it (a live sink in a kernel sets one)."""
-    monkeypatch.setattr(data, "call_scope", data.call_scope)
-    monkeypatch.setattr(data, "progress", data.progress)
+    monkeypatch.setattr(loops, "call_scope", loops.call_scope)
+    monkeypatch.setattr(loops, "progress", loops.progress)
 
 
 def counts(prog: ss.Program, ds: ss.TensorDataset) -> tuple[int, int]:
@@ -125,7 +125,7 @@ def test_the_notebooks_bars_carry_their_final_state_as_html_and_text(
     monkeypatch.setattr(IPython.display, "display", lambda obj, display_id: shown.append(("display", display_id, obj)))
     monkeypatch.setattr(IPython.display, "update_display",
                         lambda obj, display_id: shown.append(("update", display_id, obj)))
-    data.call_scope, data.progress = progress.SCOPE, progress._hook(progress.NotebookBars)
+    loops.call_scope, loops.progress = progress.SCOPE, progress._hook(progress.NotebookBars)
     ds = dataset(37)
     train_count, eval_count = counts(prog, ds)
     m = prog.Lin.init(seed=0)
@@ -222,7 +222,7 @@ def test_the_live_charts_final_state_goes_into_their_output_when_the_call_ends(
     monkeypatch.setattr(IPython.display, "update_display",
                         lambda obj, display_id: shown.append(("update", display_id, obj)))
     sink = ss.sinks.live(fps=0.5, log=("loss",))  # a redraw at most every 2 s: the timer can't draw the last ones
-    assert isinstance(sink, LiveSink) and data.call_scope is progress.SCOPE
+    assert isinstance(sink, LiveSink) and loops.call_scope is progress.SCOPE
     m = prog.Lin.init(seed=0)
     prog.epochs(m, ss.adamw(m, lr=0.1), dataset(), sink)
     [(first, display_id, _), (last, same_id, final)] = shown  # shown with the first record, saved at the end

@@ -31,8 +31,8 @@ from shapescript.notebook.cells import Cell
 from shapescript.notebook.widgets import Shown, device_table_widget, model_widget, show_device_table
 from shapescript.parallel.loading import RemoteBatch, RemoteBatches
 from shapescript.parallel.remote import RemoteModel
-from shapescript.runtime import data
-from shapescript.runtime.data import batches, shuffle
+from shapescript.runtime import loops
+from shapescript.runtime.loops import batches, shuffle
 from support import ROOT
 
 README = ROOT / "examples" / "readme" / "mlp.ss"
@@ -352,7 +352,7 @@ def bars() -> Any:
 
 
 def test_the_hook_is_off_by_default() -> None:
-    assert data.progress is None and not progress.enabled()
+    assert loops.progress is None and not progress.enabled()
 
 
 def test_a_bar_counts_the_same_batches(fit_cpu: ss.Program, bars: list[Bar]) -> None:
@@ -457,7 +457,7 @@ class FakeHTML:
 def test_the_live_sink_redraws_at_most_fps_times_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     from shapescript.notebook import live
     monkeypatch.setattr(live, "_widget_html", FakeHTML)
-    monkeypatch.setattr(data, "call_scope", data.call_scope)  # a sink with a widget sets it: undone after
+    monkeypatch.setattr(loops, "call_scope", loops.call_scope)  # a sink with a widget sets it: undone after
     shown: list[Any] = []
     monkeypatch.setattr(LiveSink, "show", lambda self: (shown.append(self.widget), setattr(self, "shown", True)))
     sink = ss.sinks.live(fps=10)

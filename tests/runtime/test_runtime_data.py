@@ -10,8 +10,8 @@ import torch
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.data import (Batch, DataSpec, FieldSpec, TensorDataset, batch_fields,
-                                      batch_from_python, batches, check_batch, check_item,
-                                      shuffle)
+                                      batch_from_python, check_batch, check_item)
+from shapescript.runtime.loops import batches, shuffle
 
 
 def digits(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

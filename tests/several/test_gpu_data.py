@@ -17,7 +17,8 @@ import shapescript as ss
 from programs import LINEAR
 from shapescript.parallel import loading
 from shapescript.parallel.loading import INLINE, STAGED, Transfer, WorkerLoop, keep, transfer_for
-from shapescript.runtime.data import Batch, DataSpec, batch_fields, batches, load_items, pad_batch, padded_sizes, shuffle
+from shapescript.runtime.data import Batch, DataSpec, batch_fields, load_items, pad_batch, padded_sizes
+from shapescript.runtime.loops import batches, shuffle
 
 from sample_data import Rows, Sequences
 

@@ -10,7 +10,8 @@ import torch
 
 import shapescript as ss
 from shapescript.parallel.loading import WorkerLoop
-from shapescript.runtime.data import DataSpec, batches, shuffle
+from shapescript.runtime.data import DataSpec
+from shapescript.runtime.loops import batches, shuffle
 
 from test_remote import PROGRAM
 
