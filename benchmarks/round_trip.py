@@ -16,6 +16,11 @@ median of the rounds' ratios.
 - `pool.call("ping", ())`: the pool's bare message to every worker and their answers;
 - `prog.rows(batch)` for `fn rows(batch: [b] Row) -> [b] = sum(batch.x, over=D)` on a batch of 8
   rows of 4 values from Python: a split call whose result is joined from every worker's part.
+
+With `--apart`, only one side is alive at a time: each round starts a fresh controller (and its
+workers) for each side in turn, runs a block of each call, and stops it. On 2 cores the other side's
+idle processes, though they wait on their sockets, made every round trip several times slower
+(session 12: `ping` 443 µs side by side against 138 µs apart), so apart is the fairer figure there.
 """
 
 from __future__ import annotations
@@ -123,24 +128,57 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--against", default=BASELINE, help=f"the baseline commit (default {BASELINE})")
     ap.add_argument("--devices", default="cpu[0 1]", help="the devices (default cpu[0 1])")
     ap.add_argument("--quick", action="store_true", help="few calls: a smoke test, not a measurement")
+    ap.add_argument("--apart", action="store_true",
+                    help="one side alive at a time: a fresh controller a side each round")
     args = ap.parse_args(argv)
-    rounds, calls = (4, 100) if args.quick else (12, 400)
-    print(f"round trips on {args.devices}: {args.against} against this tree; {cpu_model()}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.2f}; {rounds} rounds of {calls} calls a side, medians")
+    rounds, calls = (4, 100) if args.quick else ((6, 1000) if args.apart else (12, 400))
+    print(f"round trips on {args.devices}: {args.against} against this tree{', apart' if args.apart else ''}; "
+          f"{cpu_model()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; {rounds} rounds of {calls} calls "
+          f"a side, medians")
+    print(f"  {'call':<10} {args.against:>10} {'this tree':>10} {'ratio':>6} {'pair ratio':>10}")
     with tempfile.TemporaryDirectory(prefix="round-trip-base-") as folder:
-        sides = [Side(args.against, extract(args.against, folder), args.devices),
-                 Side("this tree", str(ROOT), args.devices)]
-        try:
-            print(f"  {'call':<10} {args.against:>10} {'this tree':>10} {'ratio':>6} {'pair ratio':>10}")
-            for what in ("ident", "ping", "rows"):
-                times, ratios = race(sides, what, 1, rounds, calls)
-                base, now = (statistics.median(t) for t in times)
-                print(f"  {what:<10} {base * 1e6:>7.0f} µs {now * 1e6:>7.0f} µs {now / base:>6.2f} "
-                      f"{statistics.median(ratios):>10.2f}", flush=True)
-        finally:
-            for side in sides:
-                side.stop()
+        roots = [(args.against, extract(args.against, folder)), ("this tree", str(ROOT))]
+        results = apart(roots, args.devices, rounds, calls) if args.apart else together(roots, args.devices, rounds, calls)
+    for what, (times, ratios) in results.items():
+        base, now = (statistics.median(t) for t in times)
+        print(f"  {what:<10} {base * 1e6:>7.0f} µs {now * 1e6:>7.0f} µs {now / base:>6.2f} "
+              f"{statistics.median(ratios):>10.2f}", flush=True)
     print(f"load at the end {os.getloadavg()[0]:.2f}")
+
+
+CALLS = ("ident", "ping", "rows")
+Results = dict[str, tuple[list[list[float]], list[float]]]  # by call: each side's times, each round's ratio
+
+
+def together(roots: list[tuple[str, str]], devices: str, rounds: int, calls: int) -> Results:
+    """Both sides alive throughout, taking turns block by block."""
+    sides = [Side(label, root, devices) for label, root in roots]
+    try:
+        return {what: race(sides, what, 1, rounds, calls) for what in CALLS}
+    finally:
+        for side in sides:
+            side.stop()
+
+
+def apart(roots: list[tuple[str, str]], devices: str, rounds: int, calls: int) -> Results:
+    """One side alive at a time: each round, each side (in turns' order) starts, warms up, runs a
+    block of each call and stops."""
+    out: Results = {what: ([[] for _ in roots], []) for what in CALLS}
+    for i in range(rounds):
+        medians: dict[str, dict[int, float]] = {what: {} for what in CALLS}
+        for k in (range(len(roots)) if i % 2 == 0 else reversed(range(len(roots)))):
+            side = Side(*roots[k], devices)
+            try:
+                for what in CALLS:
+                    side.block(what, calls // 5)  # warm-up
+                    times = side.block(what, calls)
+                    out[what][0][k] += times
+                    medians[what][k] = statistics.median(times)
+            finally:
+                side.stop()
+        for what in CALLS:
+            out[what][1].append(medians[what][1] / medians[what][0])
+    return out
 
 
 if __name__ == "__main__":
