@@ -143,9 +143,7 @@ class BodyPrinter:
         if isinstance(node, N.OpCall):
             return self.op_call(node)
         if isinstance(node, N.FnCall):
-            # A result the controller's loop only logs: sent without waiting (parallel/pipeline.py).
-            later = ".later" if node.later and self.controller and self.type_checks is None else ""
-            return f"{py_name(node.name)}{later}({', '.join(self.passed(node.args))})"
+            return self.fn_call(node)
         if isinstance(node, N.GradCall):
             return self.grad_call(node)
         if isinstance(node, N.Attention):
@@ -157,6 +155,12 @@ class BodyPrinter:
         if isinstance(node, N.CausalMask):
             return f"_rt.causal_mask({', '.join(size_text(s) for s in node.sizes)}, DEVICE)"
         raise AssertionError(f"can't lower {node!r}")
+
+    def fn_call(self, node: N.FnCall) -> str:
+        """A call of one of the module's fns (lower/recording.py's printer sends some through the recorder)."""
+        # A result the controller's loop only logs: sent without waiting (parallel/pipeline.py).
+        later = ".later" if node.later and self.controller and self.type_checks is None else ""
+        return f"{py_name(node.name)}{later}({', '.join(self.passed(node.args))})"
 
     def passed(self, args: tuple[N.Expr | int, ...]) -> list[str]:
         """A call's arguments; an axis (an `Axis[...]` parameter's) as its index."""

@@ -104,9 +104,9 @@ class RecordingPrinter(BodyPrinter):
         super().__init__(emit, several, type_checks)
         self.through = through
 
-    def _expr(self, node: N.Expr) -> str:
-        if isinstance(node, N.FnCall) and node.name in self.through:
-            name, args = py_name(node.name), self.passed(node.args)
-            values = f"({', '.join(args)}{',' if len(args) == 1 else ''})"
-            return f"_recorded.step(DEVICE, {literal(name)}, {name}, {values})"
-        return super()._expr(node)
+    def fn_call(self, node: N.FnCall) -> str:
+        if node.name not in self.through:
+            return super().fn_call(node)
+        name, args = py_name(node.name), self.passed(node.args)
+        values = f"({', '.join(args)}{',' if len(args) == 1 else ''})"
+        return f"_recorded.step(DEVICE, {literal(name)}, {name}, {values})"
