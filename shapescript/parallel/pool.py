@@ -50,6 +50,7 @@ from shapescript.parallel.pipeline import InFlight
 from shapescript.parallel.timeline import Timeline
 from shapescript.parallel.worker import WAITING, WORKER_MAIN, dumps
 from shapescript.runtime.leftovers import owner_tag
+from shapescript.runtime import shm_reduce
 from shapescript.runtime.model import require_visible
 from shapescript.runtime.steps import between_steps
 
@@ -89,6 +90,7 @@ class WorkerPool(FailureReports):
         self.cold_start_s: float | None = None  # seconds from start() until every worker was ready
         self._workers: list[WorkerProcess] = []
         self._folder: str | None = None
+        self._shm_path: str | None = None  # the shared all-reduce buffer's file, until every worker has mapped it
         self._state = "new"  # new, starting, running, dead, stopped
         self._dead_reason = ""
         self._thread: threading.Thread | None = None
@@ -163,13 +165,17 @@ class WorkerPool(FailureReports):
                     pidfd: int | None = os.pidfd_open(proc.pid)
                 except (AttributeError, OSError):
                     pidfd = None  # not Linux >= 5.3: the wait loop polls the processes instead
-                worker = WorkerProcess(rank, f"{self.devices.kind}:{index}", proc, conn, pidfd,
-                                 os.path.join(self._folder, f"status-{rank}"))
-                self._workers.append(worker)
-                conn.send_bytes(dumps({
-                    "rank": rank, "world": self.world, "kind": self.devices.kind, "index": index,
-                    "folder": self._folder, "store_path": store_path, "status_path": worker.status_path,
-                    "timeout": self.timeout,
+                self._workers.append(WorkerProcess(rank, f"{self.devices.kind}:{index}", proc, conn, pidfd,
+                                                   os.path.join(self._folder, f"status-{rank}")))
+            # While the workers import torch, which they do before reading what follows: processes of
+            # this machine sum through shared memory (runtime/shm_reduce.py), whose buffer takes ms
+            if self.devices.kind == "cpu":
+                self._shm_path = shm_reduce.create(self.world)
+            for w, index in zip(self._workers, self.indices):
+                w.conn.send_bytes(dumps({
+                    "rank": w.rank, "world": self.world, "kind": self.devices.kind, "index": index,
+                    "folder": self._folder, "store_path": store_path, "status_path": w.status_path,
+                    "timeout": self.timeout, "shm_reduce": self._shm_path,
                     "sys_path": sys_path, "modules": self.modules, "torch": torch_settings()}))
         except BaseException as exc:
             self._die(f"the workers couldn't be started: {exc}")
@@ -183,6 +189,9 @@ class WorkerPool(FailureReports):
         except BaseException:
             self._die("interrupted while starting")
             raise
+        finally:  # each worker that started has mapped it
+            shm_reduce.remove(self._shm_path)
+            self._shm_path = None
         for w in self._workers:
             reply = replies[w.rank]
             if reply is not None and reply[0] == "err":
@@ -309,6 +318,8 @@ class WorkerPool(FailureReports):
         if self._foreign():
             return  # the workers, their sockets and folder are the parent's, which goes on using them
         ended = [(w, w.dead()) for w in self._workers]  # the ones that stopped before we stopped them
+        shm_reduce.remove(self._shm_path)  # stopped while starting
+        self._shm_path = None
         self._shutdown(self._workers, self._folder, grace, self._owner)
         if self._launcher is None:  # the batches' shared buffers (a call still holding one: when it lets go)
             shared.close_idle()

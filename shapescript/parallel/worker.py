@@ -42,7 +42,9 @@ from shapescript.errors import ShapeScriptError, WorkerError
 from shapescript.parallel.handlers import HANDLERS
 from shapescript.parallel.memory import Meter, measured
 from shapescript.parallel.timeline import StepClock
+from shapescript.runtime import collectives
 from shapescript.runtime.leftovers import ending
+from shapescript.runtime.shm_reduce import SharedMemoryAllReduce
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
 IDLE, RUNNING, WAITING = "I", "R", "W"
@@ -341,6 +343,9 @@ def _boot(config: dict[str, Any]) -> WorkerState:
     with state.waiting_at("start"):
         warm = torch.ones(1, device=device)
         dist.all_reduce(warm)  # connects every pair now, and proves the group works
+        if config.get("shm_reduce"):  # peers on this machine: all-reduces through shared memory
+            collectives.shm = SharedMemoryAllReduce(config["shm_reduce"], rank, world, config["timeout"])
+            collectives.shm.all_reduce(warm)  # proves it works, before the controller removes its file
     state.group_ready = True
     state.idle()
     return state

@@ -12,6 +12,11 @@ As DDP does, the gradients' all-reduce is sent in buckets started during the bac
 gradients become ready (`BucketedAverage`), so that it overlaps the rest of the backward; it is
 still recorded once per dtype, as the one collective the DeviceTable counts, and waited for inside
 `waiting_at`. `SHAPESCRIPT_OVERLAP=off` sends it after the backward, in one piece per dtype.
+
+Workers that are processes of one machine on cpu[...] sum through shared memory instead of Gloo
+(`shm`, runtime/shm_reduce.py): the same sums, many times quicker. Such a sum holds the worker's
+core while it runs, so there is nothing to overlap: the gradients go after the backward, as with
+`SHAPESCRIPT_OVERLAP=off`.
 """
 
 from __future__ import annotations
@@ -29,10 +34,16 @@ import torch.nn.functional as F
 
 from shapescript.errors import ShapeError
 from shapescript.names import MEMBER_PREFIX
+from shapescript.runtime.shm_reduce import SharedMemoryAllReduce
 
 # Set by a worker: a context manager around each collective, given its .ss location, so that a
 # worker stuck there can be reported ("was waiting for the other workers at train.ss:30:12").
 status_hook: Callable[[str], AbstractContextManager[object]] | None = None
+
+
+# Set by a worker whose peers are processes of this machine (parallel/worker.py): every all-reduce
+# of a tensor it can sum goes through shared memory rather than Gloo.
+shm: SharedMemoryAllReduce | None = None
 
 
 # Set by a test or a profiler: every collective is appended as (its .ss location, values, dtype,
@@ -114,7 +125,8 @@ def _all_reduce(t: torch.Tensor, where: str) -> None:
     """A sum over the workers, in place: every all-reduce of the compiled code goes through here."""
     record(where, t.numel(), t.dtype, "all-reduce")
     with waiting_at(where):
-        dist.all_reduce(t)
+        if shm is None or not shm.all_reduce(t):
+            dist.all_reduce(t)
 
 
 class _AllSum(torch.autograd.Function):
@@ -305,8 +317,8 @@ class BucketedAverage:
 
 def bucketed_average(params: list[torch.Tensor], where: str) -> BucketedAverage | None:
     """A BucketedAverage for a backward about to run, or None where `average_grads` does it: on one
-    device, or with SHAPESCRIPT_OVERLAP=off."""
-    return BucketedAverage(params, where) if overlap and world() > 1 else None
+    device, with SHAPESCRIPT_OVERLAP=off, or where the sums go through shared memory."""
+    return BucketedAverage(params, where) if overlap and shm is None and world() > 1 else None
 
 
 # batch_norm's constants, PyTorch's defaults: one device (runtime/ops.py) and several use these.

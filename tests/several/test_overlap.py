@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import shapescript as ss
-from shapescript.runtime import collectives
+from shapescript.runtime import collectives, shm_reduce
 from shapescript.runtime.collectives import BucketedAverage, average_grads, plan_buckets
 
 from programs import BATCH_NORM, README
@@ -77,6 +77,7 @@ def run(case: str, devices: str, overlap: bool, monkeypatch: pytest.MonkeyPatch)
     with monkeypatch.context() as env:  # read by the workers as they start
         env.setenv(collectives.OVERLAP_ENV, "on" if overlap else "off")
         env.setenv(collectives.BUCKET_ENV, SMALL_BUCKETS)  # several buckets (the README's fits in one)
+        env.setenv(shm_reduce.ENV, "off")  # buckets are Gloo's: shared memory's sums have nothing to overlap
         prog = ss.load(source, devices=devices, name="prog.ss")
         try:
             m = getattr(prog, model).init(seed=0)
