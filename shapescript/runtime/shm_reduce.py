@@ -47,8 +47,12 @@ NAME = re.compile(r"shapescript-reduce-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]{16}"
 LINE = 64  # bytes a counter has to itself: no two workers' counters share a cache line
 MAX_WORKERS = 32
 HEADER = 2 * MAX_WORKERS * LINE  # arrived and done for each worker: 4 KiB
-BUDGET = 32 << 20  # bytes of slots at most, whatever the number of workers
-MAX_SLOT, MIN_SLOT = 4 << 20, 64 << 10
+# Bytes of slots at most, whatever the number of workers. The file is unlinked once mapped, but its
+# pages count against /dev/shm's size while the workers live (64 MiB in a default Docker container,
+# shared with parallel/shared.py's batches): slots of 1 MiB hold the README MLP's gradients in one
+# piece, and bigger tensors go in pieces at little cost.
+BUDGET = 8 << 20
+MAX_SLOT, MIN_SLOT = 1 << 20, 64 << 10
 SPINS = 200  # looks at the counters before yielding the core
 YIELD_S = 0.002  # then sched_yield for this long, then sleep, backing off up to MAX_SLEEP_S
 MAX_SLEEP_S = 0.001
@@ -62,7 +66,7 @@ def supported() -> bool:
 
 
 def slot_bytes(world: int) -> int:
-    """Each slot's size: 4 MiB for up to 4 workers, less for more, so the buffer stays within BUDGET."""
+    """Each slot's size: 1 MiB for up to 4 workers, less for more, so the buffer stays within BUDGET."""
     return max(MIN_SLOT, min(MAX_SLOT, BUDGET // (2 * world)) // LINE * LINE)
 
 
