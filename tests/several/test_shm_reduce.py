@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 import shapescript as ss
 from shapescript.api import parse_devices
 from shapescript.parallel.pool import WorkerPool
+from shapescript.errors import WorkerError
 from shapescript.runtime import shm_reduce
 from support import importable
 
@@ -147,6 +148,21 @@ def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         @handler("uses_shm")
         def uses_shm(state):
             return collectives.shm is not None
+
+        @handler("shm_hang")
+        def shm_hang(state, stuck_rank, where):
+            # As handlers.py's hang_before_collective, through the compiled code's all-reduce: the
+            # others wait for `stuck_rank` in shared memory, and say how much CPU time they spent
+            import os, time, torch
+            if state.rank == stuck_rank:
+                while True:
+                    time.sleep(3600)
+            collectives.status_hook = state.waiting_at  # as loading a program sets it
+            cpu = time.process_time()
+            try:
+                collectives._all_reduce(torch.zeros(1), where)
+            finally:
+                print("cpu", time.process_time() - cpu, flush=True)
     """) as folder:
         yield folder
 
@@ -190,3 +206,24 @@ def test_training_on_two_workers_is_as_with_gloo_to_the_bit(monkeypatch: pytest.
         assert torch.equal(ours[1][name], gloo[1][name])
     one = trained("cpu")  # and the guarantee: what one device computes
     torch.testing.assert_close(torch.tensor(ours[0]), torch.tensor(one[0]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_worker_left_waiting_in_a_program_is_reported_where_it_waited(probe_dir: Path, capfd) -> None:
+    """The chapter's report of a step that didn't finish, as with Gloo (tests/parallel/test_pool.py),
+    for a wait in shared memory; the waiting worker sleeps rather than spin through the timeout."""
+    pool = WorkerPool(parse_devices("cpu[0 1 2]"), timeout=2,
+                      modules=["shapescript.parallel.program_handlers", "ss_shm_probe"])
+    with pool:
+        pool.start()
+        assert pool.call("uses_shm", ()) == [True] * 3
+        with pytest.raises(WorkerError) as info:
+            pool.call("shm_hang", (1, "train.ss:30:12"), where="`train_step` (train.ss:32:4)")
+    assert str(info.value) == (
+        "a worker failed while running `train_step` (train.ss:32:4), and worker 1 didn't finish:\n"
+        "  worker 0: was waiting for the other workers at train.ss:30:12\n"
+        "  worker 1: didn't answer; it was running `train_step` (train.ss:32:4)\n"
+        "  worker 2: was waiting for the other workers at train.ss:30:12")
+    assert "waited 2 s (the collective timeout)" in info.value.__notes__[1]  # in worker 0's traceback
+    spent = [float(line.split()[1]) for line in capfd.readouterr().out.splitlines() if line.startswith("cpu ")]
+    assert len(spent) == 2 and max(spent) < 0.5, spent  # of the 2 s each waited
