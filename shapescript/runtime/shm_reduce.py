@@ -1,11 +1,11 @@
 """All-reduces through shared memory, for workers that are processes of one machine on cpu[...].
 
 Gloo sends every all-reduce through loopback TCP: on a 2-core machine an all-reduce of 2 floats
-between two processes took 270-420 µs, and one of the README MLP's gradients (813,056 bytes) about
-2.1 ms (benchmarks/collectives.py). Processes of one machine can instead add up each other's values
-where they lie: each worker copies its tensor into a slot of a buffer every worker has mapped, says
-so with a counter, waits for the others' counters, and adds the slots up itself. That took 26 µs and
-78 µs on the same machine. It is the same sum (the slots are added in rank order, so every worker
+between two processes took 270-470 µs, and one of the README MLP's gradients (813,056 bytes)
+1.8-2.6 ms (benchmarks/collectives.py). Processes of one machine can instead add up each other's
+values where they lie: each worker copies its tensor into a slot of a buffer every worker has
+mapped, says so with a counter, waits for the others' counters, and adds the slots up itself. That
+took about 23 µs and 80-100 µs on the same machine. It is the same sum (the slots are added in rank order, so every worker
 gets the same bits), so what a program computes, and what the chapter and the DeviceTable count,
 stay as they are: only the transport changes. Other collectives (all-gather, reduce-scatter) and
 other reductions stay Gloo's.
