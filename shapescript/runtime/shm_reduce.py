@@ -1,30 +1,30 @@
 """All-reduces through shared memory, for workers that are processes of one machine on cpu[...].
 
 Gloo sends every all-reduce through loopback TCP: on a 2-core machine an all-reduce of 2 floats
-between two processes took 270-470 µs, and one of the README MLP's gradients (813,056 bytes)
-1.8-2.6 ms (benchmarks/collectives.py). Processes of one machine can instead add up each other's
-values where they lie: each worker copies its tensor into a slot of a buffer every worker has
-mapped, says so with a counter, waits for the others' counters, and adds the slots up itself. That
-took about 23 µs and 80-100 µs on the same machine. It is the same sum (the slots are added in rank order, so every worker
-gets the same bits), so what a program computes, and what the chapter and the DeviceTable count,
-stay as they are: only the transport changes. Other collectives (all-gather, reduce-scatter) and
-other reductions stay Gloo's.
+between two processes took 270-470 µs, and one of the README MLP's gradients (813,056 bytes) 1.8-2.6
+ms (benchmarks/collectives.py). Processes of one machine can instead add up each other's values
+where they lie: each worker copies its tensor into a slot of a buffer every worker has mapped, says
+so with a counter, waits for the others' counters, and adds the slots up itself. That took about 23
+µs and 80-100 µs on the same machine. It is the same sum (the slots are added in rank order, so
+every worker gets the same bits), so what a program computes, and what the chapter and the
+DeviceTable count, stay as they are: only the transport changes. Other collectives (all-gather,
+reduce-scatter) and other reductions stay Gloo's.
 
-The buffer (`create`, by the controller, before the workers start): a header of counters, each on a
-cache line of its own, then two sets of one slot per worker, used by turns (collective k uses set
-k % 2), so that a worker may start the next collective while another still reads the last one.
+The buffer (`create`, by the controller, while the workers start): a header of counters, each on a
+cache line of its own, then two sets of one slot per worker, used by turns (collective number k uses
+set k mod 2), so that a worker may start the next collective while another still reads the last one.
 Worker r's `arrived` counter says it wrote collective k into its slot; its `done` counter that it
-has read every slot of collective k. Before writing collective k, a worker waits until every
-worker is done with k - 2, the last user of the same set. A tensor bigger than a slot goes through
-in pieces, one collective each. Each counter is written by one worker only and only grows.
+has read every slot of collective k. Before writing collective k, a worker waits until every worker
+is done with k - 2, the last user of the same set. A tensor bigger than a slot goes through in
+pieces, one collective each. Each counter is written by one worker only and only grows.
 
-Why this is safe as plain Python: the counters are 8-byte aligned stores and loads, and x86-64
-keeps stores in order (a worker that sees a counter sees the slot written before it). Other
-machines, whose memory model does not promise that, use Gloo (`supported`). The file lives in
-/dev/shm, mode 0600, named after its controller (runtime/leftovers.py); the controller removes it as
-soon as every worker has mapped it, and a controller killed before then leaves it for the next one
-to sweep. It is allocated in full when made, so a full /dev/shm is found then (and Gloo used),
-never as a SIGBUS in a worker.
+Why this is safe as plain Python: the counters are 8-byte aligned stores and loads, and x86-64 keeps
+stores in order (a worker that sees a counter sees the slot written before it). Other machines,
+whose memory model does not promise that, use Gloo (`supported`). The file lives in /dev/shm, mode
+0600, named after its controller (runtime/leftovers.py); the controller removes it as soon as every
+worker has mapped it, and a controller killed before then leaves it for the next one to sweep. It is
+allocated in full when made, so a full /dev/shm is found then (and Gloo used), never as a SIGBUS in
+a worker.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from shapescript.runtime.leftovers import owner_tag, sweep
 
-ENV = "SHAPESCRIPT_SHM_REDUCE"  # "off": every all-reduce through Gloo (A/B runs, and a way back); read as workers start
+ENV = "SHAPESCRIPT_SHM_REDUCE"  # "off": all-reduces through Gloo (A/B runs, a way back); read as workers start
 FOLDER = "/dev/shm"
 NAME = re.compile(r"shapescript-reduce-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]{16}")
 LINE = 64  # bytes a counter has to itself: no two workers' counters share a cache line
@@ -78,7 +78,7 @@ def create(world: int) -> str | None:
     sweep(FOLDER, NAME, folders=False)  # buffers of controllers killed while their workers started
     path = os.path.join(FOLDER, f"shapescript-reduce-{owner_tag()}-{secrets.token_hex(8)}")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return None
     try:
@@ -104,7 +104,7 @@ class SharedMemoryAllReduce:
     """A worker's side: `all_reduce(t)` sums `t` over the workers in place, like dist.all_reduce."""
 
     def __init__(self, path: str, rank: int, world: int, timeout: float) -> None:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             self._map = mmap.mmap(fd, 0)
         finally:
