@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from shapescript.parallel.handlers import handler
-from shapescript.runtime.leftovers import owner_tag, sweep
+from shapescript.runtime.leftovers import owner_tag, preallocated_file, sweep
 
 FOLDER = "/dev/shm"  # where the buffers live; a folder that isn't there means the pipes
 ENV = "SHAPESCRIPT_SHARED_BATCHES"  # "0": every batch through the pipes, as before shared memory
@@ -80,11 +80,8 @@ class _Buffer:
         self.path = os.path.join(FOLDER, self.name)
         self.size = size
         self.owner = os.getpid()  # a forked child's exit must not remove its parent's buffers
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = preallocated_file(self.path, size)  # ENOSPC now rather than SIGBUS at a write
         try:
-            # The pages now, or ENOSPC now: a file merely truncated to size would, on a full /dev/shm,
-            # kill the controller with SIGBUS at the first write into the mapping.
-            os.posix_fallocate(fd, 0, size)
             self.map = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
         except BaseException:
             os.unlink(self.path)

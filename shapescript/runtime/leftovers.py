@@ -81,6 +81,21 @@ def ending(pid: int) -> bool:
     return bool(pending & kill or pending & term & ~handled)
 
 
+def preallocated_file(path: str, size: int) -> int:
+    """Make `path`, which must not exist (never through a symlink), mode 0600, with all of its `size`
+    bytes allocated now, and return it open for reading and writing. On a full /dev/shm this raises
+    OSError (ENOSPC) here, where a file merely truncated to size would kill whoever first writes into
+    its mapping with SIGBUS. Nothing is left behind when it raises."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd
+
+
 def sweep(folder: str, pattern: re.Pattern[str], folders: bool) -> list[str]:
     """Remove the entries of `folder` whose names `pattern` matches in full (with groups `pid` and
     `start`) and whose owner has ended: folders if `folders`, else files; never a symlink, never

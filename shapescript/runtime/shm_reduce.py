@@ -39,7 +39,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from shapescript.runtime.leftovers import owner_tag, sweep
+from shapescript.runtime.leftovers import owner_tag, preallocated_file, sweep
 
 ENV = "SHAPESCRIPT_SHM_REDUCE"  # "off": all-reduces through Gloo (A/B runs, a way back); read as workers start
 FOLDER = "/dev/shm"
@@ -78,16 +78,9 @@ def create(world: int) -> str | None:
     sweep(FOLDER, NAME, folders=False)  # buffers of controllers killed while their workers started
     path = os.path.join(FOLDER, f"shapescript-reduce-{owner_tag()}-{secrets.token_hex(8)}")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return None
-    try:
-        os.posix_fallocate(fd, 0, HEADER + 2 * world * slot_bytes(world))
+        os.close(preallocated_file(path, HEADER + 2 * world * slot_bytes(world)))
     except OSError:  # /dev/shm full or limited: Gloo it is
-        os.unlink(path)
         return None
-    finally:
-        os.close(fd)
     return path
 
 
