@@ -151,6 +151,22 @@ class Checked:
         """Where function `fn` runs (anywhere, until placement has run)."""
         return self.placements.get(fn, ANYWHERE)
 
+    def reaches_extern(self, fn: str) -> bool:
+        """Whether `fn`, or a function it calls however deeply, calls an extern fn: Python code that
+        may keep the tensors it is given past the call. Nothing else on a worker can: the language has
+        no assignment into a model or a tensor, and a worker's result is pickled before it answers."""
+        seen, todo = set(), [fn]
+        while todo:
+            name = todo.pop()
+            info = self.fns.get(name)
+            if info is None or name in seen:
+                continue
+            if info.kind != "fn":
+                return True
+            seen.add(name)
+            todo.extend(info.calls)
+        return False
+
     def split_of(self, fn: str) -> BatchSplit | None:
         """How function `fn` takes the batch on several devices (None: it isn't split)."""
         return self.split.fns.get(fn)

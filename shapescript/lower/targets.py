@@ -71,7 +71,9 @@ def remote_stub(checked: Checked, fn: FnInfo, name: str) -> str:
     split = checked.split_of(fn.name)
     assert split is not None, fn.name  # every fn on the workers has one on several devices
     heads = ", heads=True" if split.heads else ""
+    # no extern fn can keep the batch's rows: the workers read them where they lie (parallel/shared.py)
+    in_place = "" if checked.reaches_extern(fn.name) else ", rows_in_place=True"
     plan = (f"_remote.SplitCall({literal(f'`{fn.name}` ({fn.span})')}, {literal(split.params)}, "
-            f"{literal(split.result)}{heads})")
+            f"{literal(split.result)}{heads}{in_place})")
     return f"{name} = _remote.RemoteFunction(lambda: {WORKERS_NAME}, {plan}, {literal(name)})"
 

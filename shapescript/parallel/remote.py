@@ -144,23 +144,23 @@ def check_handle(value: Any) -> None:
         value.model._workers()
 
 
-def split_value(value: Any, axis: int | None, parts: list[int], share_memory: bool) -> list[Any]:
+def split_value(value: Any, axis: int | None, parts: list[int], share_memory: bool, in_place: bool = False) -> list[Any]:
     """Each worker's part of an argument: split along `axis`, or the whole for everyone. Big tensors'
     rows go through shared memory if `share_memory` (the pool's shares_memory: its workers are
-    processes of this machine), else whole through the connections."""
+    processes of this machine), else whole through the connections; `in_place`: see SplitCall."""
     if axis is None:
         return [value] * len(parts)
     if getattr(value, "is_remote", False) and hasattr(value, "_parts"):  # a RemoteBatch: indices only
         return value._parts(parts)
     if isinstance(value, Batch):
         fields = batch_fields(value)
-        shared = share_rows(fields, parts) if share_memory else {}  # big fields: each worker's rows there
+        shared = share_rows(fields, parts, in_place) if share_memory else {}  # big fields: each worker's rows there
         pieces: dict[str, Any] = {k: shared.get(k) or torch.split(v, parts) for k, v in fields.items()}
         lengths = {k: torch.split(v, parts) for k, v in value.lengths.items()}
         return [Batch(value.spec, {k: p[i] for k, p in pieces.items()}, {k: p[i] for k, p in lengths.items()})
                 for i in range(len(parts))]
     if isinstance(value, torch.Tensor):
-        rows = share_rows({"": value}, parts) if axis == 0 and share_memory else {}
+        rows = share_rows({"": value}, parts, in_place) if axis == 0 and share_memory else {}
         return rows.get("") or list(torch.split(value, parts, dim=axis))
     raise ShapeError(f"can't split a {type(value).__name__} across the devices")
 
@@ -177,6 +177,9 @@ class SplitCall:
     params: tuple[int | None, ...]  # per argument: the batch axis it is split along, or None (whole)
     result: int | None  # the result's batch axis, along which the workers' parts are joined
     heads: bool = False  # split along H (`split H`): each argument in N equal parts of its own axis
+    # No extern fn is called (Checked.reaches_extern), so nothing keeps a worker's rows past the call:
+    # it reads a big field where it lies in shared memory instead of copying it out (shared.py)
+    rows_in_place: bool = False
 
 
 class RemoteFunction:
@@ -197,7 +200,7 @@ class RemoteFunction:
         if size % world:
             raise ShapeError(f"{self.where}: argument {index + 1} is split along its axis {axis} across the "
                              f"{world} devices (split H), but that axis has {size} entries, not a multiple of {world}")
-        return split_value(value, axis, shares(size, world), workers.shares_memory)
+        return split_value(value, axis, shares(size, world), workers.shares_memory, self.plan.rows_in_place)
 
     def __call__(self, *args: Any) -> Any:
         workers = self._workers(args)
@@ -249,7 +252,8 @@ class RemoteFunction:
             return (self.name, tuple(encode(a._own_shares() if k is not None else a)
                                      for a, k in zip(args, self.plan.params)), OWN_SHARE, every)
         parts = shares(n, workers.world)
-        columns = [split_value(a, k, parts, workers.shares_memory) for a, k in zip(args, self.plan.params)]
+        columns = [split_value(a, k, parts, workers.shares_memory, self.plan.rows_in_place)
+                   for a, k in zip(args, self.plan.params)]
         # Each worker is told where its part lies in the whole batch: a random draw is the whole
         # batch's, of which each worker keeps its part's rows (runtime/modes.py).
         return [(self.name, tuple(encode(c[w]) for c in columns), (sum(parts[:w]), n), every)

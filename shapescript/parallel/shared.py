@@ -4,7 +4,9 @@ A call that splits a batch across the workers (remote.py's `split_value`) copies
 field once into a shared buffer of the controller's, and each worker is sent only a `SharedRows`:
 the buffer's name, the byte offset of ITS rows, their dtype and shape. The worker maps the buffer
 (kept mapped by name) and copies its rows out (`arrive`), into its own memory or onto its GPU, so
-nothing the program keeps points into a buffer that the next call overwrites. Small fields, and any
+nothing the program keeps points into a buffer that the next call overwrites. Where the function
+calls no extern fn (SharedRows.in_place, from Checked.reaches_extern) nothing can keep them, and a
+worker on the CPU computes on its rows where they lie, read-only, without that copy. Small fields, and any
 field when shared memory can't be had (no /dev/shm, full, or `enabled` False), go through the pipes.
 Whether a call tries is its pool's to say (WorkerPool.shares_memory): processes of this machine map
 the buffers; Ray actors on a cluster, perhaps on other hosts, never do, and other pools of this
@@ -63,10 +65,12 @@ class SharedRows:
     offset: int  # in bytes, from the start of the buffer
     dtype: str  # "float32"
     shape: tuple[int, ...]
+    # Nothing keeps the rows past the call (no extern fn sees them): the worker needn't copy them out
+    in_place: bool = False
     lease: _Lease | None = field(default=None, compare=False, repr=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return SharedRows, (self.name, self.offset, self.dtype, self.shape)
+        return SharedRows, (self.name, self.offset, self.dtype, self.shape, self.in_place)
 
 
 # -- the controller's side ---------------------------------------------------------------------------
@@ -207,10 +211,11 @@ def _sharable(t: torch.Tensor) -> bool:
             and t.numel() * t.element_size() >= THRESHOLD)
 
 
-def share_rows(fields: dict[str, torch.Tensor], parts: list[int]) -> dict[str, list[SharedRows]]:
+def share_rows(fields: dict[str, torch.Tensor], parts: list[int], in_place: bool = False) -> dict[str, list[SharedRows]]:
     """For each big field (at least THRESHOLD bytes), split along its first axis into `parts` rows,
     each worker's rows in one shared buffer, written once; {} for the pipes (no big field, shared
-    memory off or unavailable). The other fields aren't in the answer."""
+    memory off or unavailable). The other fields aren't in the answer. `in_place`: the call keeps
+    none of them (SharedRows.in_place)."""
     big = {k: t for k, t in fields.items() if _sharable(t)}
     if not enabled or not big:
         return {}
@@ -232,7 +237,7 @@ def share_rows(fields: dict[str, torch.Tensor], parts: list[int]) -> dict[str, l
         shared[k] = []
         for rows in parts:
             shared[k].append(SharedRows(lease.buffer.name, offsets[k] + first * row_bytes, dtype,
-                                        (rows, *t.shape[1:]), lease))
+                                        (rows, *t.shape[1:]), in_place, lease))
             first += rows
     return shared
 
@@ -265,7 +270,8 @@ def _mapped(name: str) -> torch.Tensor:
 
 def arrive(value: torch.Tensor | SharedRows, device: torch.device) -> torch.Tensor:
     """A tensor field or argument on this worker's device: a SharedRows copied out of its buffer
-    (its own memory: the buffer is the next call's), a tensor moved as before."""
+    (its own memory: the buffer is the next call's) or, `in_place` on the CPU, a read-only view of
+    its rows there, which the call lets go before it answers; a tensor moved as before."""
     global reads
     if not isinstance(value, SharedRows):
         return value.to(device)
@@ -273,7 +279,9 @@ def arrive(value: torch.Tensor | SharedRows, device: torch.device) -> torch.Tens
     nbytes = math.prod(value.shape) * kind.itemsize
     rows = _mapped(value.name)[value.offset:value.offset + nbytes].view(kind).view(value.shape)
     reads += 1
-    return rows.clone() if device.type == "cpu" else rows.to(device)
+    if device.type != "cpu":
+        return rows.to(device)
+    return rows if value.in_place else rows.clone()
 
 
 @handler("shared_reads")

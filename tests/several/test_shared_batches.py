@@ -127,6 +127,56 @@ def test_the_pipes_when_shared_memory_is_off_unavailable_or_full(
     assert not ours_in_shm()
 
 
+# A function that calls an extern fn may have its rows kept by Python code past the call: this one
+# keeps each call's and answers the previous call's. Were the worker's rows a view of the buffer, the
+# next call would have overwritten what it kept.
+KEEPER = """\
+devices cpu[0 1]
+dim D = 1024
+data Row:
+    x: [D]
+extern fn keep(x: [b D]) -> [b D] = "test_shared_batches.keep_and_give_back_the_last"
+fn last(rows: [b] Row) -> [b D] = keep(rows.x)
+fn plain(rows: [b] Row) -> [b D] = rows.x * 2.0
+"""
+_kept: list[torch.Tensor] = []
+
+
+def keep_and_give_back_the_last(x: torch.Tensor) -> torch.Tensor:
+    """The keeper's extern fn, on each worker: the rows of the call before (these, the first time)."""
+    _kept.append(x)
+    return _kept[-2] if len(_kept) > 1 else x
+
+
+def test_rows_are_read_in_place_only_where_no_extern_fn_can_keep_them() -> None:
+    prog = ss.load(KEEPER, name="keeper.ss")
+    assert prog.checked.reaches_extern("last") and not prog.checked.reaches_extern("plain")
+    assert prog.namespace["plain"].plan.rows_in_place and not prog.namespace["last"].plan.rows_in_place
+    readme = ss.load(MLP, devices="cpu[0 1]")
+    assert all(readme.namespace[f].plan.rows_in_place for f in ("forward", "loss", "train_step"))
+    g = torch.Generator().manual_seed(1)
+    first, second, third = (torch.rand(300, 1024, generator=g) for _ in range(3))  # 1.2 MB: shared memory
+    try:
+        before = reads(prog)
+        assert torch.equal(prog.last({"x": first}), first)
+        assert torch.equal(prog.plain({"x": third}), third * 2.0)  # in place, through the same buffer
+        assert torch.equal(prog.last({"x": second}), first)  # kept by the extern fn: a copy, not the buffer
+        assert torch.equal(prog.plain({"x": second}), second * 2.0)
+        assert torch.equal(prog.last({"x": third}), second)
+        assert [r - b for r, b in zip(reads(prog), before)] == [5] * 2  # every call's rows came that way
+    finally:
+        prog.stop()
+    assert not ours_in_shm()
+
+
+def test_an_extern_fn_called_deep_down_counts() -> None:
+    src = KEEPER + ("fn middle(rows: [b] Row) -> [b D] = last(rows) + 1.0\n"
+                    "fn top(rows: [b] Row) -> [b D] = middle(rows) * 2.0\n")
+    checked = ss.load(src, devices="cpu", name="keeper.ss").checked
+    assert checked.reaches_extern("top") and checked.reaches_extern("middle")
+    assert not checked.reaches_extern("plain")
+
+
 def full(fd: int, offset: int, size: int) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -178,6 +228,14 @@ def test_each_worker_gets_its_rows_as_torch_split_cuts_them(folder: Path, dtype:
             assert mine.dtype == want.dtype and torch.equal(mine, want)
             mine.zero_()  # a copy of its own: the buffer (and so the next read) is untouched
         assert torch.equal(shared.arrive(rows[name][0], torch.device("cpu")), torch.split(whole, parts)[0])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(shared, "THRESHOLD", 16)
+        in_place = shared.share_rows({"t": t}, parts, in_place=True)
+    whole = shared._mapped(in_place["t"][0].name)
+    for r, want in zip(in_place["t"], torch.split(t, parts)):
+        mine = shared.arrive(r, torch.device("cpu"))
+        assert torch.equal(mine, want)
+        assert mine.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()  # no copy of its own
 
 
 def test_a_small_field_stays_in_the_pipes_and_off_means_off(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
