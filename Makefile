@@ -12,6 +12,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[test,demo]'
+	@# bytecode now, as pip does for a wheel: every worker process imports the package, and where
+	@# PYTHONDONTWRITEBYTECODE is set (our machines) it would compile it again at every start
+	$(PY) -m compileall -q shapescript
 	touch $@
 
 demo: $(VENV)/.installed
