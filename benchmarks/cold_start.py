@@ -20,6 +20,9 @@ the rounds' ratios.
   `init_process_group` (Gloo on cpu[...], NCCL on cuda[...], with a FileStore in a temporary folder
   and the loopback interface, as the workers) and one all-reduce, until every rank has said so to the
   parent: the point where the pool's `cold_start_s` stops.
+- Then a second start in the same process, as after a failure or for another devices line: the
+  same program loaded again and its model drawn (ShapeScript's fork server forks the workers), and
+  DDP's ranks spawned again.
 """
 
 from __future__ import annotations
@@ -92,8 +95,15 @@ batch = {{"img": torch.rand(64, 784), "label": torch.zeros(64, dtype=torch.long)
 t3 = time.perf_counter()
 prog.train_step(m, opt, batch)
 t4 = time.perf_counter()
-print(json.dumps({{"ready": t2 - t0, "load": t1 - t0, "pool": prog._pool.cold_start_s, "step": t4 - t3}}))
+pool_s = prog._pool.cold_start_s
 prog.stop()
+t5 = time.perf_counter()  # a second start in the same process: a restart, another devices line
+again = ss.load({program!r}, devices={devices!r})
+again.Mlp.init(seed=0)
+t6 = time.perf_counter()
+again.stop()
+print(json.dumps({{"ready": t2 - t0, "load": t1 - t0, "pool": pool_s, "step": t4 - t3,
+                  "again": t6 - t5}}))
 """
 
 _DDP = """
@@ -101,7 +111,9 @@ import json, sys
 sys.path.insert(0, {here!r})
 import torch
 import cold_start
-print(json.dumps(cold_start.ddp_cold_start({world!r}, {kind!r})))
+first = cold_start.ddp_cold_start({world!r}, {kind!r})
+first["again"] = cold_start.ddp_cold_start({world!r}, {kind!r})["ready"]  # spawned again, as torchrun would
+print(json.dumps(first))
 """
 
 
@@ -165,6 +177,10 @@ def main(argv: list[str] | None = None) -> None:
               f"(pair ratio {pair:.3f}); of which ss.load {med['load'] * 1e3:.0f} ms; pool cold_start_s "
               f"{med['pool']:.3f} s ({med['pool'] / ddp:.3f} x DDP); then the first train_step "
               f"{med['step'] * 1e3:.1f} ms")
+    ddp_again = statistics.median(r["again"] for r in results["DDP"])
+    for label, rows in results.items():
+        again = statistics.median(r["again"] for r in rows)
+        print(f"  a second start in the same process, {label}: {again:.3f} s ({again / ddp_again:.3f} x DDP's)")
     ours = statistics.median(r["ready"] for r in results["ShapeScript"])
     print(f"cold start: {'<=' if ours <= ddp else '>'} DDP's in the same run ({ours:.3f} s against {ddp:.3f} s)")
 

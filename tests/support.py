@@ -98,3 +98,11 @@ def interrupted_twice(pool: Any) -> BaseException:
     thread.join()
     assert not isinstance(info.value, StepInterrupt) and time.monotonic() - start < 10
     return info.value
+
+
+def fork_server_pids() -> set[int]:
+    """The pid of this process's fork server (parallel/forkserver.py), a child it keeps on purpose
+    between pools; none where it has none."""
+    from shapescript.parallel import forkserver
+    server = forkserver._server
+    return {server.proc.pid} if server is not None and server.alive() else set()

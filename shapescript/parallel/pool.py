@@ -6,11 +6,10 @@
     pool.call("all_reduce_sum", [(t0,), (t1,)])      # one tuple of arguments per worker
     pool.stop()
 
-Each worker is a fresh interpreter (`python -c` running `shapescript.parallel.worker.main`, never
-the user's main script) that imports from the controller's sys.path. Messages travel over socket
-pairs the controller made, never over a port; the workers' process group meets through a FileStore
-in a private folder, and Gloo / NCCL are told to use the loopback interface, so nothing listens
-beyond this machine.
+Each worker runs `shapescript.parallel.worker.main`, never the user's main script, forked by the
+fork server (forkserver.py) or a fresh interpreter, with the controller's sys.path. Messages travel
+over socket pairs the controller made, never over a port; the process group meets through a
+FileStore in a private folder, and Gloo / NCCL use the loopback interface: nothing listens beyond.
 
 Failures are WorkerErrors: a worker that dies is reported at once (its rank, device, how it stopped
 and what it was running) and the others are stopped; a collective that times out is reported with
@@ -20,9 +19,7 @@ where each worker was. A handler's own ShapeScriptError raises in the controller
 from __future__ import annotations
 
 import os
-import pickle
 import select
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any, Self
 
 from shapescript.devices import DeviceSet
@@ -43,12 +40,12 @@ from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, 
                                            WorkerExit, WorkerProcess, collective_timeout, current_collective_timeout,
                                            loopback, ranks_text, shutdown, sweep_stale_folders,
                                            timeout_seconds, torch_settings)
-from shapescript.parallel import shared
+from shapescript.parallel import forkserver, shared
 from shapescript.parallel.failures import FailureReports, StoppedLooks
 from shapescript.parallel.interrupts import step_interrupt, until_the_step_ends
 from shapescript.parallel.pipeline import InFlight
 from shapescript.parallel.timeline import Timeline
-from shapescript.parallel.worker import WAITING, WORKER_MAIN, dumps
+from shapescript.parallel.worker import WAITING, dumps
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime import shm_reduce
 from shapescript.runtime.model import require_visible
@@ -89,6 +86,8 @@ class WorkerPool(FailureReports):
         self.modules = tuple(modules)
         self.cold_start_s: float | None = None  # seconds from start() until every worker was ready
         self._workers: list[WorkerProcess] = []
+        self._launch: tuple[Any, ...] | None = None  # what _launch_workers needs, until it has run
+        self._launching = threading.RLock()  # held while workers are started, and while they are stopped
         self._folder: str | None = None
         self._shm_path: str | None = None  # the shared all-reduce buffer's file, until every worker has mapped it
         self._state = "new"  # new, starting, running, dead, stopped
@@ -125,12 +124,12 @@ class WorkerPool(FailureReports):
         with self._exclusive():
             if self._state != "new":
                 return
-            self._spawn()
+            self._spawn(background=True)
             self._thread = threading.Thread(target=self._await_ready_in_thread, name="shapescript-workers-start",
                                             daemon=True)
             self._thread.start()
 
-    def _spawn(self) -> None:
+    def _spawn(self, background: bool = False) -> None:
         self._state = "starting"
         self._t0 = time.perf_counter()
         self.timeout = self.timeout if self.timeout is not None else current_collective_timeout()
@@ -150,33 +149,32 @@ class WorkerPool(FailureReports):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys_path))
         env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = loopback()
         store_path = os.path.join(self._folder, "store")
+        server = forkserver.server_for(env, os.getcwd())
+        self._launch = (server, env, sys_path, store_path)
+        if not (background and server is not None and not server.ready(0.0)):  # else the start's thread does it
+            self._launch_workers()
+
+    def _launch_workers(self) -> None:
+        """Start the worker processes (forked by the fork server where there is one) and send each its
+        settings. In start_background's thread where the fork server is still importing."""
+        assert self._launch is not None and self._folder is not None
+        (server, env, sys_path, store_path), self._launch = self._launch, None
+        if server is not None and not server.ready(forkserver.READY_TIMEOUT):
+            server = None  # it couldn't start: fresh interpreters, as without one
         try:
-            for rank, index in enumerate(self.indices):
-                ours, theirs = socket.socketpair()
-                try:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-c", WORKER_MAIN, "--fd", str(theirs.fileno()),
-                         "--parent", str(os.getpid())],
-                        pass_fds=(theirs.fileno(),), env=env)
-                finally:
-                    theirs.close()
-                conn = Connection(ours.detach())
-                try:
-                    pidfd: int | None = os.pidfd_open(proc.pid)
-                except (AttributeError, OSError):
-                    pidfd = None  # not Linux >= 5.3: the wait loop polls the processes instead
-                self._workers.append(WorkerProcess(rank, f"{self.devices.kind}:{index}", proc, conn, pidfd,
-                                                   os.path.join(self._folder, f"status-{rank}")))
-            # While the workers import torch, which they do before reading what follows: processes of
-            # this machine sum through shared memory (runtime/shm_reduce.py), whose buffer takes ms
-            if self.devices.kind == "cpu":
+            with self._launching:
+                for rank, index in enumerate(self.indices):
+                    if self._state != "starting":  # stopped meanwhile (Ctrl-C in the thread that waits)
+                        return
+                    self._workers.append(forkserver.start_worker(rank, f"{self.devices.kind}:{index}", server, env,
+                                                                 sys_path, self._folder))
+            if self.devices.kind == "cpu":  # processes of this machine sum through shared memory (shm_reduce.py)
                 self._shm_path = shm_reduce.create(self.world)
+            settings = {"world": self.world, "kind": self.devices.kind, "folder": self._folder, "store_path": store_path,
+                        "timeout": self.timeout, "shm_reduce": self._shm_path, "sys_path": sys_path,
+                        "modules": self.modules, "torch": torch_settings()}
             for w, index in zip(self._workers, self.indices):
-                w.conn.send_bytes(dumps({
-                    "rank": w.rank, "world": self.world, "kind": self.devices.kind, "index": index,
-                    "folder": self._folder, "store_path": store_path, "status_path": w.status_path,
-                    "timeout": self.timeout, "shm_reduce": self._shm_path,
-                    "sys_path": sys_path, "modules": self.modules, "torch": torch_settings()}))
+                w.conn.send_bytes(dumps({**settings, "rank": w.rank, "index": index, "status_path": w.status_path}))
         except BaseException as exc:
             self._die(f"the workers couldn't be started: {exc}")
             if isinstance(exc, OSError):
@@ -184,6 +182,10 @@ class WorkerPool(FailureReports):
             raise
 
     def _await_ready(self) -> None:
+        if self._launch is not None:
+            self._launch_workers()
+            if self._state != "starting":  # stopped while the fork server was getting ready
+                return
         try:
             replies, pending, _ = self._gather("starting")
         except BaseException:
@@ -320,7 +322,8 @@ class WorkerPool(FailureReports):
         ended = [(w, w.dead()) for w in self._workers]  # the ones that stopped before we stopped them
         shm_reduce.remove(self._shm_path)  # stopped while starting
         self._shm_path = None
-        self._shutdown(self._workers, self._folder, grace, self._owner)
+        with self._launching:
+            self._shutdown(self._workers, self._folder, grace, self._owner)
         if self._launcher is None:  # the batches' shared buffers (a call still holding one: when it lets go)
             shared.close_idle()
         self.exits = self.exits or tuple(
@@ -550,7 +553,7 @@ class WorkerPool(FailureReports):
                 if w.conn.fileno() not in ready:
                     continue
                 try:
-                    reply = self._decode(w, w.conn.recv_bytes())
+                    reply = w.reply(w.conn.recv_bytes())
                 except (EOFError, OSError):
                     self._fail_dead(w, doing)
                 replies[rank] = reply
@@ -591,11 +594,3 @@ class WorkerPool(FailureReports):
 
     def _any_waiting(self, pending: dict[int, WorkerProcess]) -> bool:
         return any(w.status()[0] == WAITING for w in pending.values())
-
-    def _decode(self, w: WorkerProcess, data: bytes) -> tuple[Any, ...]:
-        try:
-            return pickle.loads(data)
-        except Exception as exc:  # e.g. a result whose class the controller can't import
-            error = WorkerError(f"worker {w.rank} ({w.label})'s answer can't be read: {type(exc).__name__}: {exc}")
-            return ("err", {"type": "WorkerError", "message": str(error), "traceback": "", "status": "",
-                            "collective": False, "pickled": dumps(error)})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from shapescript.errors import WorkerError
 from shapescript.parallel.worker import dumps, read_status
 from shapescript.runtime.leftovers import sweep
 
@@ -136,7 +138,8 @@ def oom_killed(pid: int, log: str | None = None) -> bool:
         os.close(fd)
 
 
-STOPPED_BY_CONTROLLER = "stopped by the controller"  # a WorkerExit's `how` for a worker that was alive
+STOPPED_BY_CONTROLLER = "stopped by the controller"
+UNKNOWN_EXIT = -256  # the returncode of a worker whose status was lost with the fork server that forked it  # a WorkerExit's `how` for a worker that was alive
 
 
 @dataclass(frozen=True)
@@ -175,9 +178,20 @@ class WorkerProcess:
 
     def how_it_stopped(self) -> str:
         try:
-            return how_it_stopped(self.proc.wait(timeout=1.0), self.proc.pid)
+            code = self.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            return how_it_stopped(None)
+            code = None
+        return how_it_stopped(code if code != UNKNOWN_EXIT else None, self.proc.pid)
+
+    def reply(self, data: bytes) -> tuple[Any, ...]:
+        """One of its replies, read; one that can't be (a result whose class the controller can't
+        import) as its error."""
+        try:
+            return pickle.loads(data)
+        except Exception as exc:
+            error = WorkerError(f"worker {self.rank} ({self.label})'s answer can't be read: {type(exc).__name__}: {exc}")
+            return ("err", {"type": "WorkerError", "message": str(error), "traceback": "", "status": "",
+                            "collective": False, "pickled": dumps(error)})
 
 
 def shutdown(workers: list[WorkerProcess], folder: str | None, grace: float, owner: int) -> None:

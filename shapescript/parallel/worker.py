@@ -200,14 +200,15 @@ class _Controller:
     controller is being killed with it (its whole process group was sent SIGTERM: Jupyter's restart,
     systemd, `kill -TERM -PGID`), after removing the folder."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, forked: bool = False) -> None:
+        """`forked`: by the fork server, whose pidfd watch is the only one (the server is the parent)."""
         self.pid = pid
         self.folder: str | None = None  # the pool's private folder, once the settings arrive
         try:
             self._pidfd: int | None = os.pidfd_open(pid)  # readable once it has ended
         except (AttributeError, OSError):
             self._pidfd = None  # not Linux >= 5.3: its end shows as this process getting another parent
-        if os.getppid() != pid:  # it ended before it could be watched (the pidfd may be another's)
+        if self.gone(0.0) if forked else os.getppid() != pid:  # it ended before it could be watched
             os._exit(1)
 
     def gone(self, timeout: float | None) -> bool:
@@ -414,7 +415,7 @@ def work(conn: Connection, config: dict[str, Any]) -> bool | None:
 # (sympy: more time than all of a worker's own imports after torch) that a worker never runs; a package
 # runs its __init__ when a name that it defines is first asked for (by the module of an extern fn that
 # uses `ss.load`, say), and its submodules import as usual.
-WORKER_MAIN = """\
+WORKER_PRELUDE = """\
 import importlib.util, sys, types
 
 class Package(types.ModuleType):
@@ -430,14 +431,20 @@ for name in ("shapescript", "shapescript.parallel"):
     package.__class__ = Package
     sys.modules[name] = package
 sys.modules["shapescript"].parallel = sys.modules["shapescript.parallel"]
-from shapescript.parallel.worker import main
-main(sys.argv[1:])
+"""
+WORKER_MAIN = WORKER_PRELUDE + "from shapescript.parallel.worker import main\nmain(sys.argv[1:])\n"
+# The fork server's program (parallel/forkserver.py): a worker's imports, then forks of it on request.
+SERVER_MAIN = WORKER_PRELUDE + """\
+import shapescript.parallel.worker, shapescript.parallel.program_handlers, shapescript.runtime.core
+from shapescript.parallel.forkserver import serve
+serve(sys.argv[1:])
 """
 
 
 def main(argv: list[str]) -> None:
-    """`argv`: --fd N (this worker's end of the socket pair) and --parent PID (the controller)."""
-    controller = _Controller(int(argv[argv.index("--parent") + 1]))
+    """`argv`: --fd N (this worker's end of the socket pair), --parent PID (the controller), and
+    --forked where the fork server forked it (parallel/forkserver.py)."""
+    controller = _Controller(int(argv[argv.index("--parent") + 1]), "--forked" in argv)
     controller.watch()
     # Ctrl-C, and the hangup of a closed terminal, are the controller's to handle: it stops us, or if
     # it dies of them, the watch sees it and removes the folder.

@@ -256,6 +256,16 @@ def children(pid: int) -> set[int]:
     return {p.pid for p in procs if _alive(p)}
 
 
+def fork_servers(pid: int) -> set[int]:
+    """The kernel's fork server (parallel/forkserver.py): a child it keeps from its first pool on, of
+    whom the workers are children. (A worker, forked from it, shows the same command line.)"""
+    try:
+        procs = psutil.Process(pid).children()
+    except psutil.NoSuchProcess:
+        return set()
+    return {p.pid for p in procs if _alive(p) and "forkserver import serve" in " ".join(p.cmdline())}
+
+
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE
@@ -282,20 +292,21 @@ def test_stop_and_the_kernels_end_leave_no_worker(tmp_path: Path) -> None:
         k.ok(cell("devices cpu[0 1]\nmodel Mlp:\n    param w: [3 2] = zeros()\n"))
         workers_up = "_ = Mlp.init(seed=0)"  # the first call waits for the workers
         k.ok(workers_up)
-        workers = children(pid) - before
-        assert len(workers) == 2
+        servers = fork_servers(pid)
+        workers = children(pid) - before - servers
+        assert len(workers) == 2 and len(servers) == 1
         # They watch the kernel's process: they end with it even if it is killed outright.
         assert all(psutil.Process(w).cmdline()[-2:] == ["--parent", str(pid)] for w in workers)
         assert all(str(w) in k.ok("%shapescript status").plain[0] for w in workers)
         assert "Stopping the workers on cpu[0 1]" in k.ok("%shapescript stop").stdout
-        assert gone(workers) and children(pid) == before
+        assert gone(workers) and children(pid) == before | servers  # the fork server stays for the next
         k.ok(workers_up)  # they start again when needed
-        workers = children(pid) - before
-        assert len(workers) == 2
+        workers = children(pid) - before - servers
+        assert len(workers) == 2 and fork_servers(pid) == servers
         # A restart shuts the kernel down as a shutdown does (jupyter_client's shutdown_kernel): its
-        # exit stops the workers.
+        # exit stops the workers and the fork server.
         k.manager.restart_kernel(now=False)
-        assert gone(workers | {pid}), "the kernel's end left workers behind"
+        assert gone(workers | servers | {pid}), "the kernel's end left workers behind"
         k.client.wait_for_ready(timeout=TIMEOUT)
     finally:
         k.shutdown()

@@ -8,9 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 
@@ -28,8 +30,17 @@ def _ended(code: str) -> int:
 
 
 def _wait_dead(pid: int) -> None:
-    """Until the worker `pid` (our child) has ended; not reaped, so that its Popen reads its status."""
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    """Until the worker `pid` has ended (a zombie, or reaped by the fork server that forked it); not
+    reaped here, so that whoever started it reads its status."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        assert time.monotonic() < deadline, f"worker {pid} still runs"
+        time.sleep(0.01)
 
 
 def test_a_killed_worker_is_named_with_its_signal_in_status() -> None:

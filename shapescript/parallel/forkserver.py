@@ -1,0 +1,336 @@
+"""The fork server: one process per controller that has imported torch and a worker's modules once,
+and forks each worker from there (issue 15's cold start).
+
+A fresh worker spends about a second importing torch; two of them do it at once on the same cores,
+as DDP's spawned ranks do. The server pays that once, alone, and a fork then costs milliseconds, so
+the first pool starts sooner and every later one (another devices line, a restart after a failure,
+a test suite's hundreds) at once; the forked workers also share torch's pages until they write them.
+
+    server = server_for(env, cwd)          # None: start workers as fresh interpreters
+    proc = server.fork(theirs, argv, env, sys_path, cwd, exit_path)   # a Popen-like ForkedWorker
+
+Why forking is safe here: the server runs no torch operation (no thread pool, no CUDA context) and
+no thread of its own; it only imports. A worker forked from it is what `python -c WORKER_MAIN` would
+be, with the controller's environment, working folder and sys.path of the moment it was asked for.
+
+The server is keyed by the environment it started with: modules read some variables as they import
+(SHAPESCRIPT_OVERLAP, OMP_NUM_THREADS in torch's OpenMP), so a controller whose environment has
+changed since gets a new server (and the old one ends). The worker's exit status, which only its
+parent can read, the server writes to a file of the pool's private folder as it reaps it.
+$SHAPESCRIPT_FORK_SERVER=off starts every worker as a fresh interpreter, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from shapescript.parallel.processes import UNKNOWN_EXIT, WorkerProcess
+
+ENV = "SHAPESCRIPT_FORK_SERVER"
+# The variables a pool sets for its own workers: not part of what the server's imports saw.
+PER_POOL = ("PYTHONPATH", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+READY_TIMEOUT = 300.0  # seconds the server has to import torch before the pool starts workers itself
+EXIT_GRACE = 1.0  # seconds the server has to report a worker's end, once the process is gone
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "no", "false")
+
+
+def _key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_POOL))
+
+
+class ForkedWorker:
+    """What the pool asks of a worker's `subprocess.Popen`, for a worker the server forked: its pid,
+    `poll`/`wait` for its exit status (from the file the server writes), and signals."""
+
+    def __init__(self, pid: int, exit_path: str, server: ForkServer) -> None:
+        self.pid = pid
+        self.exit_path = exit_path
+        self.returncode: int | None = None
+        self._server = server
+        self._gone_at: float | None = None  # when the process was first seen gone without a status
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                with open(self.exit_path, "rb") as f:
+                    self.returncode = int(f.read())
+            except (OSError, ValueError):
+                if not self._server.alive() and not _exists(self.pid):
+                    # its parent is gone: no one can read its status now
+                    now = time.monotonic()
+                    self._gone_at = self._gone_at or now
+                    if now - self._gone_at >= EXIT_GRACE:
+                        self.returncode = UNKNOWN_EXIT
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+            time.sleep(0.002)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _exists(pid: int) -> bool:
+    """Whether process `pid` is still running: not a zombie that no one reaps (an orphan of a
+    killed server waits for whatever adopts orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+class ForkServer:
+    """The server process, as the controller sees it: started at once, ready once it has imported."""
+
+    def __init__(self, env: Mapping[str, str], cwd: str) -> None:
+        from shapescript.parallel.worker import SERVER_MAIN
+        self.key = _key(env)
+        self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", SERVER_MAIN, "--fd", str(theirs.fileno()),
+                                          "--parent", str(os.getpid())],
+                                         pass_fds=(theirs.fileno(),), env=dict(env), cwd=cwd)
+        finally:
+            theirs.close()
+        self._lock = threading.Lock()  # one fork request at a time
+        self._ready: bool | None = None  # None until the server says it is ready (or fails)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ready(self, timeout: float) -> bool:
+        """Whether the server is ready to fork, waiting up to `timeout` seconds for its imports. A
+        server that ends first, or isn't ready after READY_TIMEOUT, is given up (closed)."""
+        with self._lock:
+            if self._ready is None:
+                if select.select([self._control], [], [], timeout)[0]:
+                    try:
+                        self._ready = self._control.recv(16) == b"ready"
+                    except OSError:
+                        self._ready = False
+                elif timeout >= READY_TIMEOUT:
+                    self._ready = False
+                if self._ready is False:
+                    self.close()
+            return bool(self._ready)
+
+    def fork(self, fd: int, env: Mapping[str, str], sys_path: Sequence[str], cwd: str, exit_path: str
+             ) -> ForkedWorker:
+        """A worker forked with `fd`, its end of the socket pair, as `python -c WORKER_MAIN --fd`
+        gets it; OSError if the server can't."""
+        stdio = [n for n in (1, 2) if _open(n)]  # where a fresh interpreter's output would go: ours now
+        request = pickle.dumps({"env": dict(env), "sys_path": list(sys_path), "cwd": cwd, "exit_path": exit_path,
+                                "stdio": stdio})
+        with self._lock:
+            if not self._ready:
+                raise OSError("the fork server isn't running")
+            socket.send_fds(self._control, [request], [fd, *stdio])
+            reply = self._control.recv(64)
+        if not reply.startswith(b"pid "):
+            raise OSError(f"the fork server couldn't fork a worker: {reply.decode(errors='replace') or 'it ended'}")
+        return ForkedWorker(int(reply[4:]), exit_path, self)
+
+    def close(self) -> None:
+        """End the server (its socket closes); the workers it forked go on, each watching its controller."""
+        self._ready = False
+        self._control.close()
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_server: ForkServer | None = None
+_server_pid = 0  # the controller that started it: a forked child of it starts its own
+_server_lock = threading.Lock()
+
+
+def server_for(env: Mapping[str, str], cwd: str) -> ForkServer | None:
+    """This controller's fork server for workers with environment `env` (started now if there is none
+    for it, or replacing one started with another); None where workers start as fresh interpreters
+    ($SHAPESCRIPT_FORK_SERVER=off, or no pidfds: a worker forked by the server watches its
+    controller through one)."""
+    global _server, _server_pid
+    if not enabled() or not _pidfds():
+        return None
+    with _server_lock:
+        if _server is not None and _server_pid == os.getpid():
+            if _server.key == _key(env) and _server.alive() and _server._ready is not False:
+                return _server
+            _server.close()
+        try:
+            _server, _server_pid = ForkServer(env, cwd), os.getpid()
+        except OSError:
+            _server = None
+        return _server
+
+
+def _pidfds() -> bool:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):  # not Linux >= 5.3
+        return False
+    return hasattr(socket, "send_fds")
+
+
+def start_worker(rank: int, label: str, server: ForkServer | None, env: Mapping[str, str], sys_path: Sequence[str],
+                 folder: str) -> WorkerProcess:
+    """Worker `rank`'s process: forked by `server`, or where there is none a fresh interpreter running
+    WORKER_MAIN; with its end of a new socket pair and a pidfd of it (None where there are none)."""
+    from shapescript.parallel.worker import WORKER_MAIN
+    ours, theirs = socket.socketpair()
+    try:
+        if server is not None:
+            proc: Any = server.fork(theirs.fileno(), env, sys_path, os.getcwd(), os.path.join(folder, f"exit-{rank}"))
+        else:
+            proc = subprocess.Popen([sys.executable, "-c", WORKER_MAIN, "--fd", str(theirs.fileno()),
+                                     "--parent", str(os.getpid())], pass_fds=(theirs.fileno(),), env=dict(env))
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    try:
+        pidfd: int | None = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        pidfd = None  # not Linux >= 5.3: the wait loop polls the processes instead
+    return WorkerProcess(rank, label, proc, Connection(ours.detach()), pidfd, os.path.join(folder, f"status-{rank}"))
+
+
+def stop_server() -> None:
+    """End this controller's fork server, if it has one (at exit, and for tests)."""
+    global _server
+    with _server_lock:
+        if _server is not None and _server_pid == os.getpid():
+            _server.close()
+        _server = None
+
+
+# -- the server process ------------------------------------------------------------------------------
+
+def serve(argv: list[str]) -> None:
+    """The server's life (SERVER_MAIN runs it, with torch and the worker's modules imported): fork a
+    worker for each request, reap the ones that end, and end when the controller's socket closes."""
+    control = socket.socket(fileno=int(argv[argv.index("--fd") + 1]))
+    controller = int(argv[argv.index("--parent") + 1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # its byte on the wakeup pipe is what counts
+    exits: dict[int, str] = {}  # pid -> where its exit status goes
+    # The controller's end of the socket closes when it ends, unless a process it forked holds a copy
+    # (a DataLoader's workers, say): its pidfd says so in any case.
+    watched = [control.fileno(), wake_read, os.pidfd_open(controller)]
+    control.send(b"ready")
+    while True:
+        ready = select.select(watched, [], [])[0]
+        if watched[2] in ready:
+            os._exit(0)
+        if wake_read in ready:
+            os.read(wake_read, 4096)
+            _reap(exits)
+        if control.fileno() in ready:
+            try:
+                message, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
+            except OSError:
+                message, fds = b"", []
+            if not message:
+                os._exit(0)  # the controller closed its end, or ended
+            request: dict[str, Any] = pickle.loads(message)  # from the controller, over its own socket pair
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                for fd in fds:
+                    os.close(fd)
+                control.send(f"error {exc}".encode())
+                continue
+            if pid == 0:
+                _become_worker(request, fds, controller, (control.fileno(), wake_read, wake_write, watched[2]))
+            for fd in fds:
+                os.close(fd)
+            exits[pid] = request["exit_path"]
+            control.send(f"pid {pid}".encode())
+
+
+def _reap(exits: dict[int, str]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        path = exits.pop(pid, None)
+        if path is not None:
+            try:  # written whole, then renamed: the controller never reads half of it
+                with open(path + ".part", "w") as f:
+                    f.write(str(os.waitstatus_to_exitcode(status)))
+                os.replace(path + ".part", path)
+            except OSError:
+                pass  # its pool's folder is gone: the pool has stopped
+
+
+def _become_worker(request: dict[str, Any], fds: list[int], controller: int, server_fds: tuple[int, ...]) -> None:
+    """In the forked child: drop the server's state, take the controller's (its output included),
+    and run the worker on `fds[0]`."""
+    try:
+        signal.set_wakeup_fd(-1)
+        for fd_of_server in server_fds:
+            os.close(fd_of_server)
+        for target, given in zip(request["stdio"], fds[1:]):
+            os.dup2(given, target)
+            os.close(given)
+        fd = fds[0]
+        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[:] = request["sys_path"]
+        sys.argv = ["-c"]
+        from shapescript.parallel.worker import main
+        main(["--fd", str(fd), "--parent", str(controller), "--forked"])
+    finally:
+        os._exit(1)
