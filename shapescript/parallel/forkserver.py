@@ -31,11 +31,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from shapescript.parallel.processes import UNKNOWN_EXIT, WorkerProcess
+from shapescript.parallel.processes import UNKNOWN_EXIT, WorkerProcess, proc_state
 
 ENV = "SHAPESCRIPT_FORK_SERVER"
 # The variables a pool sets for its own workers: not part of what the server's imports saw.
@@ -111,11 +111,7 @@ def _open(fd: int) -> bool:
 def _exists(pid: int) -> bool:
     """Whether process `pid` is still running: not a zombie that no one reaps (an orphan of a
     killed server waits for whatever adopts orphans)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
+    return proc_state(pid) not in (None, b"Z", b"X")
 
 
 class ForkServer:
@@ -215,26 +211,40 @@ def _pidfds() -> bool:
 
 def start_worker(rank: int, label: str, server: ForkServer | None, env: Mapping[str, str], sys_path: Sequence[str],
                  folder: str) -> WorkerProcess:
-    """Worker `rank`'s process: forked by `server`, or where there is none a fresh interpreter running
-    WORKER_MAIN; with its end of a new socket pair and a pidfd of it (None where there are none)."""
+    """Worker `rank`'s process: forked by `server`, or where there is none (or it can't fork) a fresh
+    interpreter running WORKER_MAIN; with its end of a new socket pair and a pidfd of it (None where
+    there are none)."""
     from shapescript.parallel.worker import WORKER_MAIN
-    ours, theirs = socket.socketpair()
-    try:
-        if server is not None:
-            proc: Any = server.fork(theirs.fileno(), env, sys_path, os.getcwd(), os.path.join(folder, f"exit-{rank}"))
-        else:
-            proc = subprocess.Popen([sys.executable, "-c", WORKER_MAIN, "--fd", str(theirs.fileno()),
-                                     "--parent", str(os.getpid())], pass_fds=(theirs.fileno(),), env=dict(env))
-    except BaseException:
-        ours.close()
-        raise
-    finally:
-        theirs.close()
+    started: tuple[Any, socket.socket] | None = None
+    if server is not None:
+        exit_path = os.path.join(folder, f"exit-{rank}")
+        try:
+            started = _with_socket(lambda fd: server.fork(fd, env, sys_path, os.getcwd(), exit_path))
+        except OSError:  # it ended, or can't fork: closed, so that the next pool starts a new one
+            server.close()
+    if started is None:  # slower, but the same worker
+        started = _with_socket(lambda fd: subprocess.Popen(
+            [sys.executable, "-c", WORKER_MAIN, "--fd", str(fd), "--parent", str(os.getpid())],
+            pass_fds=(fd,), env=dict(env)))
+    proc, ours = started
     try:
         pidfd: int | None = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
         pidfd = None  # not Linux >= 5.3: the wait loop polls the processes instead
     return WorkerProcess(rank, label, proc, Connection(ours.detach()), pidfd, os.path.join(folder, f"status-{rank}"))
+
+
+def _with_socket(start: Callable[[int], Any]) -> tuple[Any, socket.socket]:
+    """A process started by `start` with its end of a new socket pair (closed here once it has it,
+    whatever happens), and our end. A new pair each try: a failed try may have handed its end on."""
+    ours, theirs = socket.socketpair()
+    try:
+        return start(theirs.fileno()), ours
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
 
 
 def stop_server() -> None:

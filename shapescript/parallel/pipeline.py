@@ -17,7 +17,9 @@ the user sees stays as if each call had been waited for:
   skipped by the workers (a "chained" message: parallel/worker.py), and the records queued
   after the failed step's own are dropped, as they would never have been written;
 - Ctrl-C waits for the steps sent to end, then raises StepInterrupt; one that lands in the
-  controller's own code between two calls does the same (`settled`);
+  controller's own code between two calls does the same (`settled`); from a step's sending until
+  its record is queued it is held (`hold_until_written`), so that no step the workers ran lacks
+  its record;
 - when the controller's fn returns or raises, every answer is read first (`settled`).
 
 SHAPESCRIPT_PIPELINE=off waits for each answer, as before.
@@ -27,14 +29,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from shapescript.parallel.interrupts import StepInterrupt
-from shapescript.runtime import sinks
+from shapescript.parallel.interrupts import SECOND_INTERRUPT_S, StepInterrupt
+from shapescript.runtime import sigint, sinks
 
 PIPELINE_ENV = "SHAPESCRIPT_PIPELINE"
 
@@ -53,12 +56,44 @@ class InFlight:
     arguments: Any  # kept until the answers come: their shared-memory rows' leases (parallel/shared.py)
 
 
+_NOT_HELD = object()
+
+
 class _Writes:
-    """One thread's records waiting for pending values, in the order they were written."""
+    """One thread's records waiting for pending values, in the order they were written, and its
+    hold of Ctrl-C while a step sent has no record queued yet."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()  # a sink's write may call the program, which reads answers
         self.queue: deque[tuple[Any, sinks.Logs]] = deque()
+        self.unrecorded: list[Pending] = []  # steps sent that no record written holds yet
+        self.hold: Any = _NOT_HELD  # sigint's token while Ctrl-C is held for them
+        self.noted: float | None = None  # when a Ctrl-C came during the hold
+
+    def note_ctrl_c(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self.noted is not None and now - self.noted <= SECOND_INTERRUPT_S:
+            raise KeyboardInterrupt  # the second: stop now
+        self.noted = now
+
+    def recorded(self, record: Any) -> None:
+        """A record is written or queued: its steps have one. Ctrl-C noted meanwhile is raised once
+        none is left without one (`settled` makes it a StepInterrupt)."""
+        if not self.unrecorded:
+            return
+        values = record.values.values() if isinstance(record, sinks.Logs) else ()
+        self.unrecorded = [p for p in self.unrecorded if all(v is not p for v in values)]
+        if not self.unrecorded and self.release():
+            raise KeyboardInterrupt
+
+    def release(self) -> bool:
+        """End the hold, if any: whether a Ctrl-C came during it."""
+        self.unrecorded.clear()
+        if self.hold is _NOT_HELD:
+            return False
+        sigint.release_ctrl_c(self.hold)
+        self.hold, noted, self.noted = _NOT_HELD, self.noted, None
+        return noted is not None
 
     def flush(self) -> None:
         """Write out the records at the head whose values have all come."""
@@ -107,6 +142,18 @@ class Pending:
         return f"<pending {self.value!r}>" if self.done else "<pending: the step's answer hasn't come>"
 
 
+def hold_until_written(step: Pending) -> None:
+    """Before a step is sent without waiting: Ctrl-C is noted, not raised, until the loop's `write`
+    has queued a record holding its result (or `settled` ends). A KeyboardInterrupt in between
+    would leave the workers running a step whose record is never written: the models one step
+    beyond the sink."""
+    writes = step._writes
+    writes.unrecorded.append(step)
+    if writes.hold is _NOT_HELD:
+        writes.noted = None
+        writes.hold = sigint.hold_ctrl_c(writes.note_ctrl_c)
+
+
 def _waits(record: sinks.Logs) -> bool:
     return any(type(v) is Pending and not v.done for v in record.values.values())
 
@@ -124,8 +171,9 @@ def write(sink: Any, record: sinks.Logs) -> None:
                 if type(value) is Pending and not value.done:
                     value.settle()
         writes.flush()  # the values may have come meanwhile, from another thread's call
-        return
-    sinks.write(sink, record)
+    else:
+        sinks.write(sink, record)
+    writes.recorded(record)
 
 
 @contextmanager
@@ -133,9 +181,15 @@ def settled(pool: Callable[[], Any], where: str, devices: object) -> Iterator[No
     """Around a call of a controller's fn (api.Function): every step it sent is answered before it
     returns or raises. Ctrl-C in the controller's own code, between two calls, is a StepInterrupt
     once the steps sent have ended: the workers are then between two steps, as after any."""
+    writes = _writes()
+    holding = writes.hold is not _NOT_HELD  # a caller's hold (a controller fn called by another's loop)
     try:
         yield
+        if not holding and writes.release():  # a step sent whose record the fn never wrote
+            raise KeyboardInterrupt
     except KeyboardInterrupt as exc:
+        if not holding:
+            writes.release()
         workers = pool()
         if isinstance(exc, StepInterrupt) or workers is None:  # already one, or the workers were stopped
             raise
@@ -146,6 +200,8 @@ def settled(pool: Callable[[], Any], where: str, devices: object) -> Iterator[No
                            f"left them, and the workers go on.")
         raise interrupt from None
     finally:
+        if not holding:
+            writes.release()
         workers = pool()
         if workers is not None:
             workers.settle()

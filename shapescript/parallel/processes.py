@@ -74,14 +74,19 @@ def loopback() -> str:
     return "lo0" if "lo0" in names and "lo" not in names else "lo"
 
 
-def is_stopped(pid: int) -> bool:
-    """Whether a process is stopped (SIGSTOP, Ctrl-Z, a debugger): Linux's /proc/PID/stat says T or t.
-    False where there is no /proc."""
+def proc_state(pid: int) -> bytes | None:
+    """Linux's one-letter state of process `pid` from /proc/PID/stat (R, S, T, Z...); None where it
+    is gone or there is no /proc. The name before it is in parentheses and may hold any character."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+            return f.read().rsplit(b")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether a process is stopped (SIGSTOP, Ctrl-Z, a debugger): its state is T or t."""
+    return proc_state(pid) in (b"T", b"t")
 
 
 def how_it_stopped(returncode: int | None, pid: int | None = None) -> str:
@@ -138,8 +143,8 @@ def oom_killed(pid: int, log: str | None = None) -> bool:
         os.close(fd)
 
 
-STOPPED_BY_CONTROLLER = "stopped by the controller"
-UNKNOWN_EXIT = -256  # the returncode of a worker whose status was lost with the fork server that forked it  # a WorkerExit's `how` for a worker that was alive
+STOPPED_BY_CONTROLLER = "stopped by the controller"  # a WorkerExit's `how` for a worker that was alive
+UNKNOWN_EXIT = -256  # the returncode of a worker whose status was lost with the fork server that forked it
 
 
 @dataclass(frozen=True)

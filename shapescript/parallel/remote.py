@@ -228,6 +228,7 @@ class RemoteFunction:
             else:  # its time on the timeline: since it was sent, or since the step before it was answered
                 result.resolve(self._joined(workers, args, replies, settled, max(began, workers.answered_at)))
 
+        pipeline.hold_until_written(result)
         workers.submit("call", messages, self.where, answered)
         return result
 

@@ -278,3 +278,36 @@ def test_a_killed_server_leaves_its_workers_working_and_is_replaced(monkeypatch:
         assert len(again.call("ping", ())) == 2
     finally:
         again.stop()
+
+
+@pytest.mark.slow
+def test_a_server_that_cannot_fork_leaves_fresh_interpreters_to_start_the_workers(monkeypatch: pytest.MonkeyPatch
+                                                                                  ) -> None:
+    monkeypatch.setenv(forkserver.ENV, "on")
+    forkserver.stop_server()
+    tries: list[int] = []
+
+    def refuse(server: forkserver.ForkServer, fd: int, *args: object) -> None:
+        if server._ready:  # as the real one: a closed server is refused before it is asked
+            tries.append(fd)
+        raise OSError("the fork server couldn't fork a worker: [Errno 11] Resource temporarily unavailable")
+
+    monkeypatch.setattr(forkserver.ForkServer, "fork", refuse)
+    pool = WorkerPool(parse_devices("cpu[0 1]"))
+    try:
+        pool.start()
+        server = forkserver._server
+        assert len(tries) == 1 and server is not None and not server.alive()  # given up at the first refusal
+        assert {parent_of(pid) for pid in pool.pids} == {os.getpid()}
+        assert [answer["rank"] for answer in pool.call("ping", ())] == [0, 1]
+    finally:
+        pool.stop()
+    monkeypatch.undo()
+    monkeypatch.setenv(forkserver.ENV, "on")
+    again = WorkerPool(parse_devices("cpu[0 1]"))
+    try:
+        again.start()  # a new server, which forks
+        assert forkserver._server is not server and forkserver._server is not None
+        assert {parent_of(pid) for pid in again.pids} == {forkserver._server.proc.pid}
+    finally:
+        again.stop()

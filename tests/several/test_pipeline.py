@@ -235,6 +235,47 @@ def test_an_interrupt_in_a_pipelined_loop_keeps_the_steps(monkeypatch: pytest.Mo
         prog.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("at_step", [1, 4])
+def test_ctrl_c_just_after_a_step_is_sent_keeps_its_record(monkeypatch: pytest.MonkeyPatch, at_step: int) -> None:
+    """Ctrl-C in the window after a step is sent and before the loop queues its record (here: as
+    `submit` returns): the record is still written, so the sink and the models agree."""
+    monkeypatch.setenv("SHAPESCRIPT_PIPELINE", "on")
+    src = LINEAR.replace("data |> shuffle(seed=1) |> batches(8)", "data |> batches(8)")
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(8 * 10, 4, generator=g), torch.randint(0, 3, (8 * 10,), generator=g)
+    prog = ss.load(src, devices="cpu[0 1]", name="fit.ss")
+    previous = signal.getsignal(signal.SIGINT)
+    submit, sent = WorkerPool.submit, []
+
+    def submit_then_ctrl_c(pool: WorkerPool, *args: object) -> None:
+        submit(pool, *args)
+        sent.append(args[2])
+        if len(sent) == at_step:
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler before the next bytecode
+
+    try:
+        m = prog.Lin.init(seed=0)
+        sink = ss.sinks.memory()
+        monkeypatch.setattr(WorkerPool, "submit", submit_then_ctrl_c)
+        with pytest.raises(StepInterrupt):
+            prog.fit(m, ss.adamw(m, lr=0.1), ss.TensorDataset(x=x, y=y), sink)
+        assert len(sink.records) == len(sent) == at_step
+        one = ss.load(src, devices="cpu", name="fit.ss")
+        ref = one.Lin.init(seed=0)
+        opt = ss.adamw(ref, lr=0.1)
+        losses = [float(one.step(ref, opt, {"x": x[8 * i:8 * i + 8], "y": y[8 * i:8 * i + 8]}))
+                  for i in range(at_step)]
+        assert [r["loss"] for r in sink.records] == pytest.approx(losses, abs=1e-5)
+        torch.testing.assert_close(m.state_dict()["w"], ref.w.detach(), atol=1e-5, rtol=0)
+        with pytest.raises(KeyboardInterrupt):  # nothing holds Ctrl-C once the call is over
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        prog.stop()
+
+
 # -- sinks: ours are written a step late, the user's before the next step is sent -------------------
 
 class Watching(ss.sinks.Sink):
