@@ -20,7 +20,7 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -210,13 +210,18 @@ def side_stream(device: torch.device) -> Any:
         return stream
 
 
-def load_part(state: Any, base: Any, indices: list[int], spec: DataSpec,
+def load_part(state: Any, base: Any, indices: Sequence[int], spec: DataSpec,
               transfer: Transfer = INLINE, after: Any = None) -> Staged:
     """This worker's part of a batch, on its device. With a side stream, the copies (or the gather)
     are queued there and the result is `ready` once they're done: `use` makes the step's stream wait.
     `after`: a stream whose queued work the side stream waits for first (the step's, when the gather
     reads what it wrote), None when the source is host memory."""
     kept = getattr(base, "checked", False)  # kept on the device, checked whole: a gather, nothing more
+    if kept and isinstance(indices, range) and indices.step == 1 and len(indices):
+        # Rows in order (a loop without shuffle): views of the kept rows, no copy. The program never
+        # writes into a batch, and a worker's result is pickled before the controller sees it.
+        return Staged(Batch(spec, {name: t[indices.start:indices.stop] for name, t in base.fields.items()}), None)
+    indices = list(indices)
     if not transfer.side_stream:
         if kept:
             return Staged(Batch(spec, base.__getitems__(indices)), None)
@@ -293,9 +298,11 @@ class WorkerLoop:
         self.ahead: dict[int, Future[Staged]] = {}
         self.last: tuple[tuple[int, int, int], Batch] | None = None  # a batch used twice loads once
 
-    def part(self, number: int, start: int, size: int) -> list[int]:
+    def part(self, number: int, start: int, size: int) -> Sequence[int]:
+        """The rows of this worker's part: a range where the loop doesn't shuffle (load_part's views)."""
         first, _ = batch_bounds(self.total, self.n, number)
-        return list(self.order[first + start:first + start + size])
+        rows = self.order[first + start:first + start + size]
+        return rows if isinstance(rows, range) else list(rows)
 
     def my_share(self, number: int) -> tuple[int, int]:
         """Where this worker's part of batch `number` lies: the batch split as calls split it."""

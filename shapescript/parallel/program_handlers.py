@@ -130,7 +130,7 @@ def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None, answe
     batch_part = collectives.in_batch_part(part) if part is not None else nullcontext()
     # A step of a fn the module's RECORDABLE table names is recorded on a cuda device (runtime/recorded.py)
     recorder = recorded.recorder_for(state.device) if name in state.program.get("RECORDABLE", ()) else None
-    with batch_part, torch.no_grad():  # value_and_grad turns gradients on where needed
+    with batch_part:  # without autograd's graph: the worker's thread has it off (worker._serve)
         result = fn(*values) if recorder is None else recorder.call(name, fn, values, part)
     if not answer:
         if state.device.type == "cuda":  # as the copy to the CPU would: the reply says the step's work is done

@@ -354,6 +354,10 @@ def _boot(config: dict[str, Any]) -> WorkerState:
 
 def _serve(conn: Connection, state: WorkerState) -> bool:
     """Answer the controller's messages until it says stop (True) or its socket closes (False)."""
+    # The program's code runs without autograd's graph, as torch.no_grad() would have it around each
+    # call (value_and_grad turns it on where it differentiates): set once for this thread, since a
+    # context a call costs several µs of each round trip.
+    torch._C._set_grad_enabled(False)
     failed = False  # whether the last message's handler raised
     while True:
         try:

@@ -109,12 +109,13 @@ def no_cuda_calls(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(torch.cuda, name, refuse)
 
 
+@pytest.mark.parametrize("seeds", [(3, 9), ()])  # two shuffles, whose orders compose; none
 @pytest.mark.parametrize("world", [1, 2, 3])
 @pytest.mark.parametrize("kind", ["items", "kept", "ragged"])
-def test_on_the_cpu_the_workers_parts_are_the_controllers_batches(no_cuda_calls: None, kind: str, world: int) -> None:
+def test_on_the_cpu_the_workers_parts_are_the_controllers_batches(no_cuda_calls: None, kind: str, world: int,
+                                                                  seeds: tuple[int, ...]) -> None:
     base, spec = {"items": (Rows(21), ex_spec()), "kept": (tensors(), ex_spec()),
                   "ragged": (Sequences(19), seq_spec())}[kind]
-    seeds = (3, 9)  # two shuffles: their orders compose
     got = each_batch_from_the_workers(base, spec, seeds, 8, world)
     assert_same_batches(got, the_controllers_batches(base, spec, seeds, 8))
     if kind == "ragged":  # the parts were padded further, as the whole batch is
@@ -130,6 +131,20 @@ def test_on_the_cpu_a_kept_dataset_is_gathered_at_call_time_and_items_load_ahead
     items.take(0, *items.my_share(0))
     assert set(items.ahead) == {1, 2}
     items.close()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_a_kept_datasets_rows_in_order_are_views_and_shuffled_ones_copies(world: int) -> None:
+    spec, base = ex_spec(), tensors(50)
+    for seeds in ((), (4,)):
+        state = worker(world - 1, world)
+        kept = keep(state, base, spec)
+        loop = WorkerLoop(state, kept, seeds, 16, spec)
+        part = loop.take(1, *loop.my_share(1))
+        rows = list(loop.part(1, *loop.my_share(1)))
+        assert torch.equal(part.x, base.fields["x"][rows]) and torch.equal(part.y, base.fields["y"][rows])
+        shares_memory = part.x.untyped_storage().data_ptr() == kept.fields["x"].untyped_storage().data_ptr()
+        assert shares_memory == (not seeds), seeds  # in order: no copy of the rows
 
 
 def test_a_kept_dataset_gathered_ahead_gives_the_same_batches_in_any_order_of_calls() -> None:

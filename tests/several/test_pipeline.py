@@ -202,13 +202,29 @@ def test_a_sink_gets_every_record_in_order_before_the_call_returns(tmp_path: Pat
 
 # -- Ctrl-C: the steps sent end, then StepInterrupt; the model is as those steps left it -------------
 
+IN_ORDER = LINEAR.replace("data |> shuffle(seed=1) |> batches(8)", "data |> batches(8)")
+
+
+def rows(seed: int, batches: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(8 * batches, 4, generator=g), torch.randint(0, 3, (8 * batches,), generator=g)
+
+
+def assert_as_one_device_after(steps: int, records: list, model: object, x: torch.Tensor, y: torch.Tensor) -> None:
+    """The records are one device's first `steps` losses, and the model is as those steps left it."""
+    one = ss.load(IN_ORDER, devices="cpu", name="fit.ss")
+    ref = one.Lin.init(seed=0)
+    opt = ss.adamw(ref, lr=0.1)
+    losses = [float(one.step(ref, opt, {"x": x[8 * i:8 * i + 8], "y": y[8 * i:8 * i + 8]})) for i in range(steps)]
+    assert [r["loss"] for r in records] == pytest.approx(losses, abs=1e-5)
+    torch.testing.assert_close(model.state_dict()["w"], ref.w.detach(), atol=1e-5, rtol=0)  # no step beyond them
+
+
 @pytest.mark.slow
 def test_an_interrupt_in_a_pipelined_loop_keeps_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHAPESCRIPT_PIPELINE", "on")
-    src = LINEAR.replace("data |> shuffle(seed=1) |> batches(8)", "data |> batches(8)")
-    g = torch.Generator().manual_seed(5)
-    x, y = torch.randn(8 * 3000, 4, generator=g), torch.randint(0, 3, (8 * 3000,), generator=g)
-    prog = ss.load(src, devices="cpu[0 1]", name="fit.ss")
+    x, y = rows(5, 3000)
+    prog = ss.load(IN_ORDER, devices="cpu[0 1]", name="fit.ss")
     previous = signal.getsignal(signal.SIGINT)
     try:
         m = prog.Lin.init(seed=0)
@@ -222,12 +238,7 @@ def test_an_interrupt_in_a_pipelined_loop_keeps_the_steps(monkeypatch: pytest.Mo
         timer.join()
         steps = len(sink.records)
         assert 0 < steps < 3000
-        one = ss.load(src, devices="cpu", name="fit.ss")
-        ref = one.Lin.init(seed=0)
-        opt = ss.adamw(ref, lr=0.1)
-        losses = [float(one.step(ref, opt, {"x": x[8 * i:8 * i + 8], "y": y[8 * i:8 * i + 8]})) for i in range(steps)]
-        assert [r["loss"] for r in sink.records] == pytest.approx(losses, abs=1e-5)
-        torch.testing.assert_close(m.state_dict()["w"], ref.w.detach(), atol=1e-5, rtol=0)  # no step beyond them
+        assert_as_one_device_after(steps, sink.records, m, x, y)
         time.sleep(0.1)
         assert float(prog.loss(m, {"x": x[:8], "y": y[:8]})) > 0  # the workers go on
     finally:
@@ -241,10 +252,8 @@ def test_ctrl_c_just_after_a_step_is_sent_keeps_its_record(monkeypatch: pytest.M
     """Ctrl-C in the window after a step is sent and before the loop queues its record (here: as
     `submit` returns): the record is still written, so the sink and the models agree."""
     monkeypatch.setenv("SHAPESCRIPT_PIPELINE", "on")
-    src = LINEAR.replace("data |> shuffle(seed=1) |> batches(8)", "data |> batches(8)")
-    g = torch.Generator().manual_seed(6)
-    x, y = torch.randn(8 * 10, 4, generator=g), torch.randint(0, 3, (8 * 10,), generator=g)
-    prog = ss.load(src, devices="cpu[0 1]", name="fit.ss")
+    x, y = rows(6, 10)
+    prog = ss.load(IN_ORDER, devices="cpu[0 1]", name="fit.ss")
     previous = signal.getsignal(signal.SIGINT)
     submit, sent = WorkerPool.submit, []
 
@@ -261,13 +270,7 @@ def test_ctrl_c_just_after_a_step_is_sent_keeps_its_record(monkeypatch: pytest.M
         with pytest.raises(StepInterrupt):
             prog.fit(m, ss.adamw(m, lr=0.1), ss.TensorDataset(x=x, y=y), sink)
         assert len(sink.records) == len(sent) == at_step
-        one = ss.load(src, devices="cpu", name="fit.ss")
-        ref = one.Lin.init(seed=0)
-        opt = ss.adamw(ref, lr=0.1)
-        losses = [float(one.step(ref, opt, {"x": x[8 * i:8 * i + 8], "y": y[8 * i:8 * i + 8]}))
-                  for i in range(at_step)]
-        assert [r["loss"] for r in sink.records] == pytest.approx(losses, abs=1e-5)
-        torch.testing.assert_close(m.state_dict()["w"], ref.w.detach(), atol=1e-5, rtol=0)
+        assert_as_one_device_after(at_step, sink.records, m, x, y)
         with pytest.raises(KeyboardInterrupt):  # nothing holds Ctrl-C once the call is over
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
