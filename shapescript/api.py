@@ -396,9 +396,8 @@ class Function:
             # printed by the built module; a model argument is also checked against this program's shapes
             printed = self.program.namespace["GUARDS"][self.name]
             self._guards = current_models(self.program, printed)
-            if not self.program.several:  # on several devices the models are the workers' handles
-                specs = {name: self.program.namespace[f"{name}_spec"] for name in self.program.checked.models}
-                self._quick = signature_check(printed, specs)
+            specs = {name: self.program.namespace[f"{name}_spec"] for name in self.program.checked.models}
+            self._quick = signature_check(printed, specs)
         quick = self._quick
         if quick is not None:
             checked = quick(values)

@@ -22,6 +22,7 @@ $SHAPESCRIPT_FORK_SERVER=off starts every worker as a fresh interpreter, as befo
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import select
@@ -198,6 +199,9 @@ def server_for(env: Mapping[str, str], cwd: str) -> ForkServer | None:
             _server, _server_pid = ForkServer(env, cwd), os.getpid()
         except OSError:
             _server = None
+        else:  # at exit it would end by itself; closing it then also leaves no socket or child behind
+            atexit.unregister(stop_server)  # once, however many servers this controller starts
+            atexit.register(stop_server)
         return _server
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import FrameType
 
+from shapescript.errors import WorkerError
 from shapescript.runtime import sigint
 
 SECOND_INTERRUPT_S = 3.0  # a second Ctrl-C within this many seconds of the first stops the workers
@@ -47,41 +47,71 @@ def _note_early(signum: int, frame: FrameType | None) -> None:
     _early = now
 
 
-@contextmanager
-def preparing_a_call(where: str, devices: object) -> Iterator[None]:
+class preparing_a_call:  # noqa: N801 (used as a function: `with preparing_a_call(where, devices):`)
     """Around a call on the workers from its start (checking and encoding its arguments) to its
     end: a Ctrl-C that comes before the call reaches the workers is noted, and the call's wait
     (`until_the_step_ends`) takes it as its first, so that the step runs and StepInterrupt follows;
     one that comes after the wait, as the results are joined, raises StepInterrupt as the call ends.
     Without it, Ctrl-C between the calls of a loop from Python would often land outside the wait
-    and be a plain KeyboardInterrupt."""
-    global _early
-    token = sigint.hold_ctrl_c(_note_early)
-    ended = False
-    try:
-        yield
-        ended = True
-    finally:
-        sigint.release_ctrl_c(token)
+    and be a plain KeyboardInterrupt. (This and the one below are classes, not @contextmanager
+    generators: they run on every call, where a generator's set-up costs several µs.)"""
+
+    __slots__ = ("_where", "_devices", "_token")
+
+    def __init__(self, where: str, devices: object) -> None:
+        self._where, self._devices = where, devices
+
+    def __enter__(self) -> None:
+        self._token = sigint.hold_ctrl_c(_note_early)
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        global _early
+        sigint.release_ctrl_c(self._token)
         noted, _early = _early, None
-        if noted is not None and ended:
-            raise step_interrupt(where, devices)
+        if noted is not None and exc_type is None:
+            raise step_interrupt(self._where, self._devices)
 
 
-@contextmanager
-def until_the_step_ends() -> Iterator[_Interrupts]:
+class until_the_step_ends:  # noqa: N801 (used as a function: `with until_the_step_ends() as seen:`)
     """Around waiting for the workers' replies: Ctrl-C is noted, not raised (a second one within
     SECOND_INTERRUPT_S raises KeyboardInterrupt). Only the main thread gets signals; elsewhere
     nothing changes (runtime/sigint.py holds Ctrl-C without a handler install per call)."""
-    global _early
-    seen = _Interrupts()
-    if threading.current_thread() is threading.main_thread():  # the thread that gets signals
-        seen.first, _early = _early, None  # a Ctrl-C while the call was prepared counts as during its step
-    token = sigint.hold_ctrl_c(seen)
-    try:
-        yield seen
-    finally:
-        sigint.release_ctrl_c(token)
+
+    __slots__ = ("_seen", "_token")
+
+    def __enter__(self) -> _Interrupts:
+        global _early
+        seen = self._seen = _Interrupts()
+        if threading.current_thread() is threading.main_thread():  # the thread that gets signals
+            seen.first, _early = _early, None  # a Ctrl-C while the call was prepared counts as during its step
+        self._token = sigint.hold_ctrl_c(seen)
+        return seen
+
+    def __exit__(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None,
+                 *rest: object) -> None:
+        sigint.release_ctrl_c(self._token)
+
+
+class held_step(until_the_step_ends):  # noqa: N801 (used as a function: `with held_step(...) as seen:`)
+    """until_the_step_ends around sending a call and waiting for its answers; a second Ctrl-C, or a
+    failure of our own (anything but a WorkerError), calls `stop` with why: the workers' state is
+    then unknown."""
+
+    __slots__ = ("_stop", "_where", "_devices")
+
+    def __init__(self, stop: Callable[[str], None], where: str, devices: object) -> None:
+        self._stop, self._where, self._devices = stop, where, devices
+
+    def __exit__(self, exc_type: type[BaseException] | None = None, exc: BaseException | None = None,
+                 *rest: object) -> None:
+        super().__exit__()
+        if exc is None or isinstance(exc, WorkerError):
+            return
+        self._stop(f"interrupted while running {self._where}")
+        if isinstance(exc, KeyboardInterrupt):
+            exc.add_note(f"The workers on {self._devices} were stopped in the middle of {self._where}: the models "
+                         f"and optimizer state on them are gone (their handles now say so). Make new ones, "
+                         f"or restore a checkpoint; the next call starts new workers.")
 
 
 def step_interrupt(where: str, devices: object, calls: int | None = None) -> StepInterrupt:

@@ -27,8 +27,7 @@ import threading
 import time
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 from typing import Any, Self
@@ -42,7 +41,7 @@ from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, 
                                            timeout_seconds, torch_settings)
 from shapescript.parallel import forkserver, shared
 from shapescript.parallel.failures import FailureReports, StoppedLooks
-from shapescript.parallel.interrupts import step_interrupt, until_the_step_ends
+from shapescript.parallel.interrupts import held_step, step_interrupt
 from shapescript.parallel.pipeline import InFlight
 from shapescript.parallel.timeline import Timeline
 from shapescript.parallel.worker import WAITING, dumps
@@ -390,22 +389,10 @@ class WorkerPool(FailureReports):
             raise step_interrupt(where, self.devices, self._completed[where])
         return results
 
-    @contextmanager
-    def _held(self, where: str) -> Iterator[Any]:
+    def _held(self, where: str) -> held_step:
         """Around sending a call and waiting for its answers: Ctrl-C held (until_the_step_ends); a
         second one, or a failure of our own, stops the workers, whose state is then unknown."""
-        try:
-            with until_the_step_ends() as interrupts:
-                yield interrupts
-        except WorkerError:
-            raise
-        except BaseException as exc:
-            self._die(f"interrupted while running {where}")
-            if isinstance(exc, KeyboardInterrupt):
-                exc.add_note(f"The workers on {self.devices} were stopped in the middle of {where}: the models "
-                             f"and optimizer state on them are gone (their handles now say so). Make new ones, "
-                             f"or restore a checkpoint; the next call starts new workers.")
-            raise
+        return held_step(self._die, where, self.devices)
 
     def submit(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str,
                answered: Callable[[list[Any] | None], None]) -> None:

@@ -129,8 +129,9 @@ def encode(value: Any) -> Any:
         return ("handle", value._handle)
     if isinstance(value, Batch):
         return ("batch", value.spec.name, batch_fields(value), value.lengths)
-    if isinstance(value, torch.Tensor):
-        return ("tensor", value.detach().cpu())
+    if isinstance(value, torch.Tensor):  # a plain one on the CPU as it is: two torch calls fewer a call
+        plain = type(value) is torch.Tensor and value.is_cpu and not value.requires_grad
+        return ("tensor", value if plain else value.detach().cpu())
     if isinstance(value, SharedRows):  # a worker's rows of a big tensor, in shared memory (shared.py)
         return ("tensor", value)
     return ("value", value)

@@ -290,16 +290,18 @@ class KindGuard:
 
     def quick(self, v: str, out: QuickChecks, specs: Mapping[str, ModelSpec]) -> str | None:
         """A model or optimizer passes at once only if its model has the very spec of `specs` (the
-        program's own: what api.py's stale-model check passes at once too); other kinds as here."""
+        program's own: what api.py's stale-model check passes at once too); other kinds as here.
+        The workers' handles (`is_remote`) pass as `_is_model` and `_is_optimizer` pass them."""
         if self.kind == "model" or self.kind == "optimizer":
             spec = specs.get(self.model or "")
             if spec is None:
                 return None
             if self.kind == "model":
-                out.require(f"isinstance({v}, Model) and {v}.spec is {out.constant(spec)}")
+                out.require(f"(isinstance({v}, Model) or getattr({v}, 'is_remote', False)) "
+                            f"and {v}.spec is {out.constant(spec)}")
             else:
-                out.require(f"isinstance({v}, Optimizer) and {v}.kind == {out.constant(self.optimizer)} "
-                            f"and {v}.model.spec is {out.constant(spec)}")
+                out.require(f"(isinstance({v}, Optimizer) or getattr({v}, 'is_remote', False)) "
+                            f"and {v}.kind == {out.constant(self.optimizer)} and {v}.model.spec is {out.constant(spec)}")
         else:
             out.require(f"{out.constant(_KIND_CHECKS[self.kind])}({out.constant(self)}, {v})")
         return v

@@ -237,9 +237,7 @@ def test_every_call_of_mix_gets_what_the_full_check_gives(prog: Any, others: dic
     assert short == full, choices
 
 
-@pytest.mark.parametrize("param, choice", [(k, c) for k, options in enumerate(PARAMS) for c in options])
-def test_each_wrong_argument_alone_gets_what_the_full_check_gives(prog: Any, others: dict[str, Any], param: int,
-                                                                  choice: str) -> None:
+def assert_wrong_argument_alone(prog: Any, others: dict[str, Any], param: int, choice: str) -> None:
     p = with_handles(prog)
     g = torch.Generator().manual_seed(param)
     args = tuple(options[choice if k == param else "right"](p, others, 5, g) for k, options in enumerate(PARAMS))
@@ -247,6 +245,60 @@ def test_each_wrong_argument_alone_gets_what_the_full_check_gives(prog: Any, oth
     assert short == full
     assert (short[0] == "ok") == (choice in ACCEPTED.get(param, ()) or choice == "right")
 
+
+def right_mix_args(p: Any, g: torch.Generator, batch: Any) -> tuple:
+    return (p._m, p._opt, batch, images(6, g), RIGHT_LABELS(p, {}, 6, g), WS["right"](p, {}, 6, g),
+            torch.tensor(0.5), 3, 0.5)
+
+
+def checked_without_guards(fn: Any, args: tuple) -> list[Any]:
+    """The arguments as a second call checks them, its guards refusing to run: the short way alone."""
+    fn._checked_args(args, {})
+    guards_then = fn._guards
+    fn._guards = tuple(_refusing for _ in guards_then)
+    try:
+        return fn._checked_args(args, {})
+    finally:
+        fn._guards = guards_then
+
+
+@pytest.mark.parametrize("param, choice", [(k, c) for k, options in enumerate(PARAMS) for c in options])
+def test_each_wrong_argument_alone_gets_what_the_full_check_gives(prog: Any, others: dict[str, Any], param: int,
+                                                                  choice: str) -> None:
+    assert_wrong_argument_alone(prog, others, param, choice)
+
+
+
+@pytest.fixture(scope="module")
+def prog_on_two() -> Iterator[Any]:
+    """The program on cpu[0 1]: its models and optimizers are the workers' handles."""
+    fixed = "fn square(a: [n n], batch: [6] Ex) -> [] = sum(a)\n"  # a fixed batch size can't be split: E1802
+    assert fixed in SOURCE
+    prog = ss.load(SOURCE.replace(fixed, ""), name="sig.ss", devices="cpu[0 1]")
+    try:
+        yield prog
+    finally:
+        prog.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("param, choice", [(k, c) for k, options in enumerate(PARAMS) for c in options])
+def test_on_several_devices_each_wrong_argument_gets_what_the_full_check_gives(prog_on_two: Any, others: dict[str, Any],
+                                                                               param: int, choice: str) -> None:
+    assert_wrong_argument_alone(prog_on_two, others, param, choice)
+
+
+@pytest.mark.slow
+def test_on_several_devices_right_arguments_and_handles_take_the_short_way(prog_on_two: Any) -> None:
+    p = with_handles(prog_on_two)
+    g = torch.Generator().manual_seed(0)
+    args = right_mix_args(p, g, BATCHES["right"](p, {}, 6, g))
+    assert getattr(p._m, "is_remote", False) and getattr(p._opt, "is_remote", False)
+    checked = checked_without_guards(p.mix, args)
+    assert checked[0] is p._m and checked[1] is p._opt and isinstance(checked[2], Batch)
+    one = ss.load(SOURCE, name="sig.ss")  # and the call gives what one device gives, from the same model
+    m = one.Lin.init(seed=0)
+    assert torch.allclose(p.mix(*args), one.mix(m, ss.adamw(m), *args[2:]), atol=1e-6)
 
 
 @pytest.mark.parametrize("rows", [2, 5])
@@ -264,15 +316,8 @@ def test_right_arguments_take_the_short_way_and_come_as_they_are(prog: Any) -> N
     p = with_handles(prog)
     g = torch.Generator().manual_seed(0)
     batch = BATCHES["right"](p, {}, 6, g)
-    args = (p._m, p._opt, batch, images(6, g), RIGHT_LABELS(p, {}, 6, g), WS["right"](p, {}, 6, g),
-            torch.tensor(0.5), 3, 0.5)
-    p.mix._checked_args(args, {})
-    guards_then = p.mix._guards
-    p.mix._guards = tuple(_refusing for _ in guards_then)  # the guards themselves must not run
-    try:
-        checked = p.mix._checked_args(args, {})
-    finally:
-        p.mix._guards = guards_then
+    args = right_mix_args(p, g, batch)
+    checked = checked_without_guards(p.mix, args)
     assert [v is a for v, a in zip(checked, args)] == [True, True, False, True, True, True, True, True, True]
     assert isinstance(checked[2], Batch) and checked[2].size == 6 and checked[2].lengths == {}
     assert checked[2].x is batch["x"] and checked[2].y is batch["y"]
