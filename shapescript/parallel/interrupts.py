@@ -23,8 +23,9 @@ class StepInterrupt(KeyboardInterrupt):
     """Ctrl-C that waited for the workers' step to end: the models on the workers are as it left them."""
 
 
-class _Interrupts:
-    """The Ctrl-Cs seen while a call runs: when the first came (None: none yet)."""
+class NotedInterrupts:
+    """A Ctrl-C holder (runtime/sigint.py) that notes when the first came (None: none yet) and
+    raises KeyboardInterrupt at a second within SECOND_INTERRUPT_S."""
 
     def __init__(self) -> None:
         self.first: float | None = None
@@ -79,9 +80,9 @@ class until_the_step_ends:  # noqa: N801 (used as a function: `with until_the_st
 
     __slots__ = ("_seen", "_token")
 
-    def __enter__(self) -> _Interrupts:
+    def __enter__(self) -> NotedInterrupts:
         global _early
-        seen = self._seen = _Interrupts()
+        seen = self._seen = NotedInterrupts()
         if threading.current_thread() is threading.main_thread():  # the thread that gets signals
             seen.first, _early = _early, None  # a Ctrl-C while the call was prepared counts as during its step
         self._token = sigint.hold_ctrl_c(seen)

@@ -221,7 +221,7 @@ def load_part(state: Any, base: Any, indices: Sequence[int], spec: DataSpec,
         # Rows in order (a loop without shuffle): views of the kept rows, no copy. The program never
         # writes into a batch, and a worker's result is pickled before the controller sees it.
         return Staged(Batch(spec, {name: t[indices.start:indices.stop] for name, t in base.fields.items()}), None)
-    indices = list(indices)
+    indices = indices if isinstance(indices, list) else list(indices)
     if not transfer.side_stream:
         if kept:
             return Staged(Batch(spec, base.__getitems__(indices)), None)
@@ -301,8 +301,7 @@ class WorkerLoop:
     def part(self, number: int, start: int, size: int) -> Sequence[int]:
         """The rows of this worker's part: a range where the loop doesn't shuffle (load_part's views)."""
         first, _ = batch_bounds(self.total, self.n, number)
-        rows = self.order[first + start:first + start + size]
-        return rows if isinstance(rows, range) else list(rows)
+        return self.order[first + start:first + start + size]  # a slice of a list is a new list
 
     def my_share(self, number: int) -> tuple[int, int]:
         """Where this worker's part of batch `number` lies: the batch split as calls split it."""

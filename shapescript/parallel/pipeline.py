@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from shapescript.parallel.interrupts import SECOND_INTERRUPT_S, StepInterrupt
+from shapescript.parallel.interrupts import NotedInterrupts, StepInterrupt
 from shapescript.runtime import sigint, sinks
 
 PIPELINE_ENV = "SHAPESCRIPT_PIPELINE"
@@ -68,13 +67,7 @@ class _Writes:
         self.queue: deque[tuple[Any, sinks.Logs]] = deque()
         self.unrecorded: list[Pending] = []  # steps sent that no record written holds yet
         self.hold: Any = _NOT_HELD  # sigint's token while Ctrl-C is held for them
-        self.noted: float | None = None  # when a Ctrl-C came during the hold
-
-    def note_ctrl_c(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
-        if self.noted is not None and now - self.noted <= SECOND_INTERRUPT_S:
-            raise KeyboardInterrupt  # the second: stop now
-        self.noted = now
+        self.seen = NotedInterrupts()  # the Ctrl-Cs during the hold
 
     def recorded(self, record: Any) -> None:
         """A record is written or queued: its steps have one. Ctrl-C noted meanwhile is raised once
@@ -92,8 +85,8 @@ class _Writes:
         if self.hold is _NOT_HELD:
             return False
         sigint.release_ctrl_c(self.hold)
-        self.hold, noted, self.noted = _NOT_HELD, self.noted, None
-        return noted is not None
+        self.hold = _NOT_HELD
+        return self.seen.first is not None
 
     def flush(self) -> None:
         """Write out the records at the head whose values have all come."""
@@ -150,8 +143,8 @@ def hold_until_written(step: Pending) -> None:
     writes = step._writes
     writes.unrecorded.append(step)
     if writes.hold is _NOT_HELD:
-        writes.noted = None
-        writes.hold = sigint.hold_ctrl_c(writes.note_ctrl_c)
+        writes.seen = NotedInterrupts()
+        writes.hold = sigint.hold_ctrl_c(writes.seen)
 
 
 def _waits(record: sinks.Logs) -> bool:
