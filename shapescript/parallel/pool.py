@@ -39,7 +39,7 @@ from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, 
                                            WorkerExit, WorkerProcess, collective_timeout, current_collective_timeout,
                                            loopback, ranks_text, shutdown, sweep_stale_folders,
                                            timeout_seconds, torch_settings)
-from shapescript.parallel import forkserver, shared
+from shapescript.parallel import forkserver, shared, spin
 from shapescript.parallel.failures import FailureReports, StoppedLooks
 from shapescript.parallel.interrupts import held_step, step_interrupt
 from shapescript.parallel.pipeline import InFlight
@@ -103,6 +103,8 @@ class WorkerPool(FailureReports):
         self._completed: Counter[str] = Counter()  # calls that ended on every worker, by what ran
         self._in_flight: deque[InFlight] = deque()  # calls sent without waiting for their answers: see submit
         self.answered_at = 0.0  # perf_counter() when the last call's answers were read
+        # seconds to poll for replies before sleeping (parallel/spin.py); never for workers on a cluster
+        self._spin = spin.budget() if launcher is None else 0.0
         self.exits: tuple[WorkerExit, ...] = ()  # how each worker ended, once the pool has stopped
         labels = launcher.labels(devices) if launcher is not None else [f"{devices.kind}:{i}" for i in self.indices]
         self.timeline = Timeline(str(devices), labels)  # RemoteFunction's calls
@@ -171,7 +173,7 @@ class WorkerPool(FailureReports):
                 self._shm_path = shm_reduce.create(self.world)
             settings = {"world": self.world, "kind": self.devices.kind, "folder": self._folder, "store_path": store_path,
                         "timeout": self.timeout, "shm_reduce": self._shm_path, "sys_path": sys_path,
-                        "modules": self.modules, "torch": torch_settings()}
+                        "modules": self.modules, "torch": torch_settings(), "spin": self._spin}
             for w, index in zip(self._workers, self.indices):
                 w.conn.send_bytes(dumps({**settings, "rank": w.rank, "index": index, "status_path": w.status_path}))
         except BaseException as exc:
@@ -535,7 +537,8 @@ class WorkerPool(FailureReports):
         while pending:
             deadline = min(answer_deadline, collective_deadline)
             timeout = min(LOOK_EVERY, max(0.0, deadline - time.monotonic()))  # also wake to look at the workers
-            ready = {fd for fd, _ in poller.poll(timeout * 1000)}
+            found = spin.poll_briefly(poller, self._spin) if self._spin else []
+            ready = {fd for fd, _ in found or poller.poll(timeout * 1000)}
             for rank, w in list(pending.items()):
                 if w.conn.fileno() not in ready:
                     continue

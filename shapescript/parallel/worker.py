@@ -41,6 +41,7 @@ import torch.distributed as dist
 from shapescript.errors import ShapeScriptError, WorkerError
 from shapescript.parallel.handlers import HANDLERS
 from shapescript.parallel.memory import Meter, measured
+from shapescript.parallel.spin import poll_briefly
 from shapescript.parallel.timeline import StepClock
 from shapescript.runtime import collectives
 from shapescript.runtime.leftovers import ending
@@ -352,14 +353,19 @@ def _boot(config: dict[str, Any]) -> WorkerState:
     return state
 
 
-def _serve(conn: Connection, state: WorkerState) -> bool:
-    """Answer the controller's messages until it says stop (True) or its socket closes (False)."""
+def _serve(conn: Connection, state: WorkerState, spin_s: float = 0.0) -> bool:
+    """Answer the controller's messages until it says stop (True) or its socket closes (False),
+    polling for each for `spin_s` seconds before sleeping in recv (parallel/spin.py)."""
     # The program's code runs without autograd's graph, as torch.no_grad() would have it around each
     # call (value_and_grad turns it on where it differentiates): set once for this thread, since a
     # context a call costs several µs of each round trip.
     torch._C._set_grad_enabled(False)
     failed = False  # whether the last message's handler raised
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
     while True:
+        if spin_s:
+            poll_briefly(poller, spin_s)  # recv_bytes then reads at once, or sleeps as without polling
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
@@ -410,7 +416,7 @@ def work(conn: Connection, config: dict[str, Any]) -> bool | None:
         _send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
     except OSError:
         return None
-    return _serve(conn, state)
+    return _serve(conn, state, config.get("spin", 0.0))
 
 
 # The program of a worker's `python -c`: this module imported by name, never the controller's __main__
