@@ -19,6 +19,7 @@ second worker adds; the third less the fourth, roughly a `call`'s work on a work
 from __future__ import annotations
 
 import argparse
+import select
 import statistics
 import sys
 import time
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 
 import shapescript as ss  # noqa: E402
+from shapescript.parallel import spin  # noqa: E402
 from shapescript.parallel.worker import dumps  # noqa: E402
 
 
@@ -50,15 +52,26 @@ def main(argv: list[str] | None = None) -> None:
         remote = prog.ident._py
         message = dumps(("call", "call", remote.where, remote._messages(pool, (x,))))
 
+        # Replies read as the pool reads them: polled for the pool's budget first (parallel/spin.py).
+        pollers = []
+        for w in pool._workers:
+            pollers.append(select.poll())
+            pollers[-1].register(w.conn.fileno(), select.POLLIN)
+
+        def read(rank: int) -> tuple:
+            spin.poll_briefly(pollers[rank], pool._spin)
+            w = pool._workers[rank]
+            return w.reply(w.conn.recv_bytes())
+
         def alone() -> None:
             first.conn.send_bytes(message)
-            reply = first.reply(first.conn.recv_bytes())
+            reply = read(0)
             assert reply[0] == "ok" and torch.equal(reply[1][0], x), reply
 
         def every() -> None:
             for w in pool._workers:
                 w.conn.send_bytes(message)
-            replies = [w.reply(w.conn.recv_bytes()) for w in pool._workers]
+            replies = [read(w.rank) for w in pool._workers]
             assert replies[0][0] == "ok" and torch.equal(replies[0][1][0], x), replies
 
         sides: dict[str, Callable[[], object]] = {
