@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.fused_step import optimizer_step
 from shapescript.runtime.sigint import deliver_ctrl_c, hold_ctrl_c, release_ctrl_c
 from shapescript.runtime.collectives import BucketedAverage, average_grads, bucketed_average
 from shapescript.runtime.sharding import keeping_pieces, sharding
@@ -308,7 +309,7 @@ def update(m: Model, opt: Optimizer, g: Grads) -> None:
     held: list[FrameType | None] = []
     token = hold_ctrl_c(lambda signum, frame: held.append(frame))
     try:
-        opt.torch_opt.step()
+        optimizer_step(opt.torch_opt)  # torch's step(), or its fused AdamW kernel alone
     finally:  # never leave grads behind: the next value_and_grad must not see them
         release_ctrl_c(token)
         for p in params:
