@@ -57,6 +57,8 @@ def _fused_adamw_calls(opt: torch.optim.Optimizer) -> list[tuple[Any, ...]] | No
         if not params:
             continue
         kind = (params[0].device, params[0].dtype)
+        if kind[0].type != "cpu" or kind[1].is_complex:
+            return None
         grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
         for p in params:
             per = state.get(p)
@@ -66,7 +68,5 @@ def _fused_adamw_calls(opt: torch.optim.Optimizer) -> list[tuple[Any, ...]] | No
             exp_avgs.append(per["exp_avg"])
             exp_avg_sqs.append(per["exp_avg_sq"])
             steps.append(per["step"])
-        if kind[0].type != "cpu" or p.is_complex():
-            return None
         calls.append((params, grads, exp_avgs, exp_avg_sqs, steps, group))
     return calls
