@@ -25,10 +25,14 @@ passed from Python are CPU tensors that they move. The sides:
 - ShapeScript, the program's own loop `prog.run(m, opt, dataset, sink)` over a TensorDataset that
   the workers keep (sent once), so each step sends only the indices of each worker's part and the
   workers gather their rows; only the whole loop is timed (the mean step of each block). The
-  README's loop takes batches of 64; for 6144 the program is loaded with that one number changed.
+  README's loop takes batches of 64; for 6144 the program is loaded with that one number changed;
+- for reference, DDP as hand-written over the loop's own dataset kept whole in each rank: each step
+  gathers the rank's shuffled rows (`index_select`, the README's shuffle(seed=0)) inside its timing,
+  the data work that the program's loop does and the DDP side above leaves out. The loop is also
+  compared with this side.
 
-Each side runs blocks of steps back to back, as a training loop does; the blocks take turns (ABCD,
-then DCBA) after a warmup, and the sides that draw batches draw the same sequence, so their i-th
+Each side runs blocks of steps back to back, as a training loop does; the blocks take turns (ABCDE,
+then EDCBA) after a warmup, and the sides that draw batches draw the same sequence, so their i-th
 steps see the same batch and start from the same weights (their first losses are compared). Each
 figure is a median; the ratio is against DDP, and the pair ratio the median of the rounds' ratios.
 After the race, in the same run, one device's step for reference, in this process: devices='cpu'
@@ -44,6 +48,7 @@ batch of 6144; each against one device as above.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -69,6 +74,7 @@ PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
 D, HD, C = 784, 256, 10
 LR = 1e-3
 TINY = float(torch.finfo(torch.float32).tiny)
+GATHERING = "ddp, gathering"  # the ranks' side doing the loop's data work (gathering_step)
 
 
 def cpu_devices(ap: argparse.ArgumentParser, text: str, divides: int | None = None) -> Any:
@@ -143,7 +149,8 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int, kind: str, ind
     for the devices), the program's model, optimizer and train_step, as a worker does; ("steps",
     side, k) runs k timed steps of the DDP model (side "ddp") or of the generated code (side
     "generated"), each on the next batch of that side's sequence (drawn whole, outside the timing)
-    of which it takes its part, moved to its device; ("stop",) ends."""
+    of which it takes its part, moved to its device; a sixth item of "setup", `kept` > 0, adds the
+    side GATHERING (gathering_step over a dataset of `kept` batches); ("stop",) ends."""
     world, cuda = len(indices), kind == "cuda"
     os.environ["NCCL_SOCKET_IFNAME" if cuda else "GLOO_SOCKET_IFNAME"] = "lo"
     import torch.distributed as dist
@@ -162,7 +169,7 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int, kind: str, ind
         if msg[0] == "stop":
             break
         if msg[0] == "setup":
-            _, batch, w1, w2, source = msg
+            batch, w1, w2, source = msg[1:5]
             lo = sum(shares(batch, world)[:rank])
             hi = lo + shares(batch, world)[rank]
             model = torch.nn.parallel.DistributedDataParallel(Mlp(w1, w2).to(device),
@@ -193,7 +200,11 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int, kind: str, ind
                     return train_step(m, opt, Batch(spec, {"img": x, "label": y}))
 
             steps = {"ddp": synced(ddp_step, kind), "generated": synced(generated_step, kind)}
-            data = {side: Batches(batch) for side in steps}
+            data: dict[str, Any] = {side: Batches(batch) for side in steps}
+            kept = msg[5] if len(msg) > 5 else 0
+            if kept:  # DDP over the loop's dataset, kept whole in each rank, gathering its shuffled rows
+                steps[GATHERING] = synced(gathering_step(Mlp(w1, w2), batch, kept, device), kind)
+                data[GATHERING] = KeptOrder(batch, kept, device)
             conn.send(("ok",))
         elif msg[0] == "steps":  # a block of steps, back to back as in a training loop
             _, side, k = msg
@@ -207,12 +218,51 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int, kind: str, ind
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 loss = step(x, y)
-                out.append((time.perf_counter() - t0, loss.item()))
+                # the gathering side's batches are the loop's, not the sequence the others draw
+                out.append((time.perf_counter() - t0, loss.item() if side != GATHERING else math.nan))
             conn.send(out)
         elif msg[0] == "subnormals":  # how many of AdamW's first moments are subnormal floats
             n = sum(int(((s["exp_avg"] != 0) & (s["exp_avg"].abs() < TINY)).sum()) for s in opt.state.values())
             conn.send((n, sum(s["exp_avg"].numel() for s in opt.state.values())))
     dist.destroy_process_group()
+
+
+class KeptOrder:
+    """The batches of the program's loop over a dataset of `kept` batches (`timed_loop`'s), as indices:
+    the README's shuffle(seed=0) (torch.randperm from a generator seeded with 0, as
+    runtime/loops.shuffle_order makes it), one batch a step, on `device`. `next()` gives the whole
+    batch's indices twice, in the place of DDP's drawn (x, y), and each rank takes its part of them."""
+
+    def __init__(self, batch: int, kept: int, device: torch.device) -> None:
+        self.batch, self.kept, self.step = batch, kept, 0
+        self.order = torch.randperm(batch * kept, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        first = (self.step % self.kept) * self.batch
+        self.step += 1
+        rows = self.order[first:first + self.batch]
+        return rows, rows
+
+
+def gathering_step(model: torch.nn.Module, batch: int, kept: int, device: torch.device
+                   ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A DDP step as hand-written over a TensorDataset kept whole in each rank: the rank's shuffled
+    rows gathered (index_select) inside the step, then loss, backward, AdamW. The dataset is the
+    loop's (`timed_loop`: `kept` batches drawn by Batches(batch))."""
+    data = Batches(batch)
+    xs, ys = zip(*(data.next() for _ in range(kept)))
+    x_all, y_all = torch.cat(xs).to(device), torch.cat(ys).to(device)
+    cuda = device.type == "cuda"
+    ddp = torch.nn.parallel.DistributedDataParallel(model.to(device), device_ids=[device] if cuda else None)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=LR)
+
+    def step(rows: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(ddp(x_all.index_select(0, rows)), y_all.index_select(0, rows))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
 
 
 class DdpRanks:
@@ -244,9 +294,11 @@ class DdpRanks:
                 c.send(msg)
         return [c.recv() for c in self.conns]
 
-    def setup(self, batch: int, w1: torch.Tensor, w2: torch.Tensor, source: str) -> None:
+    def setup(self, batch: int, w1: torch.Tensor, w2: torch.Tensor, source: str, kept: int = 0) -> None:
+        """Each rank's sides for `batch`; `kept` > 0 adds GATHERING over a dataset of that
+        many batches (ddp_rank)."""
         self.parts = shares(batch, self.world)
-        self.ask_all(("setup", batch, w1, w2, source))
+        self.ask_all(("setup", batch, w1, w2, source) + ((kept,) if kept else ()))
 
     def steps(self, side: str) -> Callable[[int], list[tuple[float, float]]]:
         """k steps of `side`: for each, (the slowest rank's time, the batch's loss; DDP's is the mean
@@ -460,7 +512,7 @@ def main(argv: list[str] | None = None) -> None:
     for batch, warmup, blocks, size in plan:
         m2 = prog2.Mlp.init(seed=0)
         opt2 = ss.adamw(m2, lr=LR)
-        ddp.setup(batch, m2.w1, m2.w2, prog2.worker_source)  # the module each worker runs
+        ddp.setup(batch, m2.w1, m2.w2, prog2.worker_source, kept=size)  # the module each worker runs
         progl = ss.load(loop_source(batch), devices=devices, name=f"mlp.ss with batches({batch})")
         ml = progl.Mlp.init(seed=0)
         sides = {
@@ -468,6 +520,7 @@ def main(argv: list[str] | None = None) -> None:
             "DDP": ddp.steps("ddp"),
             "the generated code run in DDP's ranks": ddp.steps("generated"),
             "ShapeScript, the program's loop (prog.run)": timed_loop(progl, ml, ss.adamw(ml, lr=LR), batch, size),
+            "DDP, its rows gathered from a kept dataset": ddp.steps(GATHERING),
         }
         times, rounds, worst = race(list(sides.values()), warmup, blocks, size)
         progl.stop()
@@ -488,6 +541,10 @@ def main(argv: list[str] | None = None) -> None:
             pair = statistics.median(r[k] / r[1] for r in rounds)
             print(f"  {label:<52} {statistics.median(ts) * 1e3:>7.3f} ms  {ratio:>6.3f}  {pair:>10.3f}  "
                   f"({quantiles(ts)})", flush=True)
+        loop_k, gathering_k = len(sides) - 2, len(sides) - 1
+        print(f"  the program's loop against DDP gathering its rows as the loop does: "
+              f"{statistics.median(times[loop_k]) / statistics.median(times[gathering_k]):.3f} "
+              f"(pair ratio {statistics.median(r[loop_k] / r[gathering_k] for r in rounds):.3f})")
         print(f"  {f'one device (devices={one}), after the race':<52} {statistics.median(ones) * 1e3:>7.3f} ms  "
               f"{statistics.median(ones) / ddp_median:>6.3f}  {'':>10}  ({quantiles(ones)})")
         parts = shares(batch, world)
