@@ -10,7 +10,8 @@ a test suite's hundreds) at once; the forked workers also share torch's pages un
     proc = server.fork(theirs, argv, env, sys_path, cwd, exit_path)   # a Popen-like ForkedWorker
 
 Why forking is safe here: the server runs no torch operation (no thread pool, no CUDA context) and
-no thread of its own; it only imports. A worker forked from it is what `python -c WORKER_MAIN` would
+no thread of its own; it only imports (once idle, also what torch.optim would import in every
+worker: `_preload`). A worker forked from it is what `python -c WORKER_MAIN` would
 be, with the controller's environment, working folder and sys.path of the moment it was asked for.
 
 The server is keyed by the environment it started with: modules read some variables as they import
@@ -42,6 +43,9 @@ ENV = "SHAPESCRIPT_FORK_SERVER"
 # The variables a pool sets for its own workers: not part of what the server's imports saw.
 PER_POOL = ("PYTHONPATH", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 READY_TIMEOUT = 300.0  # seconds the server has to import torch before the pool starts workers itself
+# Once ready, the server waits this long without a request before importing more (`_preload`): not in
+# the way of the first pool's forks, which come at once, nor of its workers' start, over by then.
+PRELOAD_WHEN_IDLE_S = 3.0
 EXIT_GRACE = 1.0  # seconds the server has to report a worker's end, once the process is gone
 
 
@@ -278,8 +282,13 @@ def serve(argv: list[str]) -> None:
     # (a DataLoader's workers, say): its pidfd says so in any case.
     watched = [control.fileno(), wake_read, os.pidfd_open(controller)]
     control.send(b"ready")
+    preloaded = False
     while True:
-        ready = select.select(watched, [], [])[0]
+        ready = select.select(watched, [], [], None if preloaded else PRELOAD_WHEN_IDLE_S)[0]
+        if not ready:  # idle: what every worker would otherwise import for itself, once here
+            preloaded = True
+            _preload()
+            continue
         if watched[2] in ready:
             os._exit(0)
         if wake_read in ready:
@@ -306,6 +315,16 @@ def serve(argv: list[str]) -> None:
                 os.close(fd)
             exits[pid] = request["exit_path"]
             control.send(f"pid {pid}".encode())
+
+
+def _preload() -> None:
+    """Import torch._dynamo, which torch.optim imports as it makes its first optimizer (its methods
+    are marked not to be compiled): about 1.4 s a process, that is, a worker's first `ss.adamw`.
+    Workers forked after this get it for nothing. Importing starts no thread, so forking stays safe."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # noqa: BLE001 (a worker imports it itself, and meets whatever failed, as before)
+        pass
 
 
 def _reap(exits: dict[int, str]) -> None:

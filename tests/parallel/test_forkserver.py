@@ -311,3 +311,38 @@ def test_a_server_that_cannot_fork_leaves_fresh_interpreters_to_start_the_worker
         assert {parent_of(pid) for pid in again.pids} == {forkserver._server.proc.pid}
     finally:
         again.stop()
+
+
+PRELOAD_PROBE = """\
+    import sys
+    import torch
+
+    def loaded(x):
+        return torch.tensor(float("torch._dynamo" in sys.modules))
+    """
+PRELOAD_PROGRAM = """\
+fn dynamo_loaded(x: [n]) -> [] = loaded(x)
+
+extern fn loaded(x: [n]) -> [] = "ss_preload_probe.loaded"
+"""
+
+
+@pytest.mark.slow
+def test_workers_forked_after_the_server_idled_have_what_torch_optim_imports(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.optim imports torch._dynamo as it makes the first optimizer of a process (1.4 s): the
+    server imports it once it has been idle, not in the way of the first pool, whose workers import
+    it themselves, and every later pool's workers have it from the fork."""
+    monkeypatch.setenv(forkserver.ENV, "on")
+    forkserver.stop_server()  # a fresh server, which forks its first workers as soon as it is ready
+    x = torch.zeros(2)
+    with importable(tmp_path, "ss_preload_probe", PRELOAD_PROBE):
+        for expected in (0.0, 1.0):
+            prog = ss.load(PRELOAD_PROGRAM, devices="cpu[0 1]", name="preload.ss")
+            try:
+                assert float(prog.dynamo_loaded(x)) == expected
+                assert prog.pool.pids and {parent_of(p) for p in prog.pool.pids} == {forkserver._server.proc.pid}
+            finally:
+                prog.stop()
+            # Idle: the server imports it; a request that comes meanwhile waits for the import to end.
+            time.sleep(forkserver.PRELOAD_WHEN_IDLE_S + 2.0)

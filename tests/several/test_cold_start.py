@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from shapescript.api import parse_devices
+from shapescript.parallel import forkserver
 from shapescript.parallel.pool import WorkerPool
 
 # What the controller imports to compile a program, and a worker never needs.
@@ -47,7 +48,11 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WorkerPo
     sys.path.insert(0, str(folder))
     pool = WorkerPool(parse_devices("cpu[0 1]"), modules=["shapescript.parallel.program_handlers", "ss_cold_probe"])
     try:
-        pool.start()
+        # Fresh interpreters, which run the prelude: a fork server that has been idle has also imported
+        # torch._dynamo, which brings sympy, for torch.optim (forkserver._preload)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(forkserver.ENV, "off")
+            pool.start()
         imported = pool.call("imported", (COMPILER + ["shapescript.parallel.program_handlers", "torch.distributed"],))
         yield pool, imported
     finally:
