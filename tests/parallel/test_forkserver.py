@@ -338,11 +338,11 @@ def test_workers_forked_after_the_server_idled_have_what_torch_optim_imports(tmp
     x = torch.zeros(2)
     with importable(tmp_path, "ss_preload_probe", PRELOAD_PROBE):
         for expected in (0.0, 1.0):
+            if expected:  # idle: the server imports it; a request that comes meanwhile waits for the import
+                time.sleep(forkserver.PRELOAD_WHEN_IDLE_S + 2.0)
             prog = ss.load(PRELOAD_PROGRAM, devices="cpu[0 1]", name="preload.ss")
             try:
                 assert float(prog.dynamo_loaded(x)) == expected
                 assert prog.pool.pids and {parent_of(p) for p in prog.pool.pids} == {forkserver._server.proc.pid}
             finally:
                 prog.stop()
-            # Idle: the server imports it; a request that comes meanwhile waits for the import to end.
-            time.sleep(forkserver.PRELOAD_WHEN_IDLE_S + 2.0)
