@@ -229,13 +229,13 @@ def ddp_rank(rank: int, store_path: str, conn: Any, threads: int, kind: str, ind
 
 class KeptOrder:
     """The batches of the program's loop over a dataset of `kept` batches (`timed_loop`'s), as indices:
-    the README's shuffle(seed=0) (torch.randperm from a generator seeded with 0, as
-    runtime/loops.shuffle_order makes it), one batch a step, on `device`. `next()` gives the whole
+    the README's shuffle(seed=0), one batch a step, on `device`. `next()` gives the whole
     batch's indices twice, in the place of DDP's drawn (x, y), and each rank takes its part of them."""
 
     def __init__(self, batch: int, kept: int, device: torch.device) -> None:
+        from shapescript.runtime.loops import shuffle_order  # the loop's own order (setup imports the runtime)
         self.batch, self.kept, self.step = batch, kept, 0
-        self.order = torch.randperm(batch * kept, generator=torch.Generator().manual_seed(0)).to(device)
+        self.order = shuffle_order(batch * kept, (0,)).to(device)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         first = (self.step % self.kept) * self.batch
@@ -249,9 +249,7 @@ def gathering_step(model: torch.nn.Module, batch: int, kept: int, device: torch.
     """A DDP step as hand-written over a TensorDataset kept whole in each rank: the rank's shuffled
     rows gathered (index_select) inside the step, then loss, backward, AdamW. The dataset is the
     loop's (`timed_loop`: `kept` batches drawn by Batches(batch))."""
-    data = Batches(batch)
-    xs, ys = zip(*(data.next() for _ in range(kept)))
-    x_all, y_all = torch.cat(xs).to(device), torch.cat(ys).to(device)
+    x_all, y_all = (t.to(device) for t in loop_data(batch, kept))
     cuda = device.type == "cuda"
     ddp = torch.nn.parallel.DistributedDataParallel(model.to(device), device_ids=[device] if cuda else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=LR)
@@ -366,6 +364,14 @@ def timed_steps(prog: Any, m: Any, opt: Any, data: Any, fields: tuple[str, str] 
     return steps
 
 
+def loop_data(batch: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The images and labels of the dataset the program's loop runs over: the first k batches that
+    Batches(batch) draws."""
+    data = Batches(batch)
+    xs, ys = zip(*(data.next() for _ in range(k)))
+    return torch.cat(xs), torch.cat(ys)
+
+
 def loop_source(batch: int) -> str:
     """The README program with its loop's batch size set to `batch` (it is 64 there)."""
     source = PROGRAM.read_text()
@@ -379,9 +385,8 @@ def timed_loop(prog: Any, m: Any, opt: Any, batch: int, k: int) -> Callable[[int
     batches the workers gather themselves. Only the whole loop is timed: each step counts as its
     mean (loss NaN: its batches aren't the other sides')."""
     import shapescript as ss
-    data = Batches(batch)
-    xs, ys = zip(*(data.next() for _ in range(k)))
-    dataset = ss.TensorDataset(img=torch.cat(xs), label=torch.cat(ys))
+    img, label = loop_data(batch, k)
+    dataset = ss.TensorDataset(img=img, label=label)
     sink = ss.sinks.memory()
 
     def steps(n: int) -> list[tuple[float, float]]:

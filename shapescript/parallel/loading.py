@@ -222,8 +222,8 @@ def load_part(state: Any, base: Any, indices: Sequence[int] | torch.Tensor, spec
         # Rows in order (a loop without shuffle): views of the kept rows, no copy. The program never
         # writes into a batch, and a worker's result is pickled before the controller sees it.
         return Staged(Batch(spec, {name: t[indices.start:indices.stop] for name, t in base.fields.items()}), None)
-    if kept:  # gathered by a tensor of indices; items load one by one, by number
-        rows = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(list(indices), dtype=torch.long)
+    if kept:  # gathered by a tensor of indices (as_tensor: a tensor as it is); items load one by one, by number
+        rows = torch.as_tensor(indices, dtype=torch.long)
     else:
         items: list[int] = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
     if not transfer.side_stream:

@@ -36,8 +36,8 @@ def optimizer_step(opt: torch.optim.Optimizer) -> None:
             torch._foreach_add_(steps, 1)
             beta1, beta2 = group["betas"]
             _FUSED_ADAMW(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=group["lr"],  # type: ignore[misc]
-                    beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
-                    maximize=False)
+                         beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
+                         maximize=False)
     finally:
         torch._C._set_grad_enabled(grad_was)
 
