@@ -14,16 +14,30 @@ no thread of its own; it only imports (once idle, also what torch.optim would im
 worker: `_preload`). A worker forked from it is what `python -c WORKER_MAIN` would
 be, with the controller's environment, working folder and sys.path of the moment it was asked for.
 
+Where the controller itself could be that process, the server is a fork of it, and the first pool
+starts in a tenth of a second instead of after a second's import (`_may_fork_controller`): its
+only thread is the one that asks (plus the threads that importing torch starts, OpenBLAS's, which
+the fresh server has too), so no thread pool, lock or CUDA context of its is caught half-way; its
+environment is the one its modules were imported with; and it is small (`FORK_RSS_LIMIT`: the
+server and the workers keep the pages they share with it). A script's first pool usually is; a
+notebook kernel (threads of its own) or a process that ran torch's parallel ops (OpenMP's threads)
+gets a fresh interpreter as its server. The fork keeps none of the controller's files and sockets
+but its output, its garbage is frozen (never collected there: an object that closed its file would
+close some other), and its signal handlers, output streams, warning filters and torch's default
+dtype are what a fresh interpreter's are.
+
 The server is keyed by the environment it started with: modules read some variables as they import
 (SHAPESCRIPT_OVERLAP, OMP_NUM_THREADS in torch's OpenMP), so a controller whose environment has
 changed since gets a new server (and the old one ends). The worker's exit status, which only its
 parent can read, the server writes to a file of the pool's private folder as it reaps it.
-$SHAPESCRIPT_FORK_SERVER=off starts every worker as a fresh interpreter, as before.
+$SHAPESCRIPT_FORK_SERVER=fresh always starts the server as a fresh interpreter; =off starts every
+worker as one, as before there was a server.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import pickle
 import select
@@ -33,9 +47,10 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from shapescript.parallel.processes import UNKNOWN_EXIT, WorkerProcess, proc_state
 
@@ -49,22 +64,125 @@ PRELOAD_WHEN_IDLE_S = 3.0
 EXIT_GRACE = 1.0  # seconds the server has to report a worker's end, once the process is gone
 
 
+# A controller larger than this (resident) starts a fresh server instead of forking one: the server
+# and its workers would keep every page they share with it, freed by the controller or not.
+FORK_RSS_LIMIT = 2 << 30
+
+
+def _setting() -> str:
+    return os.environ.get(ENV, "on").strip().lower()
+
+
 def enabled() -> bool:
-    return os.environ.get(ENV, "on").strip().lower() not in ("off", "0", "no", "false")
+    return _setting() not in ("off", "0", "no", "false")
 
 
 def _key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in env.items() if k not in PER_POOL))
 
 
-class ForkedWorker:
-    """What the pool asks of a worker's `subprocess.Popen`, for a worker the server forked: its pid,
-    `poll`/`wait` for its exit status (from the file the server writes), and signals."""
+def _tasks() -> int:
+    """This process's threads, as the kernel counts them (Python's and those of libraries); 0 if unknown."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+def _openblas_threads() -> int | None:
+    """The threads that the OpenBLAS this process has loaded (numpy's, which torch imports) started as
+    it loaded: its thread count less the caller's; 0 if none is loaded, None if one is but can't be asked.
+    It stops them around a fork (pthread_atfork), so they are no reason not to fork."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {fields[-1] for fields in map(str.split, f)
+                     if len(fields) == 6 and "openblas" in os.path.basename(fields[-1]).lower() and ".so" in fields[-1]}
+    except OSError:
+        return None
+    threads = 0
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)  # loaded already: this only looks it up
+        except OSError:
+            return None
+        getters = [getattr(lib, name) for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                                                   "scipy_openblas_get_num_threads", "openblas_get_num_threads")
+                   if hasattr(lib, name)]
+        if not getters:
+            return None
+        threads += max(0, getters[0]() - 1)
+    return threads
+
+
+# The environment this process had as shapescript imported (its modules read some of it then).
+_IMPORTED_WITH = _key(os.environ)
+_STARTUP_WARNING_FILTERS = list(warnings.filters)
+
+
+def _may_fork_controller(env: Mapping[str, str]) -> bool:
+    """Whether this controller may fork itself as the server of workers with environment `env`: its
+    only threads are this one and OpenBLAS's (no OpenMP pool of torch's: a fork of a process that has
+    one hangs in its next parallel region), the environment its modules read at import, no CUDA
+    context, and resident memory under FORK_RSS_LIMIT."""
+    if _setting() == "fresh" or threading.active_count() != 1:
+        return False
+    if _key(env) != _IMPORTED_WITH or _key(os.environ) != _IMPORTED_WITH:
+        return False
+    blas = _openblas_threads()
+    if blas is None or _tasks() != 1 + blas:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False
+    try:
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return False
+    return resident <= FORK_RSS_LIMIT
+
+
+class _Process:
+    """What is asked of a `subprocess.Popen` (pid, `poll`, `wait`, signals), for a process started by
+    a fork: a subclass says how `poll` learns its exit status."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"process {self.pid}", timeout or 0.0)
+            time.sleep(0.002)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedWorker(_Process):
+    """A worker the server forked: its exit status comes from the file the server writes."""
 
     def __init__(self, pid: int, exit_path: str, server: ForkServer) -> None:
-        self.pid = pid
+        super().__init__(pid)
         self.exit_path = exit_path
-        self.returncode: int | None = None
         self._server = server
         self._gone_at: float | None = None  # when the process was first seen gone without a status
 
@@ -82,27 +200,20 @@ class ForkedWorker:
                         self.returncode = UNKNOWN_EXIT
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
-            time.sleep(0.002)
-        assert self.returncode is not None
-        return self.returncode
 
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
+class ControllerFork(_Process):
+    """The server where it is a fork of the controller (`_fork_as_server`): its child, reaped here."""
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
             try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else's waitpid(-1)
+                self.returncode = UNKNOWN_EXIT
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 def _open(fd: int) -> bool:
@@ -127,9 +238,10 @@ class ForkServer:
         self.key = _key(env)
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen([sys.executable, "-c", SERVER_MAIN, "--fd", str(theirs.fileno()),
-                                          "--parent", str(os.getpid())],
-                                         pass_fds=(theirs.fileno(),), env=dict(env), cwd=cwd)
+            self.proc: subprocess.Popen[bytes] | ControllerFork = (
+                _fork_as_server(theirs.fileno(), cwd) if _may_fork_controller(env) else
+                subprocess.Popen([sys.executable, "-c", SERVER_MAIN, "--fd", str(theirs.fileno()),
+                                  "--parent", str(os.getpid())], pass_fds=(theirs.fileno(),), env=dict(env), cwd=cwd))
         finally:
             theirs.close()
         self._lock = threading.Lock()  # one fork request at a time
@@ -265,6 +377,47 @@ def stop_server() -> None:
 
 
 # -- the server process ------------------------------------------------------------------------------
+
+def _fork_as_server(fd: int, cwd: str) -> ControllerFork:
+    """This controller, forked, as the server on its end `fd` of the control socket; it has no other
+    file of the controller's but its output, and is otherwise what a fresh interpreter running
+    SERVER_MAIN would be (`_as_fresh_interpreter`)."""
+    controller = os.getpid()
+    with warnings.catch_warnings():  # Python 3.12's about forking with threads: OpenBLAS's, see above
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        try:
+            gc.freeze()  # the controller's objects are never collected here: see the module's docstring
+            os.closerange(3, fd)
+            os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
+            _as_fresh_interpreter()
+            os.chdir(cwd)
+            import shapescript.parallel.program_handlers  # noqa: F401 (SERVER_MAIN's imports)
+            import shapescript.parallel.worker  # noqa: F401
+            import shapescript.runtime.core  # noqa: F401
+            serve(["--fd", str(fd), "--parent", str(controller)])
+        finally:
+            os._exit(1)
+    return ControllerFork(pid)
+
+
+def _as_fresh_interpreter() -> None:
+    """In a fork of the controller: the interpreter's state that the controller may have changed, as a
+    fresh one has it, where a worker would see it."""
+    global _server, _server_lock
+    import faulthandler
+    faulthandler.disable()  # its file, if any, is closed here
+    for sig in signal.valid_signals():
+        if callable(signal.getsignal(sig)):  # Python code of the controller's
+            signal.signal(sig, signal.SIG_DFL)
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+    cast(list, warnings.filters)[:] = _STARTUP_WARNING_FILTERS  # in place: the C side holds the list
+    getattr(warnings, "_filters_mutated", lambda: None)()
+    torch = sys.modules["torch"]
+    torch.set_default_dtype(torch.float32)
+    _server, _server_lock = None, threading.Lock()  # the controller's, held as it forked
+
 
 def serve(argv: list[str]) -> None:
     """The server's life (SERVER_MAIN runs it, with torch and the worker's modules imported): fork a

@@ -333,7 +333,7 @@ def test_workers_forked_after_the_server_idled_have_what_torch_optim_imports(tmp
     """torch.optim imports torch._dynamo as it makes the first optimizer of a process (1.4 s): the
     server imports it once it has been idle, not in the way of the first pool, whose workers import
     it themselves, and every later pool's workers have it from the fork."""
-    monkeypatch.setenv(forkserver.ENV, "on")
+    monkeypatch.setenv(forkserver.ENV, "fresh")  # not a fork of this process, which has imported it
     forkserver.stop_server()  # a fresh server, which forks its first workers as soon as it is ready
     x = torch.zeros(2)
     with importable(tmp_path, "ss_preload_probe", PRELOAD_PROBE):
