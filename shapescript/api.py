@@ -180,6 +180,10 @@ class Program:
             from .parallel.loading import Datasets
             self.datasets = Datasets()  # what the workers hold of the datasets this program's loops read
             namespace[WORKERS_NAME] = self  # the controller's module reaches its workers through this program
+            from .parallel import cluster as clusters
+            if not checked.device_set.several_hosts and clusters.current() is None:
+                from .parallel import forkserver
+                forkserver.fork_ahead(os.environ, os.getcwd())  # before the script's data starts torch's threads
         for name, fn in checked.fns.items():
             self._members[name] = Function(self, fn)
 

@@ -17,11 +17,12 @@ be, with the controller's environment, working folder and sys.path of the moment
 Where the controller itself could be that process, the server is a fork of it, and the first pool
 starts in a tenth of a second instead of after a second's import (`_may_fork_controller`): its
 only thread is the one that asks (plus the threads that importing torch starts, OpenBLAS's, which
-the fresh server has too), so no thread pool, lock or CUDA context of its is caught half-way; its
+the fresh server has too), so no thread pool, lock or CUDA driver of its is caught half-way; its
 environment is the one its modules were imported with; and it is small (`FORK_RSS_LIMIT`: the
-server and the workers keep the pages they share with it). A script's first pool usually is; a
-notebook kernel (threads of its own) or a process that ran torch's parallel ops (OpenMP's threads)
-gets a fresh interpreter as its server. The fork keeps none of the controller's files and sockets
+server and the workers keep the pages they share with it). `ss.load` forks it as it returns a
+program on several devices (`fork_ahead`), before a script makes its data with torch; a notebook
+kernel (threads of its own) or a process that ran torch's parallel ops (OpenMP's threads) gets a
+fresh interpreter as its server. The fork keeps none of the controller's files and sockets
 but its output, its garbage is frozen (never collected there: an object that closed its file would
 close some other), and its signal handlers, output streams, warning filters and torch's default
 dtype are what a fresh interpreter's are.
@@ -89,19 +90,24 @@ def _tasks() -> int:
         return 0
 
 
-def _openblas_threads() -> int | None:
-    """The threads that the OpenBLAS this process has loaded (numpy's, which torch imports) started as
-    it loaded: its thread count less the caller's; 0 if none is loaded, None if one is but can't be asked.
-    It stops them around a fork (pthread_atfork), so they are no reason not to fork."""
-    import ctypes
+def _mapped_libraries() -> set[str] | None:
+    """The paths of the shared libraries this process has loaded; None if unknown."""
     try:
         with open("/proc/self/maps") as f:
-            paths = {fields[-1] for fields in map(str.split, f)
-                     if len(fields) == 6 and "openblas" in os.path.basename(fields[-1]).lower() and ".so" in fields[-1]}
+            return {fields[-1] for fields in map(str.split, f) if len(fields) == 6 and ".so" in fields[-1]}
     except OSError:
         return None
+
+
+def _openblas_threads(libraries: set[str]) -> int | None:
+    """The threads that the OpenBLAS among `libraries` (numpy's, which torch imports) started as it
+    loaded: its thread count less the caller's; 0 if there is none, None if one can't be asked. It
+    stops them around a fork (pthread_atfork), so they are no reason not to fork."""
+    import ctypes
     threads = 0
-    for path in paths:
+    for path in libraries:
+        if "openblas" not in os.path.basename(path).lower():
+            continue
         try:
             lib = ctypes.CDLL(path)  # loaded already: this only looks it up
         except OSError:
@@ -124,16 +130,17 @@ def _may_fork_controller(env: Mapping[str, str]) -> bool:
     """Whether this controller may fork itself as the server of workers with environment `env`: its
     only threads are this one and OpenBLAS's (no OpenMP pool of torch's: a fork of a process that has
     one hangs in its next parallel region), the environment its modules read at import, no CUDA
-    context, and resident memory under FORK_RSS_LIMIT."""
+    driver loaded, and resident memory under FORK_RSS_LIMIT."""
     if _setting() == "fresh" or threading.active_count() != 1:
         return False
     if _key(env) != _IMPORTED_WITH or _key(os.environ) != _IMPORTED_WITH:
         return False
-    blas = _openblas_threads()
-    if blas is None or _tasks() != 1 + blas:
+    libraries = _mapped_libraries()
+    # CUDA's driver, once loaded (torch.cuda.device_count() loads it too), doesn't work in a fork
+    if libraries is None or any(os.path.basename(path).startswith("libcuda.") for path in libraries):
         return False
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    blas = _openblas_threads(libraries)
+    if blas is None or _tasks() != 1 + blas:
         return False
     try:
         with open("/proc/self/statm") as f:
@@ -319,6 +326,14 @@ def server_for(env: Mapping[str, str], cwd: str) -> ForkServer | None:
             atexit.unregister(stop_server)  # once, however many servers this controller starts
             atexit.register(stop_server)
         return _server
+
+
+def fork_ahead(env: Mapping[str, str], cwd: str) -> None:
+    """Start the server now if this controller may fork itself as it (`_may_fork_controller`), which it
+    may no longer be by its first pool: a script that loads its program and then makes its data with
+    torch has started OpenMP's threads by then. `ss.load` calls this for a program on several devices."""
+    if enabled() and _pidfds() and _may_fork_controller(env):
+        server_for(env, cwd)
 
 
 def _pidfds() -> bool:
