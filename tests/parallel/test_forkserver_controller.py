@@ -19,15 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from test_forkserver import PROGRAM as ROWS  # its `centered`; the probe is this file's own
+
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAM = """\
-dim D = 3
-
-data Row:
-    x: [D]
-
-fn centered(batch: [b] Row) -> [b D] = batch.x - mean(batch.x, over=b)
-
+PROGRAM = ROWS.split("fn env_value")[0] + """\
 fn fresh(x: [n]) -> [n] = x * looks_fresh(x)
 
 extern fn looks_fresh(x: [n]) -> [] = "ss_fresh_probe.looks_fresh"
