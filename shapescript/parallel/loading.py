@@ -14,6 +14,8 @@ warning, and its batches travel through the pipes.
 
 from __future__ import annotations
 
+import functools
+
 import itertools
 import pickle
 import threading
@@ -41,9 +43,12 @@ class RemoteBatch:
 
     is_remote = True
 
-    def __init__(self, plan: tuple, number: int, base: Any, indices: list[int], spec: DataSpec) -> None:
-        self._plan, self._number, self._base, self._indices, self.spec = plan, number, base, indices, spec
-        self.size = len(indices)
+    def __init__(self, plan: tuple, number: int, base: Any, size: int, items: Callable[[], list[int]],
+                 spec: DataSpec) -> None:
+        """`items()`: the batch's indices into `base`, asked for only if the controller loads it (the
+        loop's order isn't drawn here otherwise: 0.7 ms a run for a dataset of 120,000)."""
+        self._plan, self._number, self._base, self._items, self.spec = plan, number, base, items, spec
+        self.size = size
         self._loaded: Batch | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -51,7 +56,7 @@ class RemoteBatch:
         if spec is None or name.startswith("_") or name not in {f.name for f in spec.fields} | {"lengths"}:
             raise AttributeError(f"a batch of {spec.name if spec else 'a data type'} has no field `{name}`")
         if self._loaded is None:
-            self._loaded = Batch(spec, *load_items(self._base, self._indices, spec))
+            self._loaded = Batch(spec, *load_items(self._base, self._items(), spec))
         return getattr(self._loaded, name)
 
     def _parts(self, sizes: list[int]) -> list[tuple]:
@@ -152,8 +157,8 @@ class RemoteBatches:
             return
         b = self.batches
         plan = (next(_handles), handle, b.seeds, b.n, b.spec.name)  # all a worker needs to make the loop
-        for number, indices in enumerate(b.indices()):
-            yield RemoteBatch(plan, number, b.base, indices, b.spec)
+        for number in range(len(b)):
+            yield RemoteBatch(plan, number, b.base, b.size_of(number), functools.partial(b.items_of, number), b.spec)
 
 
 def keep(state: Any, base: Any, spec: DataSpec) -> Any:

@@ -10,6 +10,8 @@ other are imported by name, never read as `data.X`.
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -34,10 +36,15 @@ class _Shuffled:
 
     def __init__(self, base: Any, seed: int) -> None:
         self.base, self.seed = base, seed
-        self.perm = shuffle_order(_length(base, "shuffle"), (seed,))
+        self.length = _length(base, "shuffle")
+
+    @functools.cached_property
+    def perm(self) -> torch.Tensor:
+        """Drawn when an item is first read: a loop over batches draws its own order from the seeds."""
+        return shuffle_order(self.length, (self.seed,))
 
     def __len__(self) -> int:
-        return len(self.perm)
+        return self.length
 
     def __getitem__(self, i: int) -> Any:
         return self.base[int(self.perm[i])]
@@ -101,12 +108,24 @@ class _Batches:
     def __len__(self) -> int:
         return -(-self.total // self.n)
 
+    @functools.cached_property
+    def order(self) -> Sequence[int]:
+        """The loop's order of the underlying dataset's items (drawn once, when first asked for)."""
+        return shuffle_order(self.total, self.seeds).tolist() if self.seeds else range(self.total)
+
+    def size_of(self, k: int) -> int:
+        start, end = batch_bounds(self.total, self.n, k)
+        return end - start
+
+    def items_of(self, k: int) -> list[int]:
+        """Batch k's items, as indices into the underlying dataset."""
+        start, end = batch_bounds(self.total, self.n, k)
+        return list(self.order[start:end])
+
     def indices(self) -> Iterator[list[int]]:
         """Each batch's items, as indices into the underlying dataset."""
-        order = shuffle_order(self.total, self.seeds).tolist() if self.seeds else range(self.total)
         for k in range(len(self)):
-            start, end = batch_bounds(self.total, self.n, k)
-            yield list(order[start:end])
+            yield self.items_of(k)
 
     def __iter__(self) -> Iterator[Batch]:
         return with_progress(self.load(), len(self), self.spec.name)

@@ -114,7 +114,7 @@ def handle_instances() -> list[tuple[object, set[str], frozenset[str]]]:
     return [(Model.init(spec, seed=0), members, MODEL_RESERVED),
             (RemoteModel(stub, spec, handle=1), members, MODEL_RESERVED),
             (batch, fields, DATA_RESERVED),
-            (RemoteBatch(("plan",), 0, examples(), [0, 1], prog.Ex), fields, DATA_RESERVED)]
+            (RemoteBatch(("plan",), 0, examples(), 2, lambda: [0, 1], prog.Ex), fields, DATA_RESERVED)]
 
 
 @pytest.mark.parametrize("index", range(4))
