@@ -15,7 +15,6 @@ warning, and its batches travel through the pipes.
 from __future__ import annotations
 
 import functools
-
 import itertools
 import pickle
 import threading

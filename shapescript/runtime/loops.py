@@ -11,7 +11,6 @@ other are imported by name, never read as `data.X`.
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
