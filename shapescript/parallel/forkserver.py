@@ -37,6 +37,7 @@ worker as one, as before there was a server.
 
 from __future__ import annotations
 
+import abc
 import atexit
 import gc
 import os
@@ -133,7 +134,7 @@ def _may_fork_controller(env: Mapping[str, str]) -> bool:
     driver loaded, and resident memory under FORK_RSS_LIMIT."""
     if _setting() == "fresh" or threading.active_count() != 1:
         return False
-    if _key(env) != _IMPORTED_WITH or _key(os.environ) != _IMPORTED_WITH:
+    if _key(env) != _IMPORTED_WITH:  # env is os.environ and the pool's own variables, which the key leaves out
         return False
     libraries = _mapped_libraries()
     # CUDA's driver, once loaded (torch.cuda.device_count() loads it too), doesn't work in a fork
@@ -150,7 +151,7 @@ def _may_fork_controller(env: Mapping[str, str]) -> bool:
     return resident <= FORK_RSS_LIMIT
 
 
-class _Process:
+class _Process(abc.ABC):
     """What is asked of a `subprocess.Popen` (pid, `poll`, `wait`, signals), for a process started by
     a fork: a subclass says how `poll` learns its exit status."""
 
@@ -158,8 +159,9 @@ class _Process:
         self.pid = pid
         self.returncode: int | None = None
 
+    @abc.abstractmethod
     def poll(self) -> int | None:
-        raise NotImplementedError
+        """The exit status once the process has ended (kept in `returncode`), else None."""
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
