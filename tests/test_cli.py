@@ -47,7 +47,7 @@ def test_build_writes_python_that_names_ss_lines(tmp_path) -> None:
     assert res.returncode == 0, res.stderr
     text = out.read_text()
     compile(text, str(out), "exec")
-    assert "return torch.relu(x @ m._m_w1) @ m._m_w2  # " in text and "mlp.ss:17:5" in text
+    assert "return _rt.matmul(torch.relu(_rt.matmul(x, m._m_w1)), m._m_w2)  # " in text and "mlp.ss:17:5" in text
 
 
 def test_standalone_build_runs_without_shapescript(tmp_path) -> None:

@@ -212,8 +212,8 @@ def test_no_op_steps_print_nothing() -> None:
 
 def test_the_attention_example_reads_as_torch() -> None:
     text = python_module(compile_program(GPT, "gpt.ss", None, {"V": 11}))
-    assert "q, k, v = (x @ m._m_w_qkv).unflatten(2, (3, 12, 64)).permute(2, 0, 3, 1, 4).unbind(0)" in text
-    assert "return attention(q, k, v).permute(0, 2, 1, 3).flatten(2, 3) @ m._m_w_o" in text
+    assert "q, k, v = _rt.matmul(x, m._m_w_qkv).unflatten(2, (3, 12, 64)).permute(2, 0, 3, 1, 4).unbind(0)" in text
+    assert "return _rt.matmul(attention(q, k, v).permute(0, 2, 1, 3).flatten(2, 3), m._m_w_o)" in text
 
 
 def test_on_several_devices_the_workers_print_torch_and_reduce_sums_their_parts() -> None:

@@ -42,6 +42,19 @@ def placing_text(placing: N.Placing | None) -> str:
     return "[" + ", ".join(":" if i == ":" else "None" for i in placing) + "]"
 
 
+def _needs_parentheses(node: N.Expr | None) -> bool:
+    """An operand printed as an operator expression; a product printed as a call needs none."""
+    if isinstance(node, N.BinOp) and node.op == "@":
+        return not (node.across or node.recipe.tensordot or _rows_by_matrix(node.left.ty, node.right.ty))
+    return isinstance(node, (N.BinOp, N.UnOp))
+
+
+def _rows_by_matrix(left: T.Ty | None, right: T.Ty | None) -> bool:
+    """`[.. k] @ [k n]` of f32 tensors: a product runtime/products.py may send to another library."""
+    return (isinstance(left, T.TensorT) and isinstance(right, T.TensorT) and left.dtype == right.dtype == "f32"
+            and left.rank >= 2 and right.rank == 2)
+
+
 def size_text(source: object) -> str:
     """A dim's size at run time: a number, or the local that holds what a parameter's shape said."""
     if isinstance(source, int):
@@ -105,7 +118,7 @@ class BodyPrinter:
         text = self._expr(node)
         if self.type_checks is not None:
             text = self.type_checks.wrap(node.ty, node.span, text)
-        if nested and isinstance(node, (N.BinOp, N.UnOp)):
+        if nested and _needs_parentheses(node):
             return f"({text})"
         return text
 
@@ -174,6 +187,8 @@ class BodyPrinter:
             return f"torch.logical_{node.op}({left}, {right})" if tensor else f"{left} {node.op} {right}"
         if node.op == "@" and node.recipe.tensordot:
             text = f"torch.tensordot({left}, {right}, dims=1)"
+        elif node.op == "@" and _rows_by_matrix(node.left.ty, node.right.ty):
+            text = f"_rt.matmul({left}, {right})"  # the library that is quicker for its sizes (runtime/products.py)
         else:
             text = f"{left} {node.op} {right}"
         if node.across:  # contracts the batch axis: each device's part is a partial sum
@@ -193,7 +208,7 @@ class BodyPrinter:
         """The op table's lowering, or its all-reduce on several devices."""
         args = ["" if a is None else self.expr(a) for a in node.args]
         # An argument that gets an index or a method call after it needs its own parentheses.
-        wrapped = [f"({text})" if isinstance(a, (N.BinOp, N.UnOp)) else text for text, a in zip(args, node.args)]
+        wrapped = [f"({text})" if _needs_parentheses(a) else text for text, a in zip(args, node.args)]
         place: Callable[[int, tuple | None], str] = \
             lambda k, index: wrapped[k] + placing_text(index) if index else args[k]
         call = LowerCall(args, wrapped, node.options, literal(str(node.span)), place, node.recipe, size_text, literal,

@@ -88,7 +88,7 @@ def model_order(c: Checked) -> list[T.ModelT]:
 # safetensors, the standard library and the modules before it.
 STANDALONE_MODULES = ("errors.py", "names.py", "dtypes.py", "inits.py", "runtime/steps.py", "runtime/sigint.py",
                       "runtime/model.py", "runtime/collectives.py", "runtime/sharding.py", "runtime/heads.py",
-                      "runtime/fused_step.py", "runtime/optim.py",
+                      "runtime/fused_step.py", "runtime/optim.py", "runtime/products.py",
                       "runtime/data.py", "runtime/loops.py", "runtime/sinks.py", "runtime/checkpoint.py", "runtime/calls.py",
                       "runtime/patterns.py", "runtime/modes.py", "runtime/ops.py", "runtime/guards.py")
 

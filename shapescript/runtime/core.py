@@ -16,8 +16,9 @@ from shapescript.runtime.optim import Grads, Optimizer, adamw, sgd, update, valu
 from shapescript.runtime.heads import cut_heads, gather_heads
 from shapescript.runtime.loops import batches, shuffle
 from shapescript.runtime.sharding import gather_param
+from shapescript.runtime.products import matmul
 from shapescript.runtime.sinks import Logs, Sink, logs, write
 
-__all__ = ["affine_layer_norm", "ArgDims", "AxisCheck", "BatchGuard", "DimFormula", "KindGuard", "NotFromPython", "Param", "ResultGuard", "TensorGuard", "all_batch_norm", "all_cross_entropy", "all_masked_cross_entropy", "all_masked_mean", "all_mean", "all_sum", "masked_cross_entropy", "masked_mean", "masked_sum", "valid", "batch_norm", "Eval", "Mode", "Train", "causal", "causal_mask", "clip_norm", "first", "dropout", "gather_param", "gather_heads", "cut_heads", "world", "grad_norm", "Batch", "DataSpec", "FieldSpec", "Grads", "Logs", "Model", "ModelSpec", "Optimizer", "ParamSpec",
+__all__ = ["affine_layer_norm", "ArgDims", "AxisCheck", "BatchGuard", "DimFormula", "KindGuard", "NotFromPython", "Param", "ResultGuard", "TensorGuard", "all_batch_norm", "all_cross_entropy", "all_masked_cross_entropy", "all_masked_mean", "all_mean", "all_sum", "masked_cross_entropy", "matmul", "masked_mean", "masked_sum", "valid", "batch_norm", "Eval", "Mode", "Train", "causal", "causal_mask", "clip_norm", "first", "dropout", "gather_param", "gather_heads", "cut_heads", "world", "grad_norm", "Batch", "DataSpec", "FieldSpec", "Grads", "Logs", "Model", "ModelSpec", "Optimizer", "ParamSpec",
            "Sink", "SubSpec", "TensorDataset", "adamw", "batches", "load", "logs", "python_call", "rearrange", "reduce", "repeat", "save", "sgd",
            "show", "shuffle", "split_parts", "topk", "update", "value_and_grad", "write"]

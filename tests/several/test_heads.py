@@ -124,10 +124,10 @@ def test_each_rule_of_the_plan_computes_what_one_device_computes() -> None:
 def test_the_plan_gathers_cuts_and_sums_where_the_rules_say() -> None:
     prog = ss.load(with_options(RULES, "split H"), devices="cpu[0 1 2]", name="rules.ss")
     checked, source = prog.checked, prog.worker_source
-    assert "_rt.cut_heads((batch.x @ m._m_q).unflatten(1, (2, 6)).permute(1, 0, 2).unbind(0), (1, 1), " in source
-    assert "scale(x @ m._m_w, m._m_u)" in source  # each device's part of w, of its columns' values
+    assert "_rt.cut_heads(_rt.matmul(batch.x, m._m_q).unflatten(1, (2, 6)).permute(1, 0, 2).unbind(0), (1, 1), " in source
+    assert "scale(_rt.matmul(x, m._m_w), m._m_u)" in source  # each device's part of w, of its columns' values
     assert "_rt.gather_heads(s, 1, " in source  # softmax and logsumexp along H take it whole
-    assert "_rt.all_sum(p @ m._m_v, " in source  # a contraction over H: partial sums
+    assert "_rt.all_sum(_rt.matmul(p, m._m_v), " in source  # a contraction over H: partial sums
     assert "_size_s_1 = s.shape[1] * _rt.world()" in source  # k read as a number: the whole of it
     assert checked.layout.head_params == {("Net", "w"): 1, ("Net", "v"): 0, ("Net", "u"): 0}  # not q
 
