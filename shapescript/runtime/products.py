@@ -103,7 +103,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _onednn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b through oneDNN: its linear op computes input @ weight^T, with the weight as [n k]."""
     rows = a.reshape(-1, a.shape[-1]) if a.dim() > 2 else a
-    out = _LINEAR(rows.contiguous(), b.t(), None, "none", [None], "")  # type: ignore[operator]
+    try:
+        out = _LINEAR(rows.contiguous(), b.t(), None, "none", [None], "")  # type: ignore[operator]
+    except RuntimeError:  # a layout or size oneDNN refuses: torch's product, which the rule only meant to beat
+        return a @ b
     return out.view(*a.shape[:-1], b.shape[1]) if a.dim() > 2 else out
 
 
@@ -113,7 +116,10 @@ def _weight_grad(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     (m, k), n = rows.shape, grads.shape[1]
     if _on(rows, grads) and onednn_for_weight_grad(m, k, n) and not torch.is_grad_enabled():
         # (not when a gradient of this is asked for: `@` records it.) (G^T A)^T: G^T as oneDNN's input, A^T as its weight [k m]; its result [n k] laid out as b's
-        return _LINEAR(grads.t(), rows.t(), None, "none", [None], "").t().contiguous()  # type: ignore[operator]
+        try:
+            return _LINEAR(grads.t(), rows.t(), None, "none", [None], "").t().contiguous()  # type: ignore[operator]
+        except RuntimeError:
+            pass
     return rows.t() @ grads
 
 

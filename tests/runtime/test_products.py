@@ -158,3 +158,22 @@ def test_the_choice_follows_the_setting_and_the_vendor() -> None:
     assert choose("auto", "AuthenticAMD", True) and not choose("auto", "GenuineIntel", True)
     assert choose("onednn", "GenuineIntel", True) and not choose("torch", "AuthenticAMD", True)
     assert not choose("onednn", "AuthenticAMD", False) and not choose("auto", "", True)
+
+
+@needs_onednn
+def test_a_product_oneDNN_refuses_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should oneDNN's kernel raise for some layout or size, the product (and its gradients) are
+    torch's, not an error from inside the runtime."""
+    def refusing(*_: Any) -> torch.Tensor:
+        raise RuntimeError("oneDNN: unsupported")
+
+    monkeypatch.setattr(products, "ENABLED", True)
+    monkeypatch.setattr(products, "_LINEAR", refusing)
+    torch.manual_seed(5)
+    a, b = torch.randn(1024, 256, requires_grad=True), torch.randn(256, 10, requires_grad=True)
+    out = matmul(a, b)
+    ga, gb = torch.autograd.grad(out, (a, b), torch.ones_like(out))
+    a2, b2 = a.detach().requires_grad_(), b.detach().requires_grad_()
+    want = a2 @ b2
+    want_ga, want_gb = torch.autograd.grad(want, (a2, b2), torch.ones_like(want))
+    assert torch.equal(out, want) and torch.equal(ga, want_ga) and torch.equal(gb, want_gb)
