@@ -57,10 +57,6 @@ def median_time(f: Callable[[], Any], budget: float) -> float:
     return statistics.median(times)
 
 
-def onednn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return products._onednn(a, b)
-
-
 def products_table(threads: int, budget: float) -> None:
     torch.set_num_threads(threads)
     print(f"\n1. products on {threads} thread(s): median µs through torch (MKL) / oneDNN (ratio); * the rule's pick")
@@ -69,10 +65,9 @@ def products_table(threads: int, budget: float) -> None:
         for m in ROWS:
             a, b, g = torch.randn(m, k), torch.randn(k, n), torch.randn(m, n)
             sides = [
-                (lambda: a @ b, lambda: onednn(a, b), products.onednn_for(m, k, n)),
-                (lambda: g @ b.t(), lambda: onednn(g, b.t()), products.onednn_for(m, n, k)),
-                (lambda: a.t() @ g, lambda: products._LINEAR(g.t(), a.t(), None, "none", [None], "").t().contiguous(),  # type: ignore[operator]
-                 products.onednn_for_weight_grad(m, k, n)),
+                (lambda: a @ b, lambda: products._onednn(a, b), products.onednn_for(m, k, n)),
+                (lambda: g @ b.t(), lambda: products._onednn(g, b.t()), products.onednn_for(m, n, k)),
+                (lambda: a.t() @ g, lambda: products.onednn_weight_grad(a, g), products.onednn_for_weight_grad(m, k, n)),
             ]
             cells = []
             for mkl, dnn, picked in sides:
@@ -84,6 +79,7 @@ def products_table(threads: int, budget: float) -> None:
 
 def one_device(batches: list[int], rounds: int, steps: int) -> None:
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+    enabled = products.ENABLED  # put back after the race
     prog = ss.load(PROGRAM, devices="cpu")
     print(f"\n2. README MLP, devices='cpu', {torch.get_num_threads()} threads: prog.train_step, oneDNN's "
           f"products on / off ({rounds} rounds of {steps} steps a side)")
@@ -99,7 +95,7 @@ def one_device(batches: list[int], rounds: int, steps: int) -> None:
                 prog.train_step(models[side], opts[side], {"img": x, "label": y})
             return (time.perf_counter() - t0) / steps
         report(batch, block, rounds)
-    products.ENABLED = products.choose(products._setting(), products.vendor(), products._LINEAR is not None)
+    products.ENABLED = enabled
 
 
 def several(batches: list[int], rounds: int, size: int) -> None:

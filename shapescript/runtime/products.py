@@ -115,12 +115,17 @@ def _weight_grad(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     rows, grads = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
     (m, k), n = rows.shape, grads.shape[1]
     if _on(rows, grads) and onednn_for_weight_grad(m, k, n) and not torch.is_grad_enabled():
-        # (not when a gradient of this is asked for: `@` records it.) (G^T A)^T: G^T as oneDNN's input, A^T as its weight [k m]; its result [n k] laid out as b's
-        try:
-            return _LINEAR(grads.t(), rows.t(), None, "none", [None], "").t().contiguous()  # type: ignore[operator]
-        except RuntimeError:
-            pass
+        return onednn_weight_grad(rows, grads)  # (not when a gradient of this is asked for: `@` records it)
     return rows.t() @ grads
+
+
+def onednn_weight_grad(rows: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """rows^T @ grads through oneDNN as (G^T A)^T: G^T its input, A^T its weight [k m], the result
+    [n k] transposed into b's layout; torch's product where oneDNN refuses."""
+    try:
+        return _LINEAR(grads.t(), rows.t(), None, "none", [None], "").t().contiguous()  # type: ignore[operator]
+    except RuntimeError:
+        return rows.t() @ grads
 
 
 class _Product(torch.autograd.Function):

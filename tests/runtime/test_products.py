@@ -45,6 +45,16 @@ def assert_near(got: torch.Tensor, want: torch.Tensor) -> None:
     assert (got.double() - want).abs().max().item() <= 1e-5 * want.abs().max().item()
 
 
+def assert_torchs_to_the_bit(a: torch.Tensor, b: torch.Tensor) -> None:
+    """matmul(a, b) and both its gradients are exactly what torch's `@` and autograd give."""
+    out = matmul(a, b)
+    ga, gb = torch.autograd.grad(out, (a, b), torch.ones_like(out))
+    a2, b2 = a.detach().requires_grad_(), b.detach().requires_grad_()
+    want = a2 @ b2
+    want_ga, want_gb = torch.autograd.grad(want, (a2, b2), torch.ones_like(want))
+    assert torch.equal(out, want) and torch.equal(ga, want_ga) and torch.equal(gb, want_gb)
+
+
 CASES = {  # a's shape, b's shape, what oneDNN runs: the product, and the gradients' products
     "layer": ((512, 784), (784, 256)),  # as the README MLP's first layer: product, a's gradient
     "narrow": ((1024, 256), (256, 10)),  # a classifier's head: product and b's gradient (n = 10)
@@ -101,12 +111,7 @@ def test_products_the_rule_keeps_for_torch_are_torchs_to_the_bit(shape_a: tuple,
                                                                   onednn_calls: list) -> None:
     torch.manual_seed(2)
     a, b = torch.randn(shape_a, requires_grad=True), torch.randn(shape_b, requires_grad=True)
-    out = matmul(a, b)
-    ga, gb = torch.autograd.grad(out, (a, b), torch.ones_like(out))
-    a2, b2 = a.detach().requires_grad_(), b.detach().requires_grad_()
-    want = a2 @ b2
-    want_ga, want_gb = torch.autograd.grad(want, (a2, b2), torch.ones_like(want))
-    assert torch.equal(out, want) and torch.equal(ga, want_ga) and torch.equal(gb, want_gb)
+    assert_torchs_to_the_bit(a, b)
     assert onednn_calls == []
 
 
@@ -171,9 +176,4 @@ def test_a_product_oneDNN_refuses_is_torchs(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(products, "_LINEAR", refusing)
     torch.manual_seed(5)
     a, b = torch.randn(1024, 256, requires_grad=True), torch.randn(256, 10, requires_grad=True)
-    out = matmul(a, b)
-    ga, gb = torch.autograd.grad(out, (a, b), torch.ones_like(out))
-    a2, b2 = a.detach().requires_grad_(), b.detach().requires_grad_()
-    want = a2 @ b2
-    want_ga, want_gb = torch.autograd.grad(want, (a2, b2), torch.ones_like(want))
-    assert torch.equal(out, want) and torch.equal(ga, want_ga) and torch.equal(gb, want_gb)
+    assert_torchs_to_the_bit(a, b)
