@@ -24,7 +24,7 @@ from support import interrupted_once, interrupted_twice
 from shapescript.api import parse_devices
 from shapescript.errors import WorkerError
 from shapescript.parallel import cluster as clusters
-from shapescript.parallel import ray_workers
+from shapescript.parallel import processes, ray_workers
 from shapescript.parallel.pool import WorkerPool
 from shapescript.parallel.ray_workers import ActorWorker, RayLauncher
 from shapescript.parallel.worker import IDLE, UNKNOWN, describe_status
@@ -120,6 +120,23 @@ def remote_statuses(monkeypatch: pytest.MonkeyPatch) -> RayLauncher:
     return RayLauncher(here)
 
 
+def assert_seen_stopped(worker: ActorWorker, seconds: float = 10.0) -> None:
+    """The actors on its host say it is stopped. A SIGSTOP lands when the kernel next schedules
+    every thread of the process, so until /proc here shows it stopped its own actor may still
+    answer "running"; and on a loaded machine a look may go unanswered (unknown). Both are asked
+    again, within `seconds`; an answer of "stopped" must come from a peer."""
+    deadline = time.monotonic() + seconds
+    while not processes.is_stopped(worker.proc.pid):
+        assert time.monotonic() < deadline, "the SIGSTOP never took effect"
+        time.sleep(0.01)
+    while True:
+        worker.proc._seen = None  # a fresh look, not the one kept for LOOK_FRESH
+        if worker.stopped():
+            return
+        assert time.monotonic() < deadline, f"its peer never saw it stopped: {worker.proc.look()}"
+        time.sleep(0.1)
+
+
 def test_a_stuck_collective_says_where_each_worker_on_each_host_was(remote_statuses: RayLauncher) -> None:
     pool = WorkerPool(parse_devices(TWO_HOSTS), timeout=2, launcher=remote_statuses)
     try:
@@ -129,7 +146,8 @@ def test_a_stuck_collective_says_where_each_worker_on_each_host_was(remote_statu
         # A stopped worker can't answer for itself: its peer on the same host reads it.
         os.kill(workers[3].proc.pid, signal.SIGSTOP)
         try:
-            assert workers[3].stopped() and workers[3].status() == (IDLE, "")
+            assert_seen_stopped(workers[3])
+            assert workers[3].status() == (IDLE, "")
         finally:
             os.kill(workers[3].proc.pid, signal.SIGCONT)
         began = time.monotonic()
