@@ -91,7 +91,10 @@ def test_the_controller_and_the_workers_find_their_messages_by_polling(micros: s
     if micros == "0":
         assert controller >= 40 and all(n >= 40 for n in workers), (controller, workers)
     else:
-        assert controller <= 10 and all(n <= 10 for n in workers), (controller, workers)
+        # The controller is this test process, where threads left by earlier tests may take the GIL
+        # from it now and then (a wait for the GIL is a sleep too): CI once counted 14. At most one
+        # sleep in two calls still says that polling found the replies.
+        assert controller <= 25 and all(n <= 10 for n in workers), (controller, workers)
 
 
 def test_a_worker_killed_while_the_controller_polls_is_found_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
