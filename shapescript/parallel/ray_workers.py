@@ -11,7 +11,8 @@ messages of pool.py and worker.py. Only how the socket is made differs:
    this machine's loopback, else to its own address on the cluster's network as Ray reports it
    (never all interfaces), and closes it once every worker has connected. Each actor connects and
    first sends a random token that only it was given (in its arguments), so a connection from
-   anything else is refused. A controller attached through Ray Client (`ray://`) may be beyond the
+   anything else is refused; the controller serves every connection at once, each with a deadline
+   of its own (parallel/handshake.py), so idle or bogus ones can't hold the workers up. A controller attached through Ray Client (`ray://`) may be beyond the
    workers' reach, so it listens on nothing: each worker's messages go through Ray instead
    (`serve_relayed`, parallel/ray_relay.py).
 3. The workers' process group meets at a TCPStore on worker 0's node address (a socket bound there
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import hmac
 import os
 import pickle
 import secrets
@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from shapescript.errors import WorkerError
 from shapescript.parallel.cluster import Cluster, missing_module_help, ray_module, track
+from shapescript.parallel.handshake import NotConnected, accept_workers
 from shapescript.parallel.ray_relay import Mailbox, RelayedConnection
 from shapescript.parallel.processes import WorkerProcess, is_stopped, shutdown, torch_settings
 from shapescript.parallel.worker import UNKNOWN, dumps, read_status
@@ -448,57 +449,24 @@ class _listener:
 
 
 def _accept(listener: socket.socket, tokens: Sequence[bytes], serving: Sequence[Any], devices: Any) -> list[Connection]:
-    """Each worker's connection, in rank order: each one known by its token. A connection without one
-    of ours is closed; an actor that fails before connecting raises its error."""
+    """Each worker's connection, in rank order: each one known by its token (handshake.py: all
+    connections served at once, anything else closed at its own deadline). An actor that fails before
+    connecting raises its error."""
     ray = ray_module()
-    conns: list[Connection | None] = [None] * len(tokens)
-    deadline = time.monotonic() + CONNECT_TIMEOUT
-    listener.settimeout(LOOK_EVERY)
+
+    def look() -> None:  # an actor that ended before connecting won't: say why now
+        ended, _ = ray.wait(list(serving), timeout=0)
+        for ref in ended:
+            rank = list(serving).index(ref)
+            try:
+                answer = ray.get(ref)
+            except Exception as exc:
+                raise WorkerError(f"worker {rank} ({label_of(devices, rank)}) failed to start on the "
+                                  f"cluster: {death_cause(exc)}") from None
+            raise WorkerError(f"worker {rank} ({label_of(devices, rank)}) ended before connecting: {answer}")
+
     try:
-        while None in conns:
-            if time.monotonic() > deadline:
-                missing = [r for r, c in enumerate(conns) if c is None]
-                raise WorkerError(f"workers {missing} on {devices} didn't connect to the controller within "
-                                  f"{CONNECT_TIMEOUT:g} s")
-            ended, _ = ray.wait(list(serving), timeout=0)
-            for ref in ended:
-                rank = list(serving).index(ref)
-                try:
-                    answer = ray.get(ref)
-                except Exception as exc:
-                    raise WorkerError(f"worker {rank} ({label_of(devices, rank)}) failed to start on the "
-                                      f"cluster: {death_cause(exc)}") from None
-                raise WorkerError(f"worker {rank} ({label_of(devices, rank)}) ended before connecting: {answer}")
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                continue
-            sock.settimeout(5.0)
-            try:
-                token = _read_exactly(sock, TOKEN_BYTES)
-            except OSError:
-                sock.close()
-                continue
-            owner = next((r for r, t in enumerate(tokens) if conns[r] is None and hmac.compare_digest(t, token)), None)
-            if owner is None:
-                sock.close()  # not one of our workers
-                continue
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conns[owner] = Connection(sock.detach())
-    except BaseException:
-        for c in conns:
-            if c is not None:
-                c.close()
-        raise
-    return [c for c in conns if c is not None]
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed before sending its token")
-        data += chunk
-    return data
+        return accept_workers(listener, tokens, time.monotonic() + CONNECT_TIMEOUT, look, LOOK_EVERY)
+    except NotConnected as exc:
+        raise WorkerError(f"workers {exc.ranks} on {devices} didn't connect to the controller within "
+                          f"{CONNECT_TIMEOUT:g} s") from None
