@@ -5,6 +5,7 @@ steps; then, where a GPU is present, the README's MLP recorded on it against its
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import subprocess
 import sys
@@ -452,6 +453,61 @@ def test_workers_agree_only_if_every_one_captured(tmp_path: Any) -> None:
 
 # -- on a GPU ------------------------------------------------------------------------------------
 
+class CapturedGenerator:
+    """torch's CUDA generator as a capture sees it: its state (a seed and an offset) goes into capture
+    mode at capture_begin and out of it only at a capture_end that succeeds (CUDAGraph.cpp)."""
+
+    def __init__(self, offset: int = 8) -> None:
+        self.state = {"capturing": False, "offset": offset}
+
+    def clone_state(self) -> CapturedGenerator:
+        return CapturedGenerator(self.state["offset"])
+
+    def graphsafe_set_state(self, other: CapturedGenerator) -> None:
+        self.state = other.state
+
+
+@pytest.mark.parametrize("fails", ["in the step", "at capture_end", "not"])
+def test_a_failed_capture_gives_the_generator_back_its_state(fails: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CudaGraph.capture on a stand-in for torch.cuda: after a failed capture the device's generator
+    is out of capture mode at its old offset; after one that succeeds it keeps the state the graph
+    registered (a replay advances that one)."""
+    generator = CapturedGenerator()
+    registered = generator.state
+
+    class Graph:
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+
+        def __enter__(self) -> None:
+            generator.state["capturing"] = True
+
+        def __exit__(self, *exc: object) -> None:
+            if exc[0] is not None or fails == "at capture_end":  # cudaStreamEndCapture: invalidated
+                raise RuntimeError("operation not permitted when stream is capturing")
+            generator.state["capturing"] = False
+
+    cuda = torch.cuda
+    for name, value in [("graph", Graph), ("CUDAGraph", lambda: None), ("default_generators", (generator,)),
+                        ("current_stream", lambda device=None: "stream"), ("set_stream", lambda stream: None),
+                        ("device", lambda device: contextlib.nullcontext())]:
+        monkeypatch.setattr(cuda, name, value)
+    graph = recorded.CudaGraph(torch.device("cuda:0"), None)
+
+    def step() -> str:
+        if fails == "in the step":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return "out"
+
+    if fails == "not":
+        assert graph.capture(step) == "out"
+        assert generator.state is registered and not registered["capturing"]
+    else:
+        with pytest.raises(RuntimeError, match="stream is capturing"):
+            graph.capture(step)
+        assert generator.state == {"capturing": False, "offset": 8}
+        assert registered["capturing"]  # what torch leaves behind, no longer the generator's
+
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
@@ -468,9 +524,14 @@ def test_a_cuda_graph_replays_new_inputs_and_a_failed_capture_leaves_the_stream(
         return x * float(x.sum().item())  # waits for the device: no capture can hold it
 
     for k in range(8):
-        x = torch.randn(4, 5, device="cuda:0")
+        x = torch.randn(4, 5, device="cuda:0")  # after syncs' failed capture too (issue 36, item 13)
         torch.testing.assert_close(recorder.call("product", product, [x, w]), torch.relu(x @ w))
+        rng = torch.cuda.get_rng_state("cuda:0")
         torch.testing.assert_close(recorder.call("syncs", syncs, [x]), x * float(x.sum()))
+        # Neither a failed capture nor the eager call draws: the generator goes on where it was
+        drawn = torch.randn(3, device="cuda:0")
+        torch.cuda.set_rng_state(rng, "cuda:0")
+        assert torch.equal(drawn, torch.randn(3, device="cuda:0"))
     assert recorder.report()["product"] == "recorded (replays 5)"
     assert recorder.report()["syncs"].startswith("not recorded: capture failed")
     assert torch.cuda.current_stream() == before

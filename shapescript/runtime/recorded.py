@@ -13,7 +13,8 @@ replays; its result is a copy of the graph's output. A call with another signatu
 (a last, smaller batch), and one that keeps coming is captured in its turn, replacing the graph.
 
 Capture failing (an op that waits for the device, as `.item()` does) makes the function run eagerly
-for good, the reason kept (`report`). On several workers a captured NCCL collective launches only
+for good, the reason kept (`report`); the device's random generator is left as it was before the
+capture (torch leaves it in capture mode, where the next random op raises). On several workers a captured NCCL collective launches only
 when every worker launches its graph, so after each capture the workers agree, with one all-reduce,
 whether every one of them captured it; if one didn't, none replays. The workers take the same
 decisions, call by call, from the same calls (their parts of a batch have the same shape for the
@@ -88,15 +89,30 @@ class CudaGraph:
 
     def capture(self, run: Callable[[], Any]) -> Any:
         was = torch.cuda.current_stream(self.device)
+        generator = default_generator(self.device)
+        before = generator.clone_state()  # its seed and offset, in a state object of its own
         try:
             with torch.cuda.device(self.device), torch.cuda.graph(self.graph, stream=self.stream,
                                                                   capture_error_mode="thread_local"):
                 return run()
+        except BaseException:
+            # capture_begin put the device's generator in capture mode, and only a capture_end that
+            # succeeds takes it out; after a failed one every random op raises "Offset increment
+            # outside graph capture encountered unexpectedly". Give the generator back its state from
+            # before the capture (a failed capture drew nothing from it): a fresh one, not capturing.
+            generator.graphsafe_set_state(before)
+            raise
         finally:  # torch.cuda.graph leaves its stream current when ending a failed capture raises
             torch.cuda.set_stream(was)
 
     def replay(self) -> None:
         self.graph.replay()
+
+
+def default_generator(device: torch.device) -> torch.Generator:
+    """The generator random ops on `device` draw from when given none: the one a capture registers."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.default_generators[index]
 
 
 def agree_across_workers(ok: bool, device: torch.device, where: str) -> bool:
