@@ -206,6 +206,44 @@ def test_the_status_table_says_what_is_recorded(monkeypatch: pytest.MonkeyPatch)
     assert workers.recording_notes([{}, {}]) == [] and workers.recording_notes([]) == []
 
 
+# -- capturable AdamW against plain AdamW ---------------------------------------------------------
+#
+# A recorded run's AdamW is capturable (its step count on the device), a run with recording off has
+# plain AdamW. Both take the step lr * m^ / (sqrt(v^) + eps) with m^ = m / (1 - b1^t) and
+# v^ = v / (1 - b2^t), but the capturable kernels compute b^t in float32 on the device, the plain ones
+# in float64 in Python. float32 b^t is off by up to about an ulp (6e-8; 0.999 itself by 1.3e-8),
+# and 1 - b2^t (0.001 t while t is small) turns that into a relative error of 1e-5 or so: every
+# recorded step is the plain step times (1 - rho_t), rho_t ~ 6e-6 on average, the same for every
+# weight. A recorded run is a plain run whose lr is smaller by ~1e-5 (on the CPU, capturable AdamW
+# with the README's model and data matches a plain one with lr * (1 - 6.4e-6) 18 times closer than
+# a plain one with lr). So what the comparison can promise scales with RHO, a bound on rho_t:
+# - a loss after k steps moves by RHO x its sensitivity to ln(lr), which for this model, data and lr
+#   is at most 1.3 over 42 steps (plain runs at lr and lr * (1 - 1e-3..1e-5), on the CPU: a property
+#   of the training, not of the device): 3.9e-5 at most; an H200 saw 1.06e-5 against a bound of 1e-5
+#   (issue 36, item 13). LOSS_TOLERANCE leaves a factor 2.5 for the rest of float32's rounding.
+# - a weight moves by RHO x how far training moved it, except where the shift flips a ReLU for a
+#   row: that unit's gradients then differ, and AdamW, which divides each gradient by its own running
+#   size, turns that into steps of up to lr (1e-3 of the distance trained, relatively, in the CPU runs
+#   above). WEIGHT_TOLERANCE bounds |w_recorded - w_off| / |w_off - w_init| per tensor.
+# A stale batch, a missed or doubled step or a wrong captured lr moves the losses by 1e-2 or more and
+# the weights by 5e-2 of their distance or more: both bounds still catch every one.
+RHO = 3e-5  # float32 b^t's error through 1 - b^t (1.0e-5 on the CPU), with room for the GPU's powf
+LOSS_TOLERANCE = 1e-4
+WEIGHT_TOLERANCE = 5e-3
+
+
+def test_capturable_adamw_steps_are_the_plain_ones_within_rho() -> None:
+    """The factor sqrt(1 - b2^t) / (1 - b1^t) that scales every AdamW step, as the capturable kernels
+    compute it (float32 powers on tensors of step counts) against float64, over 10,000 steps: within
+    RHO / 2 (the other half for the GPU's pow), and truly different (why the runs differ at all)."""
+    (b1, b2), steps = (0.9, 0.999), torch.arange(1, 10_001, dtype=torch.float32)
+    float32 = [(1 - p).double() for p in torch._foreach_pow(b1, [steps]) + torch._foreach_pow(b2, [steps])]
+    exact = [1 - b ** steps.double() for b in (b1, b2)]
+    rho = (float32[1].sqrt() / float32[0]) / (exact[1].sqrt() / exact[0]) - 1
+    assert rho.abs().max() <= RHO / 2
+    assert rho[:42].abs().mean() >= 1e-6
+
+
 # -- on a GPU ------------------------------------------------------------------------------------
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -216,7 +254,7 @@ def test_readme_run_recorded_on_cuda0_matches_recording_off(monkeypatch: pytest.
     assert recorded.recorder_for("cuda:0") is not None, "recording is off (SHAPESCRIPT_RECORD)"
     epoch = dataset(64 * 20 + 10)
     prog = ss.load(README, devices="cuda[0]")
-    m = prog.Mlp.init(seed=0)
+    m, start = prog.Mlp.init(seed=0), prog.Mlp.init(seed=0)
     opt, sink = ss.adamw(m, lr=1e-3), ss.sinks.memory()
     prog.run(m, opt, epoch, sink)
     prog.run(m, opt, epoch, sink)
@@ -231,8 +269,11 @@ def test_readme_run_recorded_on_cuda0_matches_recording_off(monkeypatch: pytest.
         eager.run(ref, ref_opt, epoch, ref_sink)
         eager.run(ref, ref_opt, epoch, ref_sink)
         assert eager.recording()["train_step"].startswith("not recorded: recording is off")
+    # Capturable against plain AdamW: within what float32's b^t allows (RHO, above)
     losses = [r["loss"] for r in sink.records]
-    assert losses == pytest.approx([r["loss"] for r in ref_sink.records], abs=1e-5)
-    torch.testing.assert_close(m.w1, ref.w1, atol=1e-5, rtol=0)
-    torch.testing.assert_close(m.w2, ref.w2, atol=1e-5, rtol=0)
+    assert losses == pytest.approx([r["loss"] for r in ref_sink.records], abs=LOSS_TOLERANCE)
+    for name in ("w1", "w2"):
+        got, want, init = (getattr(x, name) for x in (m, ref, start))
+        moved = float((got - want).norm() / (want - init).norm())
+        assert moved <= WEIGHT_TOLERANCE, f"{name}: {moved:.2e} of the distance trained"
     assert losses[-2] < losses[0]
