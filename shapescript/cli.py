@@ -102,6 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from .api import build
+    from .runtime.leftovers import write_whole
 
     text = build(Path(args.file), standalone=args.standalone, devices=args.devices, dims=dim_sizes(args.dim))
     if args.output:
@@ -109,9 +110,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         if out.is_dir():
             raise IsADirectoryError(errno.EISDIR, "a folder, not a .py file to write", str(out))
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")  # Python reads a module as UTF-8, whatever the locale
-        tmp.replace(out)  # never a half-written module
+        # Python reads a module as UTF-8, whatever the locale; never a half-written module, never
+        # through a name someone planted beside it
+        write_whole(str(out), text.encode("utf-8"))
         print(f"wrote {out}")
     else:
         sys.stdout.write(text)

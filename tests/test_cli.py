@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import resource
+import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -22,10 +25,10 @@ BLOCK_SHAPESCRIPT = textwrap.dedent("""\
     """)
 
 
-def cli(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd=ROOT, **run) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "shapescript.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env)
+                          cwd=cwd, env=env, **run)
 
 
 def test_check_ok_and_with_errors(tmp_path) -> None:
@@ -48,6 +51,41 @@ def test_build_writes_python_that_names_ss_lines(tmp_path) -> None:
     text = out.read_text()
     compile(text, str(out), "exec")
     assert "return _rt.matmul(torch.relu(_rt.matmul(x, m._m_w1)), m._m_w2)  # " in text and "mlp.ss:17:5" in text
+
+
+def test_build_never_writes_through_a_name_planted_beside_its_output(tmp_path) -> None:
+    """A symlink at the name a build once wrote through (OUT.tmp) is left alone, and so is its target:
+    the module goes through a temporary file of the build's own, made with the mode a new file gets."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone else's file\n")
+    out = tmp_path / "mlp.py"
+    planted = tmp_path / "mlp.py.tmp"
+    planted.symlink_to(victim)
+    res = cli("build", str(README), "-o", str(out), "--devices", "cpu")
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "someone else's file\n" and planted.is_symlink()
+    compile(out.read_text(), str(out), "exec")
+    assert sorted(os.listdir(tmp_path)) == ["mlp.py", "mlp.py.tmp", "victim.txt"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+
+
+def small_disk(size: int) -> None:
+    """In the child: files can't grow past `size` bytes, and a write past it fails with EFBIG
+    (SIGXFSZ ignored) as a write to a full disk fails with ENOSPC."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def test_a_build_that_cant_be_written_keeps_the_old_module_and_leaves_no_temporary_file(tmp_path) -> None:
+    out = tmp_path / "mlp.py"
+    out.write_text("# the old module\n")
+    res = cli("build", str(README), "-o", str(out), "--devices", "cpu", preexec_fn=lambda: small_disk(1024))
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and "Traceback" not in res.stderr
+    assert "File too large" in res.stderr
+    assert out.read_text() == "# the old module\n"
+    assert os.listdir(tmp_path) == ["mlp.py"]
 
 
 def test_standalone_build_runs_without_shapescript(tmp_path) -> None:

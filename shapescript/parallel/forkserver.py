@@ -55,6 +55,7 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from shapescript.parallel.processes import UNKNOWN_EXIT, WorkerProcess, proc_state
+from shapescript.runtime.leftovers import write_whole
 
 ENV = "SHAPESCRIPT_FORK_SERVER"
 # The variables a pool sets for its own workers: not part of what the server's imports saw.
@@ -508,9 +509,7 @@ def _reap(exits: dict[int, str]) -> None:
         path = exits.pop(pid, None)
         if path is not None:
             try:  # written whole, then renamed: the controller never reads half of it
-                with open(path + ".part", "w") as f:
-                    f.write(str(os.waitstatus_to_exitcode(status)))
-                os.replace(path + ".part", path)
+                write_whole(path, str(os.waitstatus_to_exitcode(status)).encode())
             except OSError:
                 pass  # its pool's folder is gone: the pool has stopped
 

@@ -17,15 +17,13 @@ import errno
 import json
 import math
 import os
-import re
-import secrets
 from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime.leftovers import owner_tag, sweep
+from shapescript.runtime.leftovers import TEMP_NAME, sweep, temp_beside, temp_name
 from shapescript.runtime.steps import between_steps
 from shapescript.runtime.model import Model, check_state, copy_state, leaves, param_names, type_text
 from shapescript.runtime.optim import (EXTRA_RULES, HYPER_RULES, Optimizer, checked_hyper, grouped_names,
@@ -42,8 +40,6 @@ _STATE_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                 torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
                 torch.uint8: "U8", torch.bool: "BOOL"}
-# A save's temporary file beside its target, named after its process (runtime/leftovers.py).
-_TEMP_NAME = re.compile(r"\..+\.(?P<pid>\d+)-(?P<start>\d+)\.[0-9a-f]{12}\.tmp")
 
 
 def _json_value(value: Any) -> Any:
@@ -114,25 +110,31 @@ def _write_file(path: str, folder: str, tensors: dict[str, torch.Tensor], metada
     which vanishes with the process), is fsync'd, gets a temporary name that os.replace moves onto
     `path`, and the folder is fsync'd so that the rename lasts. Without O_TMPFILE the file has its
     temporary name from the start, and the next save into the folder removes one whose process
-    has ended."""
-    sweep(folder, _TEMP_NAME, folders=False)
-    name = f".{os.path.basename(path)}.{owner_tag()}.{secrets.token_hex(6)}.tmp"
-    tmp = os.path.join(folder, name)
+    has ended (runtime/leftovers.py's `temp_beside`)."""
+    tmp = ""  # no name yet
     folder_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         fd = _unnamed_file(folder)
-        with open(tmp, "xb") if fd is None else open(fd, "wb") as f:
+        if fd is None:
+            fd, tmp = temp_beside(path)
+        else:
+            sweep(folder, TEMP_NAME, folders=False)  # what saves killed where O_TMPFILE failed left
+        with open(fd, "wb") as f:
             _write_safetensors(f, tensors, metadata)
             f.flush()
             os.fsync(f.fileno())
-            if fd is not None:  # now a name, for an atomic os.replace. With a folder fd, os.link is
-                # linkat(AT_SYMLINK_FOLLOW), which links the file /proc's link points to, not the link.
+            if not tmp:  # now a name, for an atomic os.replace. With a folder fd, os.link is linkat
+                # (AT_SYMLINK_FOLLOW), which links the file /proc's link points to, not the link; it
+                # never writes through a name that exists.
+                name = temp_name(path)
                 os.link(f"/proc/self/fd/{f.fileno()}", name, dst_dir_fd=folder_fd)
+                tmp = os.path.join(folder, name)
         os.replace(tmp, path)
         _fsync_folder(folder_fd)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
     finally:
         os.close(folder_fd)

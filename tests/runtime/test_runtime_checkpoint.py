@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import secrets
 import stat
 import subprocess
 import sys
@@ -289,6 +290,25 @@ def test_a_killed_saves_temporary_file_goes_with_the_next_save(tmp_path: Path,
         p.write_bytes(b"half a file")
     save(tmp_path / "c.safetensors", Model.init(SMALL, seed=0))
     assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in [ours, *others, tmp_path / "c.safetensors"])
+
+
+def test_a_save_never_writes_through_a_planted_temporary_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without O_TMPFILE the temporary file is made exclusively: a symlink (or anything) already at
+    the name it would have is left alone, with its target, and the save takes another name."""
+    named_temporaries_only(monkeypatch)
+    tokens = iter(["0123456789ab", "ba9876543210"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(tokens))
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"someone else's file")
+    planted = tmp_path / f".c.safetensors.{owner_tag()}.0123456789ab.tmp"
+    planted.symlink_to(victim)
+    m = Model.init(SMALL, seed=0)
+    save(tmp_path / "c.safetensors", m)
+    assert victim.read_bytes() == b"someone else's file" and planted.is_symlink()
+    assert sorted(os.listdir(tmp_path)) == sorted(["c.safetensors", planted.name, "victim.bin"])
+    back = Model.init(SMALL, seed=1)
+    load(tmp_path / "c.safetensors", back)
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), m.state_dict().values()))
 
 
 def test_the_file_holds_every_dtype_as_safetensors_reads_it(tmp_path: Path) -> None:
