@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import TextIO
 
-from .errors import CompileError, ShapeScriptError, SourceWarning, terminal_text
+from .errors import CompileError, ShapeScriptError, SourceWarning, terminal_lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 def say(text: str, stream: TextIO | None = None, end: str = "\n") -> None:
     """Print `text`, which may hold user text (a file's name, a name, a source line), as text: a
     control character in it is shown as its escape, never sent to the terminal to act on."""
-    print(terminal_text(text, keep="\t\n"), end=end, file=stream or sys.stdout)
+    print(terminal_lines(text), end=end, file=stream or sys.stdout)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -169,7 +169,7 @@ def cmd_comms(args: argparse.Namespace) -> int:
         import json
         table = to_json(checked, args.batch)
         text = json.dumps(table, indent=2, ensure_ascii=False)
-        if terminal_text(text, keep="\n") != text:  # JSON's own escapes, where text would need them
+        if terminal_lines(text) != text:  # JSON's own escapes, where text would need them
             text = json.dumps(table, indent=2)
         print(text)
     else:

@@ -65,6 +65,12 @@ def terminal_text(text: str, keep: str = "\t") -> str:
                    for ch in text)
 
 
+def terminal_lines(text: str) -> str:
+    """`terminal_text` of text of several lines of our own (a report, a rendered diagnostic): its
+    line breaks and tabs kept, every other control written as its escape."""
+    return terminal_text(text, keep="\t\n")
+
+
 def shown_columns(line: str) -> tuple[str, Callable[[int], int]]:
     """A source line as a snippet shows it (a tab as one space, each other character as
     `terminal_text` writes it), and the function from a 1-based column of the line to the column it

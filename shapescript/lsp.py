@@ -26,7 +26,7 @@ from pygls.workspace import TextDocument
 from .pipeline import check_source
 from .check.program import Checked
 from .codes import CODES
-from .errors import CompileError, Diagnostic, Severity, Span, terminal_text
+from .errors import CompileError, Diagnostic, Severity, Span, terminal_lines, terminal_text
 
 NAME = "shapescript"
 # The error index, linked from each diagnostic's code where this is a source checkout (an
@@ -117,7 +117,7 @@ class ShapeScriptServer(LanguageServer):
         text = hover_text(good.checked, at.line + 1, at.character + 1)
         if text is None:
             return None
-        return T.Hover(contents=T.MarkupContent(kind=T.MarkupKind.Markdown, value=terminal_text(text, "\t\n")))
+        return T.Hover(contents=T.MarkupContent(kind=T.MarkupKind.Markdown, value=terminal_lines(text)))
 
     def log_failure(self, what: str) -> None:
         self.window_log_message(T.LogMessageParams(

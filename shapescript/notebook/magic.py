@@ -24,7 +24,7 @@ from ..check.comms import DeviceTable
 from .cells import Cell
 from .device_table import batch_option
 from .models import model_html
-from ..errors import CompileError, ShapeScriptError, terminal_text
+from ..errors import CompileError, ShapeScriptError, terminal_lines, terminal_text
 from . import on_cluster, progress
 from .report import CellCompileError, NotebookError
 from .session import PROGRAM_VARIABLE, Session
@@ -184,7 +184,7 @@ def _print(notes: list[str], end: str = "\n") -> None:
     """Print text that may quote the user's (a name, a source line) as text: a control character in
     it shown as its escape, as the command line shows it."""
     for note in notes:
-        print(terminal_text(note, keep="\t\n"), end=end)
+        print(terminal_lines(note), end=end)
 
 
 def load_ipython_extension(ip: InteractiveShell) -> None:

@@ -18,7 +18,8 @@ import re
 from collections.abc import Sequence
 
 from ..codes import CODES
-from ..errors import CompileError, Diagnostic, ShapeScriptError, Span, shown_columns, terminal_text
+from ..errors import (CompileError, Diagnostic, ShapeScriptError, Span, shown_columns, terminal_lines,
+                      terminal_text)
 from .cells import Cell, Draft
 
 
@@ -187,11 +188,12 @@ def _diagnostic_html(x: Located, program_source: str) -> str:
            f'<pre style="{_PRE}">{html.escape(rest)}</pre>']
     entry = CODES.get(d.code)
     if entry is not None:
+        example = html.escape(terminal_lines(entry.example.rstrip()))  # W0106's is bidi text
         out.append(f"<details><summary>{html.escape(entry.code)}: {html.escape(entry.title)} "
                    f"(<code>%shapescript explain {html.escape(entry.code)}</code>, "
                    f"docs/errors.md#{entry.code.lower()})</summary>"
                    f"<p>{_inline_code(entry.explanation)}</p><p>For example:</p>"
-                   f'<pre style="{_PRE}">{html.escape(terminal_text(entry.example.rstrip(), keep="\n"))}</pre>'
+                   f'<pre style="{_PRE}">{example}</pre>'
                    f"<p>{_inline_code(entry.fix)}</p></details>")
     out.append("</div>")
     return "".join(out)
