@@ -9,7 +9,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from ..errors import Diagnostic, Severity, Span, terminal_text
+from ..errors import Diagnostic, Severity, Span
 
 # Hard keywords. Item words (devices, dim, data, model, param, buffer, extern, python) are
 # contextual: `data` is a fine parameter name.
@@ -74,13 +74,15 @@ class _Lexer:
 
     def text_direction(self, text: str, start: int, number: int, where: str) -> None:
         """W0106 for each text-direction character in `text[start:]`, a comment or a string's text."""
+        if TEXT_DIRECTION.isdisjoint(text[start:]):
+            return  # nearly always
         for pos in range(start, len(text)):
             ch = text[pos]
             if ch in TEXT_DIRECTION:
                 name = unicodedata.name(ch)
                 self.warnings.append(Diagnostic(
                     "W0106", f"U+{ord(ch):04X} ({name.lower()}) in {where} changes the direction text is shown in",
-                    self.span(number, pos + 1, pos + 2), f"`{terminal_text(ch)}` here",
+                    self.span(number, pos + 1, pos + 2), f"`{ch}` here",  # shown escaped, as all user text
                     ("remove it, unless the text is meant to read right to left: editors and terminals show "
                      "the text after it in another order than the compiler reads it",),
                     severity=Severity.WARNING))
