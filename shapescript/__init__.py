@@ -11,7 +11,7 @@ from shapescript import parallel, sinks
 from shapescript.api import Program, build, cluster, load
 from shapescript.parallel import collective_timeout
 from shapescript.errors import (CompileError, DeviceError, Diagnostic, DomainError, ShapeError, ShapeScriptError,
-                                WorkerError)
+                                SourceWarning, WorkerError)
 from shapescript.runtime.checkpoint import load as restore
 from shapescript.runtime.checkpoint import save
 from shapescript.runtime.data import Batch, TensorDataset
@@ -20,8 +20,8 @@ from shapescript.runtime.modes import Eval, Mode, Train
 from shapescript.runtime.optim import Optimizer, adamw, sgd
 
 __all__ = ["Batch", "CompileError", "DeviceError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer",
-           "Program", "ShapeError", "ShapeScriptError", "TensorDataset", "Train", "WorkerError", "adamw", "build",
-           "cluster", "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]
+           "Program", "ShapeError", "ShapeScriptError", "SourceWarning", "TensorDataset", "Train", "WorkerError",
+           "adamw", "build", "cluster", "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]
 
 
 def load_ipython_extension(ip: object) -> None:  # `%load_ext shapescript`; IPython is imported only then

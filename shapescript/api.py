@@ -19,7 +19,7 @@ import torch
 from .check.program import Checked, FnInfo
 from .pipeline import check_source, python_module, python_modules
 from .devices import DeviceSet
-from .errors import ClusterNeededError, CompileError, Diagnostic, ShapeScriptError, Span
+from .errors import ClusterNeededError, CompileError, Diagnostic, ShapeScriptError, SourceWarning, Span
 from .lower.codegen import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
@@ -136,6 +136,8 @@ def compile_program(source: str, file: str, devices: DeviceSet | str | None = No
                     dims: Mapping[str, int] | None = None) -> Checked:
     sizes = _dim_sizes(dims)
     checked = check_source(source, file, parse_devices(devices) if devices is not None else None, sizes)
+    for warning in checked.warnings:  # W0106: shown where Python shows warnings, the program still runs
+        warnings.warn(warning.render(source), SourceWarning, stacklevel=3)
     if sizes:
         _warn_replaced_dims(checked, sizes)
     return checked

@@ -8,8 +8,9 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TextIO
 
-from .errors import CompileError, ShapeScriptError
+from .errors import CompileError, ShapeScriptError, SourceWarning, terminal_lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,25 +59,32 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
             return COMMANDS[args.command](args)
     except CompileError as e:
-        print(e, file=sys.stderr)
+        say(str(e), sys.stderr)
         return 1
     except (ShapeScriptError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", sys.stderr)
         return 1
     except FileNotFoundError as e:
-        print(f"error: no such file: {e.filename}", file=sys.stderr)
+        say(f"error: no such file: {e.filename}", sys.stderr)
         return 2
     except BrokenPipeError:  # `shapescript comms f.ss | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush can't fail
         return 141
     except OSError as e:  # a folder given as a file, a file it may not read or write
-        print(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e}", file=sys.stderr)
+        say(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e}", sys.stderr)
         return 2
+
+
+def say(text: str, stream: TextIO | None = None, end: str = "\n") -> None:
+    """Print `text`, which may hold user text (a file's name, a name, a source line), as text: a
+    control character in it is shown as its escape, never sent to the terminal to act on."""
+    print(terminal_lines(text), end=end, file=stream or sys.stdout)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: object = None, line: str | None = None) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+    # A compiler warning's message is its rendered diagnostic, which says `warning[W....]` itself.
+    say(str(message) if issubclass(category, SourceWarning) else f"warning: {message}", sys.stderr)
 
 
 def dim_sizes(pairs: list[str]) -> dict[str, int]:
@@ -96,7 +104,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     source, file = read_program(Path(args.file))
     checked = compile_program(source, file, args.devices, dim_sizes(args.dim))
-    print(f"{file}: ok ({len(checked.fns)} functions, {len(checked.models)} models, on {checked.device_set})")
+    say(f"{file}: ok ({len(checked.fns)} functions, {len(checked.models)} models, on {checked.device_set})")
     return 0
 
 
@@ -113,7 +121,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         # Python reads a module as UTF-8, whatever the locale; never a half-written module, never
         # through a name someone planted beside it
         write_whole(str(out), text.encode("utf-8"))
-        print(f"wrote {out}")
+        say(f"wrote {out}")
     else:
         sys.stdout.write(text)
     return 0
@@ -125,12 +133,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     prog = load(Path(args.file), devices=args.devices, dims=dim_sizes(args.dim))
     fn = prog.checked.fns.get(args.function)
     if fn is None:
-        print(f"error: {args.file} has no function `{args.function}`; it has "
-              f"{', '.join(prog.checked.fns) or 'none'}", file=sys.stderr)
+        say(f"error: {args.file} has no function `{args.function}`; it has "
+            f"{', '.join(prog.checked.fns) or 'none'}", sys.stderr)
         return 1
     if fn.params:
-        print(f"error: `{fn.name}` takes {len(fn.params)} arguments; `run` calls functions that take none "
-              f"(call it from Python instead)", file=sys.stderr)
+        say(f"error: `{fn.name}` takes {len(fn.params)} arguments; `run` calls functions that take none "
+            f"(call it from Python instead)", sys.stderr)
         return 1
     result = getattr(prog, fn.name)()
     if result is not None:
@@ -143,9 +151,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .codes import CODES, explain
 
     try:
-        print(explain(args.code), end="")
+        say(explain(args.code), end="")  # W0106's example holds the characters it is about
     except KeyError:
-        print(f"error: no error code {args.code}; codes: {', '.join(CODES)}", file=sys.stderr)
+        say(f"error: no error code {args.code}; codes: {', '.join(CODES)}", sys.stderr)
         return 1
     return 0
 
@@ -160,9 +168,13 @@ def cmd_comms(args: argparse.Namespace) -> int:
     checked = compile_program(source, file, args.devices, dim_sizes(args.dim))
     if args.json:
         import json
-        print(json.dumps(to_json(checked, args.batch), indent=2, ensure_ascii=False))
+        table = to_json(checked, args.batch)
+        text = json.dumps(table, indent=2, ensure_ascii=False)
+        if terminal_lines(text) != text:  # JSON's own escapes, where text would need them
+            text = json.dumps(table, indent=2)
+        print(text)
     else:
-        print(report(checked, args.batch))
+        say(report(checked, args.batch))
     return 0
 
 

@@ -3,7 +3,8 @@ the way out. `shapescript explain CODE` prints an entry; docs/errors.md is gener
 (`python -m shapescript.codes > docs/errors.md`), and the tests compile every example and check
 that it fails with exactly its code.
 
-Codes are two digits of chapter and two of entry: 01 syntax, 02 names, 03 shapes and dtypes,
+Codes are E (an error) or W (a warning: the program still compiles), then two digits of chapter
+and two of entry: 01 syntax, 02 names, 03 shapes and dtypes,
 04 values, 05 `mut`, 06 training, 18 several devices.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import Severity
 from .names import DATA_RESERVED, MODEL_RESERVED, reserved_text
 
 
@@ -21,6 +23,7 @@ class Code:
     explanation: str
     example: str
     fix: str
+    severity: Severity = Severity.ERROR  # a warning's code starts with W, an error's with E
 
 
 CHAPTERS = {"01": "Syntax", "02": "Names", "03": "Shapes and dtypes", "04": "Values",
@@ -52,6 +55,16 @@ _ENTRIES = [
          "and what it found.",
          "fn f(x [n]) -> [n] = x\n",
          "Write the construct as the language guide shows it."),
+    Code("W0106", "A character that changes the direction of text",
+         "A comment or a string holds one of Unicode's bidirectional controls (U+202A to U+202E, "
+         "U+2066 to U+2069). An editor, a terminal or a code review then shows the text around it "
+         "in another order than the compiler reads it, so that a line can look like a comment and "
+         "be code, or the reverse (the \"Trojan Source\" attack). This is a warning: the program "
+         "still compiles and runs. Anywhere else in a program such a character is E0101. Diagnostics "
+         "show it, as every control character of a source line or a name, as an escape (`\\u202e`).",
+         "fn f(x: [n]) -> [n] = x  # \u202eevil\u202c\n",
+         "Remove the character, unless the text is meant to read right to left.",
+         Severity.WARNING),
     Code("E0201", "Unknown name",
          "A name, a function or a dim that the program doesn't define. Generic dims are written "
          "in lower case and need no declaration; a capitalized dim must be declared with `dim`.",
@@ -400,16 +413,28 @@ def explain(code: str) -> str:
 
 def markdown() -> str:
     out = ["# Error index", "",
-           "Every diagnostic has a code: two digits of chapter, two of entry. "
+           "Every diagnostic has a code: E for an error, W for a warning (the program still runs), then "
+           "two digits of chapter and two of entry. "
            "`shapescript explain CODE` prints the entry. Each example below is compiled by the tests, "
-           "which check that it fails with exactly its code.", ""]
+           "which check that it fails with exactly its code (a warning's: that it compiles, warning of "
+           "exactly its code).", "",
+           "A diagnostic shows text of the program's (its source line, a name, a string, the file's "
+           "name) as text, wherever it is shown: in a terminal, an editor or a notebook. A control "
+           "character in it (ESC, BEL, a carriage return, NUL, DEL, C1 controls, the bidirectional "
+           "controls, line separators: every character Python calls unprintable, save a tab) is "
+           "written as its escape, `\\x1b` or `\\u202e`, and the caret under the line stays under "
+           "the character it points at; so a comment holding `ESC [2J` can't clear the screen that "
+           "shows its error. Errors and warnings of the command line, the language server and the "
+           "notebook, and run-time messages naming a .ss file, follow the same rule.", ""]
     chapter = None
     for c in _ENTRIES:
         if c.code[1:3] != chapter:
             chapter = c.code[1:3]
             out += [f"## {CHAPTERS[chapter]}", ""]
         # The fence's tag says how the docs' tests check the example (see tests/test_doc_snippets.py).
-        fence = f"```{'ss-build-error' if c.code in BUILD_ONLY else 'ss-error'} {c.code}"
+        tag = ("ss-warning" if c.severity is Severity.WARNING else
+               "ss-build-error" if c.code in BUILD_ONLY else "ss-error")
+        fence = f"```{tag} {c.code}"
         out += [f"### {c.code}: {c.title}", "", c.explanation, "", fence, c.example.rstrip("\n"), "```", "",
                 c.fix, ""]
     out += ["## At run time", "",

@@ -8,7 +8,10 @@ can inline it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 
 class ShapeScriptError(Exception):
@@ -47,6 +50,52 @@ class DeviceError(ShapeScriptError, RuntimeError):
     or more memory than there is."""
 
 
+def terminal_text(text: str, keep: str = "\t") -> str:
+    """`text` as a terminal may show it: every character a terminal (or an editor, or a notebook's
+    text output) would act on or hide, instead of showing it, is written as its escape (`\\x1b`,
+    `\\r`, `\\u202e`). That is every character Python calls unprintable: C0 and C1 controls, DEL,
+    line and paragraph separators, the bidirectional controls and other format characters, spaces
+    other than ' ' and unassigned code points, save those in `keep` (a tab; a line break where
+    the text is several lines of our own). The one rule for user text (a source line, a name, a
+    file name, a message quoting them) on its way to anyone's screen; escaping twice changes
+    nothing."""
+    if text.isprintable():
+        return text  # the common case, at C speed
+    return "".join(ch if ch.isprintable() or ch in keep else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
+def terminal_lines(text: str) -> str:
+    """`terminal_text` of text of several lines of our own (a report, a rendered diagnostic): its
+    line breaks and tabs kept, every other control written as its escape."""
+    return terminal_text(text, keep="\t\n")
+
+
+def shown_columns(line: str) -> tuple[str, Callable[[int], int]]:
+    """A source line as a snippet shows it (a tab as one space, each other character as
+    `terminal_text` writes it), and the function from a 1-based column of the line to the column it
+    is shown at (past the line's end, one column a column), so that a caret under an escaped
+    character lines up with its escape."""
+    pieces = [" " if ch == "\t" else terminal_text(ch) for ch in line]
+    starts = list(itertools.accumulate(map(len, pieces), initial=1))
+
+    def at(col: int) -> int:
+        return starts[col - 1] if col <= len(starts) else starts[-1] + col - len(starts)
+    return "".join(pieces), at
+
+
+class Severity(enum.Enum):
+    """How a diagnostic counts: an error stops the program; a warning is shown and it still runs."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+class SourceWarning(UserWarning):
+    """A compiler warning (a `Diagnostic` of severity WARNING), issued through Python's warnings by
+    `ss.load` and `ss.build`; its message is the rendered diagnostic."""
+
+
 @dataclass(frozen=True, slots=True)
 class Span:
     """A region of a source file: 1-based line and column, end exclusive."""
@@ -57,8 +106,8 @@ class Span:
     end_line: int
     end_col: int
 
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
+    def __str__(self) -> str:  # in messages: a file's name is user text
+        return f"{terminal_text(self.file)}:{self.line}:{self.col}"
 
     def to(self, other: "Span") -> "Span":
         """The span from the start of this one to the end of `other`."""
@@ -67,8 +116,9 @@ class Span:
 
 @dataclass(frozen=True)
 class Diagnostic:
-    """One error. `secondary` holds rustc's secondary labels: other places the error involves, such
-    as where a dim was bound, each a span and its text, underlined with `-` under the primary's `^`."""
+    """One error, or a warning (`severity`). `secondary` holds rustc's secondary labels: other places
+    the error involves, such as where a dim was bound, each a span and its text, underlined with `-`
+    under the primary's `^`."""
 
     code: str
     message: str
@@ -77,6 +127,7 @@ class Diagnostic:
     help: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     secondary: tuple[tuple[Span, str], ...] = ()
+    severity: Severity = Severity.ERROR
 
     @property
     def line(self) -> int:
@@ -89,22 +140,25 @@ class Diagnostic:
     def render(self, source: str | None) -> str:
         """The rustc-style text: header, location, each line an annotation is on (in line order) with
         its underlines and labels, then notes and help lines. A secondary label whose line can't be
-        shown (another file, no source) becomes a note naming its place."""
-        out = [f"error[{self.code}]: {self.message}", f"  --> {self.span}"]
-        lines = source.splitlines() if source is not None else []
+        shown (another file, no source) becomes a note naming its place. User text in any of them
+        (the source line, a file's name, a name quoted in the message) is `terminal_text`'s."""
+        out = [f"{self.severity.value}[{self.code}]: {terminal_text(self.message)}", f"  --> {self.span}"]
+        # Lines as the lexer counts them: only `\n` ends one (`splitlines` would end one at a form
+        # feed or U+2028 in a comment too, and show the wrong line).
+        lines = [line.removesuffix("\r") for line in source.removesuffix("\n").split("\n")] if source else []
 
         def shown(span: Span) -> bool:
             return span.file == self.span.file and 0 < span.line <= len(lines)
 
-        marks = [_Mark(self.span, self.label, "^")] if shown(self.span) else []
-        marks += [_Mark(span, text, "-") for span, text in self.secondary if shown(span) and marks]
+        marks = [_Mark(self.span, terminal_text(self.label), "^")] if shown(self.span) else []
+        marks += [_Mark(span, terminal_text(text), "-") for span, text in self.secondary if shown(span) and marks]
         elsewhere = [f"{span}: {text}" for span, text in self.secondary if not (shown(span) and marks)]
         if marks:
             out += _snippet(marks, lines)
         for note in (*self.notes, *elsewhere):
-            out.append(f"  = note: {note}")
+            out.append(f"  = note: {terminal_text(note)}")
         for line in self.help:
-            out.append(f"  = help: {line}")
+            out.append(f"  = help: {terminal_text(line)}")
         return "\n".join(out)
 
 
@@ -132,10 +186,18 @@ def _snippet(marks: list[_Mark], lines: list[str]) -> list[str]:
         if previous is not None and number > previous + 1:
             out.append("...")
         previous = number
-        text = lines[number - 1].expandtabs(1)
+        text, at = shown_columns(lines[number - 1])
         out.append(f"{str(number).ljust(width)} | {text}")
-        out += [f"{pad} | {row}".rstrip() for row in _underlines(by_line[number], len(text))]
+        marks_here = [_shown_at(m, at) for m in by_line[number]]
+        out += [f"{pad} | {row}".rstrip() for row in _underlines(marks_here, len(text))]
     return out
+
+
+def _shown_at(mark: _Mark, at: Callable[[int], int]) -> _Mark:
+    """`mark` with its columns where the shown line has them (`at`, from `shown_columns`)."""
+    span = mark.span
+    end_col = at(span.end_col) if span.end_line == span.line else span.end_col
+    return replace(mark, span=replace(span, col=at(span.col), end_col=end_col))
 
 
 def _underlines(marks: list[_Mark], text_width: int) -> list[str]:
@@ -171,15 +233,17 @@ def _bars(columns: list[int], width: int | None = None) -> str:
 
 @dataclass
 class CompileError(ShapeScriptError):
-    """The program has errors; `str()` is the rendered diagnostics."""
+    """The program has errors; `str()` is the rendered diagnostics, after the warnings found before
+    them (`warnings`, which `codes` doesn't list)."""
 
     diagnostics: list[Diagnostic]
     source: str | None = None
+    warnings: tuple[Diagnostic, ...] = ()
     rendered: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
-        parts = [d.render(self.source) for d in self.diagnostics]
-        n = len(self.diagnostics)
+        parts = [d.render(self.source) for d in (*self.warnings, *self.diagnostics)]
+        n = sum(d.severity is Severity.ERROR for d in self.diagnostics)
         if n > 1:
             parts.append(f"error: {n} errors found")
         self.rendered = "\n\n".join(parts)

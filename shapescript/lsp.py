@@ -26,7 +26,7 @@ from pygls.workspace import TextDocument
 from .pipeline import check_source
 from .check.program import Checked
 from .codes import CODES
-from .errors import CompileError, Diagnostic, Span
+from .errors import CompileError, Diagnostic, Severity, Span, terminal_lines, terminal_text
 
 NAME = "shapescript"
 # The error index, linked from each diagnostic's code where this is a source checkout (an
@@ -89,9 +89,9 @@ class ShapeScriptServer(LanguageServer):
         try:
             checked = check_source(source, file_of(doc.uri), None, None)
         except CompileError as e:
-            return [to_lsp(d, doc) for d in e.diagnostics]
+            return [to_lsp(d, doc) for d in (*e.warnings, *e.diagnostics)]
         self.good[doc.uri] = Good(checked, tuple(source.splitlines()))
-        return []
+        return [to_lsp(d, doc) for d in checked.warnings]
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -117,7 +117,7 @@ class ShapeScriptServer(LanguageServer):
         text = hover_text(good.checked, at.line + 1, at.character + 1)
         if text is None:
             return None
-        return T.Hover(contents=T.MarkupContent(kind=T.MarkupKind.Markdown, value=text))
+        return T.Hover(contents=T.MarkupContent(kind=T.MarkupKind.Markdown, value=terminal_lines(text)))
 
     def log_failure(self, what: str) -> None:
         self.window_log_message(T.LogMessageParams(
@@ -143,9 +143,9 @@ def to_lsp(d: Diagnostic, doc: TextDocument) -> T.Diagnostic:
     """A compiler diagnostic as LSP's: 0-based positions, in the client's code units. Its secondary
     labels (where a dim was bound, a declaration) are its related information, in the same document."""
     related = [T.DiagnosticRelatedInformation(location=T.Location(uri=doc.uri, range=lsp_range(span, doc)),
-                                              message=text)
+                                              message=terminal_text(text))
                for span, text in d.secondary if span.file == d.span.file]
-    return T.Diagnostic(range=lsp_range(d.span, doc), message=message_of(d), severity=T.DiagnosticSeverity.Error,
+    return T.Diagnostic(range=lsp_range(d.span, doc), message=message_of(d), severity=SEVERITY[d.severity],
                         code=d.code, code_description=code_link(d.code), source=NAME,
                         related_information=related or None)
 
@@ -161,13 +161,17 @@ def lsp_range(s: Span, doc: TextDocument) -> T.Range:
 
 
 def message_of(d: Diagnostic) -> str:
-    """The message, then the label the terminal shows under the caret, then notes and help."""
+    """The message, then the label the terminal shows under the caret, then notes and help; user text
+    in them as a terminal shows it (an editor may show the message in one)."""
     lines = [d.message]
     if d.label:
         lines.append(d.label)
     lines += [f"note: {n}" for n in d.notes]
     lines += [f"help: {h}" for h in d.help]
-    return "\n".join(lines)
+    return "\n".join(map(terminal_text, lines))
+
+
+SEVERITY = {Severity.ERROR: T.DiagnosticSeverity.Error, Severity.WARNING: T.DiagnosticSeverity.Warning}
 
 
 def code_link(code: str) -> T.CodeDescription | None:

@@ -3,7 +3,7 @@
 A block's tag (its fence's info string) is one of TAGS; an untagged block, an unknown tag or an
 indented code block fails. Then, per tag:
 
-- `ss`, `ss-error CODE`: compiled by test_docs.py (an `ss-build-error CODE` example, which fails
+- `ss`, `ss-error CODE`, `ss-warning CODE`: compiled by test_docs.py (an `ss-build-error CODE` example, which fails
   only when built with --standalone, here).
 - `python` and `sh`: run, each file's blocks in order in one namespace and one empty folder
   (tmp_path), as a reader would run them. A doc that says it works on the README's program saved
@@ -55,6 +55,7 @@ TAGS = {
     "ss": "a program that compiles (test_docs.py)",
     "ss-error": "a program that fails with exactly its code (test_docs.py)",
     "ss-build-error": "a program that fails with exactly its code when built --standalone",
+    "ss-warning": "a program that compiles, warning of exactly its code (test_docs.py)",
     "python": "run, in order, in one namespace",
     "ipython": "a notebook cell with magics (docs/notebook.md only), run in a kernel",
     "sh": "shell commands: run, or checked against what they name",
@@ -66,7 +67,7 @@ TAGS = {
     "ts": "editor configuration",
     "json": "editor configuration: parses",
 }
-WITH_CODE = {"ss-error", "ss-build-error"}
+WITH_CODE = {"ss-error", "ss-build-error", "ss-warning"}
 NOTEBOOK_DOC = "notebook.md"
 RUN_ELSEWHERE = {"tutorial.md": "test_tutorial.py", "sharp-bits.md": "test_sharp_bits.py",
                  "architecture.md": "test_architecture.py"}  # it adds an op to the table: taken out again there

@@ -1,4 +1,5 @@
-"""Every `ss` block in README.md and docs/ compiles; every `ss-error CODE` block fails with exactly that code."""
+"""Every `ss` block in README.md and docs/ compiles, warning of nothing; every `ss-error CODE` block fails with
+exactly that code, every `ss-warning CODE` block compiles warning of exactly that code."""
 
 from __future__ import annotations
 
@@ -11,22 +12,23 @@ from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
 from shapescript.pipeline import python_module
 
-BLOCK = re.compile(r"^```(ss(?:-error (E\d{4}))?)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+BLOCK = re.compile(r"^```(ss(?:-error (E\d{4})|-warning (W\d{4}))?)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def blocks() -> list:
     out = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for k, m in enumerate(BLOCK.finditer(path.read_text())):
-            out.append(pytest.param(m.group(3), m.group(2), id=f"{path.stem}-{k}"))
+            out.append(pytest.param(m.group(4), m.group(2) or m.group(3), id=f"{path.stem}-{k}"))
     return out
 
 
 @pytest.mark.parametrize("source, code", blocks())
 def test_doc_block(source: str, code: str | None) -> None:
-    if code is None:
+    if code is None or code.startswith("W"):  # a warning's example compiles, warning of its code
         checked = check_source(source, "doc.ss")
         compile(python_module(checked), "<doc>", "exec")
+        assert {w.code for w in checked.warnings} == ({code} if code else set())
     else:
         with pytest.raises(CompileError) as info:
             check_source(source, "doc.ss")

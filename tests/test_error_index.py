@@ -10,14 +10,20 @@ from support import ROOT, assert_golden
 
 from shapescript.pipeline import check_source
 from shapescript.codes import BUILD_ONLY, CODES, explain, markdown
-from shapescript.errors import CompileError
+from shapescript.errors import CompileError, Severity
 from shapescript.pipeline import python_module
 
 GOLDEN = ROOT / "tests" / "golden"
 
 
 def compile_example(code: str) -> CompileError:
+    """The example's diagnostics: an error's CompileError; for a warning, one holding the warnings
+    of the program, which must compile (and build)."""
     example = CODES[code].example
+    if CODES[code].severity is Severity.WARNING:
+        checked = check_source(example, f"{code}.ss")
+        python_module(checked)
+        return CompileError(list(checked.warnings), example)
     with pytest.raises(CompileError) as info:
         checked = check_source(example, f"{code}.ss")
         if code in BUILD_ONLY:
@@ -31,6 +37,8 @@ def test_example_raises_exactly_its_code(code: str) -> None:
     assert set(err.codes) == {code}, str(err)
     d = err.diagnostics[0]
     assert d.line >= 1 and d.column >= 1 and d.message
+    assert all(x.severity is CODES[code].severity for x in err.diagnostics)
+    assert code[0] == ("W" if CODES[code].severity is Severity.WARNING else "E")
 
 
 @pytest.mark.parametrize("code", sorted(CODES))
@@ -62,7 +70,7 @@ def test_a_missing_golden_file_fails_and_is_written_only_when_asked(tmp_path) ->
 
 
 def test_every_code_has_a_golden_file_and_no_stale_ones() -> None:
-    files = {p.stem for p in GOLDEN.glob("E*.txt")}
+    files = {p.stem for p in GOLDEN.glob("[EW]*.txt")}
     assert files == set(CODES)
 
 
@@ -74,7 +82,7 @@ def test_every_code_raised_in_the_sources_is_registered() -> None:
     import re
     raised = set()
     for path in (ROOT / "shapescript").rglob("*.py"):
-        raised |= set(re.findall(r'"(E\d{4})"', path.read_text()))
+        raised |= set(re.findall(r'"([EW]\d{4})"', path.read_text()))
     assert raised - set(CODES) == set(), "codes raised but not documented"
 
 

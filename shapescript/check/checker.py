@@ -92,7 +92,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
             checked = dataclasses.replace(checked, layout=lay_out(checked))
     if ctx.diagnostics:
         ctx.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))
-        raise CompileError(ctx.diagnostics, program.source)
+        raise CompileError(ctx.diagnostics, program.source, program.warnings)
     return checked
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..devices import DeviceSet
-from ..errors import Span
+from ..errors import Diagnostic, Span
 from ..syntax import ast as A
 from . import dims as D
 from .options import CallOptions, Recipe
@@ -146,6 +146,11 @@ class Checked:
         out when first asked for: a one-device build never needs it)."""
         from .comms import DeviceTable
         return DeviceTable.of(self)
+
+    @property
+    def warnings(self) -> tuple[Diagnostic, ...]:
+        """What the compiler warns of in a program it accepts (W0106), in source order."""
+        return self.program.warnings
 
     def placement(self, fn: str) -> Placement:
         """Where function `fn` runs (anywhere, until placement has run)."""

@@ -23,6 +23,7 @@ from ..check.comms import DeviceTable, FnPlan, Layout
 from ..check.comms_text import (bytes_text, first_values, fn_text, hosts_note, item_lines, layout_text,
                                 report, sum_bytes, value_text)
 from ..check.program import Checked
+from ..errors import terminal_lines
 from ..parallel.memory import WorkerMemory
 from . import markup as M
 from .report import _inline_code
@@ -135,7 +136,7 @@ class DeviceTableView:
                 f"the last call, {calls[0].what} ({short_bytes(max(c.added for c in calls))} of it added by the call)")
 
     def __repr__(self) -> str:
-        return self.text()
+        return terminal_lines(self.text())  # its source lines are user text
 
     def _repr_html_(self) -> str:
         return self.html(open_=True)

@@ -24,7 +24,7 @@ from ..check.comms import DeviceTable
 from .cells import Cell
 from .device_table import batch_option
 from .models import model_html
-from ..errors import CompileError, ShapeScriptError
+from ..errors import CompileError, ShapeScriptError, terminal_lines, terminal_text
 from . import on_cluster, progress
 from .report import CellCompileError, NotebookError
 from .session import PROGRAM_VARIABLE, Session
@@ -79,7 +79,7 @@ class ShapeScriptMagics(Magics):
             self._simple(command)
         elif command == "explain" and rest:
             try:
-                print(self.session.explain(rest), end="")
+                _print([self.session.explain(rest)], end="")
             except KeyError:
                 raise UsageError(f"no error code {rest!r}; codes look like E0304") from None
         elif command == "timeline" and not rest:
@@ -102,7 +102,7 @@ class ShapeScriptMagics(Magics):
         try:
             parse_devices(text)  # a bad spelling is a usage error, before anything changes
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(terminal_text(str(e))) from None
         _print(self._run(lambda: self.session.set_devices(text)))
         self._show_placement()
 
@@ -147,7 +147,7 @@ class ShapeScriptMagics(Magics):
         if command == "status":
             display(self._run(self.session.status))
         elif command == "source":
-            print(self.session.source())
+            _print([self.session.source()])
         else:
             _print(self._run(self.session.stop if command == "stop" else self.session.reset))
 
@@ -180,9 +180,11 @@ def _batch_option(args: str, magic: str, more: str = "") -> int | None:
         raise UsageError(f"{magic}: {e}{more}") from None
 
 
-def _print(notes: list[str]) -> None:
+def _print(notes: list[str], end: str = "\n") -> None:
+    """Print text that may quote the user's (a name, a source line) as text: a control character in
+    it shown as its escape, as the command line shows it."""
     for note in notes:
-        print(note)
+        print(terminal_lines(note), end=end)
 
 
 def load_ipython_extension(ip: InteractiveShell) -> None:

@@ -10,6 +10,7 @@ import html
 from collections.abc import Sequence
 
 from .. import cell_styles
+from ..errors import terminal_lines
 
 # JupyterLab right-aligns output tables with `:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`
 # (two classes and an element), the classic Notebook with `.rendered_html td`: under those containers
@@ -41,7 +42,8 @@ STYLE = ("<style>" + "".join(f"{_scoped(selectors)}{{{body}}}" for selectors, bo
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text))
+    """`text` for HTML, its control characters written as escapes as a terminal shows them."""
+    return html.escape(terminal_lines(str(text)))
 
 
 def code(text: str) -> str:

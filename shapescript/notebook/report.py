@@ -18,7 +18,8 @@ import re
 from collections.abc import Sequence
 
 from ..codes import CODES
-from ..errors import CompileError, Diagnostic, ShapeScriptError, Span
+from ..errors import (CompileError, Diagnostic, ShapeScriptError, Span, shown_columns, terminal_lines,
+                      terminal_text)
 from .cells import Cell, Draft
 
 
@@ -38,10 +39,11 @@ class Located:
 
 def locate_all(error: CompileError, draft: Draft, program_name: str) -> list[Located]:
     """Every diagnostic of `error` (raised on `draft`'s text) in its own cell's terms."""
-    return [_locate(d, draft, program_name) for d in error.diagnostics]
+    return [locate(d, draft, program_name) for d in error.diagnostics]
 
 
-def _locate(d: Diagnostic, draft: Draft, program_name: str) -> Located:
+def locate(d: Diagnostic, draft: Draft, program_name: str) -> Located:
+    """`d` (a diagnostic of `draft`'s text) in its own cell's terms."""
     found = draft.locate(d.span.line)
     if found is None:  # not inside any item (the whole program, its end): say it as is
         return Located(d, None)
@@ -112,7 +114,8 @@ class NotebookError(ShapeScriptError):
     extension's frames (with the notes of the error it stands for, such as a worker's traceback)."""
 
     def _render_traceback_(self) -> list[str]:
-        return [*str(self).split("\n"), *getattr(self.__cause__, "__notes__", ())]
+        lines = [*str(self).split("\n"), *getattr(self.__cause__, "__notes__", ())]
+        return [terminal_text(line) for line in lines]
 
 
 _WORKER_TRACEBACK = re.compile(r"worker \d+'s traceback")  # a note of pool.py's: internal frames, for %tb
@@ -142,8 +145,9 @@ def runtime_error_lines(error: ShapeScriptError, draft: Draft, program_name: str
     if places:
         cell, line, col = places[0]
         width = len(str(line))
+        text, at = shown_columns(_cell_line(cell, line).rstrip())
         lines += [f"{'':>{width}}--> {cell.label}, line {line}", f"{'':>{width}} |",
-                  f"{line} | {_cell_line(cell, line).rstrip().expandtabs(1)}", f"{'':>{width}} | {' ' * (col - 1)}^"]
+                  f"{line} | {text}", f"{'':>{width}} | {' ' * (at(col) - 1)}^"]
         shown.add((cell, line))
     for fn_name, span in reversed(calls):
         hit = draft.locate(span.line)
@@ -151,7 +155,7 @@ def runtime_error_lines(error: ShapeScriptError, draft: Draft, program_name: str
             lines.append(f"  in `{fn_name}` at {hit[0].cell.label}, line {hit[1]}: {_cell_line(hit[0].cell, hit[1]).strip()}")
     for note in notes:
         lines += note.split("\n")
-    return [*lines, FULL_TRACEBACK]
+    return [terminal_text(line) for line in [*lines, FULL_TRACEBACK]]
 
 
 def _cell_line(cell: Cell, line: int) -> str:
@@ -179,16 +183,17 @@ def _diagnostic_html(x: Located, program_source: str) -> str:
     # The snippet is the plain-text rendering itself, so the caret lines up exactly as in a terminal.
     rest = x.text(program_source).partition("\n")[2]
     d = x.diagnostic
-    out = [f'<div style="margin-bottom:0.8em"><div><b style="{_RED}">error[{html.escape(d.code)}]</b>'
-           f"<b>: {html.escape(d.message)}</b></div>",
+    out = [f'<div style="margin-bottom:0.8em"><div><b style="{_RED}">{d.severity.value}[{html.escape(d.code)}]</b>'
+           f"<b>: {html.escape(terminal_text(d.message))}</b></div>",
            f'<pre style="{_PRE}">{html.escape(rest)}</pre>']
     entry = CODES.get(d.code)
     if entry is not None:
+        example = html.escape(terminal_lines(entry.example.rstrip()))  # W0106's is bidi text
         out.append(f"<details><summary>{html.escape(entry.code)}: {html.escape(entry.title)} "
                    f"(<code>%shapescript explain {html.escape(entry.code)}</code>, "
                    f"docs/errors.md#{entry.code.lower()})</summary>"
                    f"<p>{_inline_code(entry.explanation)}</p><p>For example:</p>"
-                   f'<pre style="{_PRE}">{html.escape(entry.example.rstrip())}</pre>'
+                   f'<pre style="{_PRE}">{example}</pre>'
                    f"<p>{_inline_code(entry.fix)}</p></details>")
     out.append("</div>")
     return "".join(out)

@@ -8,19 +8,20 @@ that fails; only then does it move the workers, replace the program and rebind t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import MutableMapping
 from typing import Any
 
 from ..api import Program, load, parse_devices
 from ..codes import explain
-from ..errors import CompileError, ShapeScriptError
+from ..errors import CompileError, ShapeScriptError, SourceWarning
 from ..parallel.remote import RemoteModel
 from ..runtime.model import Model
 from ..stale import name_holders, stale_notes
 from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
-from .report import CellCompileError, Located, NotebookError, Rich, locate_all, runtime_error_lines
+from .report import CellCompileError, Located, NotebookError, Rich, locate, locate_all, runtime_error_lines
 from .workers import describe_loss, measured_memory, pool_of, status_table
 
 PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program
@@ -52,12 +53,17 @@ class Session:
             raise CellCompileError([Located(d, cell) for d in e.diagnostics], cell.source, cell.label) from None
         items, draft = merge(self.items, chunks)
         try:
-            program = load(draft.source, name=PROGRAM_NAME)
+            with warnings.catch_warnings():  # its warnings are said below, in the cells' terms
+                warnings.simplefilter("ignore", SourceWarning)
+                program = load(draft.source, name=PROGRAM_NAME)
         except CompileError as e:
             raise CellCompileError(locate_all(e, draft, PROGRAM_NAME), draft.source, cell.label) from None
         except ValueError as e:  # checked, but the Python API refuses it
             raise NotebookError(f"The program compiles, but the Python API can't build it: {e}") from None
-        return self._commit(program, items, {c.key for c in chunks})
+        # This cell's warnings (W0106); an earlier cell's were shown when it ran.
+        located = [locate(w, draft, PROGRAM_NAME) for w in program.checked.warnings]
+        said = [x.text(draft.source) for x in located if x.cell is cell]
+        return said + self._commit(program, items, {c.key for c in chunks})
 
     def set_devices(self, text: str) -> list[str]:
         """`%shapescript devices cpu[0 1]`: the program's devices line becomes this one. ValueError

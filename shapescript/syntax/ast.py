@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import Span
+from ..errors import Diagnostic, Span
 
 
 @dataclass(eq=False)
@@ -273,3 +273,4 @@ Item = Devices | Dim | Data | Model | Fn | Extern
 class Program(Node):
     items: list[Item]
     source: str
+    warnings: tuple[Diagnostic, ...] = ()  # the lexer's (W0106), in source order

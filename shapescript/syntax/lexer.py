@@ -6,9 +6,10 @@ their width is a matter of taste and the block structure must not be.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
-from ..errors import Diagnostic, Span
+from ..errors import Diagnostic, Severity, Span
 
 # Hard keywords. Item words (devices, dim, data, model, param, buffer, extern, python) are
 # contextual: `data` is a fine parameter name.
@@ -43,14 +44,23 @@ class LexError(Exception):
         self.diagnostic = diagnostic
 
 
-def tokenize(source: str, file: str = "<input>") -> list[Token]:
-    return _Lexer(source, file).run()
+def tokenize(source: str, file: str = "<input>", warnings: list[Diagnostic] | None = None) -> list[Token]:
+    """The tokens of `source`; the warnings found on the way (W0106) are added to `warnings`, up to
+    a lexical error too."""
+    return _Lexer(source, file, [] if warnings is None else warnings).run()
+
+
+# The characters that change the direction text is shown in (Unicode's bidirectional embeddings,
+# overrides and isolates), which can make a line read differently on screen than the compiler reads
+# it (the "Trojan Source" attack); outside comments and strings they are E0101 like any other.
+TEXT_DIRECTION = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 class _Lexer:
-    def __init__(self, source: str, file: str) -> None:
+    def __init__(self, source: str, file: str, warnings: list[Diagnostic]) -> None:
         self.src = source
         self.file = file
+        self.warnings = warnings
         self.tokens: list[Token] = []
         self.indents = [0]
         self.depth = 0  # bracket nesting; newlines inside brackets are ignored
@@ -61,6 +71,21 @@ class _Lexer:
 
     def error(self, code: str, message: str, span: Span, label: str = "", help: str = "") -> None:
         raise LexError(Diagnostic(code, message, span, label, (help,) if help else ()))
+
+    def text_direction(self, text: str, start: int, number: int, where: str) -> None:
+        """W0106 for each text-direction character in `text[start:]`, a comment or a string's text."""
+        if TEXT_DIRECTION.isdisjoint(text[start:]):
+            return  # nearly always
+        for pos in range(start, len(text)):
+            ch = text[pos]
+            if ch in TEXT_DIRECTION:
+                name = unicodedata.name(ch)
+                self.warnings.append(Diagnostic(
+                    "W0106", f"U+{ord(ch):04X} ({name.lower()}) in {where} changes the direction text is shown in",
+                    self.span(number, pos + 1, pos + 2), f"`{ch}` here",  # shown escaped, as all user text
+                    ("remove it, unless the text is meant to read right to left: editors and terminals show "
+                     "the text after it in another order than the compiler reads it",),
+                    severity=Severity.WARNING))
 
     def emit(self, kind: str, text: str, line: int, col: int, end_col: int) -> None:
         self.tokens.append(Token(kind, text, self.span(line, col, end_col)))
@@ -88,6 +113,7 @@ class _Lexer:
         if self.depth == 0:
             stripped = text.lstrip(" \t")
             if not stripped or stripped.startswith("#"):
+                self.text_direction(text, 0, number, "a comment")
                 return  # blank and comment-only lines don't affect indentation
             indent_text = text[: len(text) - len(stripped)]
             if "\t" in indent_text:
@@ -114,6 +140,7 @@ class _Lexer:
             if ch in " \t\r":
                 pos += 1
             elif ch == "#":
+                self.text_direction(text, pos, number, "a comment")
                 break
             elif _name_start(ch):
                 end = pos + 1
@@ -129,6 +156,7 @@ class _Lexer:
                 if end < 0:
                     self.error("E0103", "unterminated string", self.span(number, col, n + 1),
                                "the string starts here", 'end it with `"` on the same line')
+                self.text_direction(text[:end], pos + 1, number, "a string")
                 self.emit("STRING", text[pos + 1:end], number, col, end + 2)
                 pos = end + 1
             else:

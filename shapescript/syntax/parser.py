@@ -33,11 +33,14 @@ class ParseError(Exception):
 
 def parse(source: str, file: str = "<input>") -> A.Program:
     """Parse a whole program; raises CompileError with the first syntax error."""
+    warnings: list[Diagnostic] = []
     try:
-        tokens = tokenize(source, file)
-        return _Parser(tokens, source, file).program()
+        tokens = tokenize(source, file, warnings)
+        program = _Parser(tokens, source, file).program()
     except (LexError, ParseError) as e:
-        raise CompileError([e.diagnostic], source) from None
+        raise CompileError([e.diagnostic], source, tuple(warnings)) from None
+    program.warnings = tuple(warnings)
+    return program
 
 
 class _Parser(TypeGrammar):
