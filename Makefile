@@ -6,7 +6,7 @@ PYTHON ?= python3
 # machine where that gives the multi-GB CUDA build, `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
 TORCH_INDEX ?=
 
-.PHONY: demo test bench clean chromium gpu-check
+.PHONY: demo test test-fast bench clean chromium gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,22 @@ $(VENV)/.ray: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[ray]'
 	touch $@
 
+# Two test processes (pytest-xdist), a file's tests in one of them; then the tests marked `alone`
+# (they assert wall-clock bounds) with nothing beside them.
+TEST_PROCESSES ?= 2
+PARALLEL_TESTS := -n $(TEST_PROCESSES) --dist loadgroup
+
 test: $(VENV)/.installed $(VENV)/.ray chromium
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL_TESTS) -m "not alone"
+	$(PY) -m pytest -q -m alone
+
+# The edit loop: the compiler and the tests on one device (no worker pools, notebooks, Ray or browser).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q $(PARALLEL_TESTS) -m "not alone and not slow" $(FAST_SKIPS)
+FAST_SKIPS := --ignore=tests/several --ignore=tests/parallel --ignore=tests/cluster --ignore=tests/notebook \
+	--ignore=tests/browser --ignore=tests/lsp
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is never used).
 chromium:
