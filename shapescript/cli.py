@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .errors import CompileError, ShapeScriptError, SourceWarning, terminal_lines
+from .syntax.lexer import MAX_INT_DIGITS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,11 +92,14 @@ def dim_sizes(pairs: list[str]) -> dict[str, int]:
     out = {}
     for pair in pairs:
         name, _, size = pair.partition("=")
-        if not name.isidentifier() or not size.isascii() or not size.isdigit() or int(size) == 0:
+        if not name.isidentifier() or not size.isascii() or not size.isdigit() or not size.strip("0"):
             raise ValueError(f"--dim takes NAME=SIZE with a positive whole SIZE, as V=65, not {pair!r}")
+        digits = size.lstrip("0")
+        if len(digits) > MAX_INT_DIGITS:  # Python refuses to read a few thousand digits
+            raise ValueError(f"--dim {name}: a size has at most {MAX_INT_DIGITS} digits, not {len(digits):,}")
         if name in out:
             raise ValueError(f"--dim {name} is given twice")
-        out[name] = int(size)
+        out[name] = int(digits)
     return out
 
 

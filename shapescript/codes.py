@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .devices import MAX_CUDA_INDEX, MAX_DEVICES
 from .errors import Severity
 from .names import DATA_RESERVED, MODEL_RESERVED, reserved_text
 
@@ -307,6 +308,15 @@ _ENTRIES = [
          "--standalone`.)",
          "devices cpu[0 1 2]\n\nfn double(x: [n]) -> [n] = x * 2\n",
          "Build without `--standalone`, or for one device."),
+    Code("E1806", "More devices than can run",
+         "A devices line names devices that a machine or a cluster has. torch numbers each "
+         f"machine's CUDA devices from 0 to {MAX_CUDA_INDEX}, and a program runs on at most {MAX_DEVICES:,} devices "
+         "in all (hosts × the devices on each), more than any cluster holds. A line beyond either "
+         "is refused when the program is checked, rather than when its workers start: `--devices` "
+         "and `ss.load(..., devices=...)` are checked the same way.",
+         "devices 1000000 x cuda[0 1 2 3 4 5 6 7]\n\nfn double(x: [n]) -> [n] = x * 2\n",
+         "Write the hosts and the devices on each that your machines have, numbering CUDA devices as "
+         "`nvidia-smi` lists them."),
 ]
 
 _ENTRIES.append(Code(

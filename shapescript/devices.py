@@ -10,6 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The most workers a program may run on, hosts × devices on each: over a million, more than any
+# cluster holds, and small enough that everything counted per device (the batch's shares, a
+# worker's label) stays small. A devices line beyond it is an error (E1806), never a hang.
+MAX_DEVICES = 1 << 20
+# torch numbers a machine's CUDA devices with a signed byte (c10::DeviceIndex): `cuda:128` is read
+# as `cuda:-128`, and a longer number is refused with a traceback. A device number beyond it is E1806.
+MAX_CUDA_INDEX = 127
+# The shares of a batch are written one by one up to this many devices ("22/21/21"), and as two
+# groups beyond ("16 on each of 40 devices, 15 on each of 24").
+SHARES_LISTED = 16
+
 
 @dataclass(frozen=True)
 class DeviceSet:
@@ -41,6 +52,18 @@ class DeviceSet:
         host, local = divmod(rank, self.per_host)
         return host, (self.indices or (0,))[local]
 
+    def impossible(self) -> "Impossible | None":
+        """Why no machine or cluster could run these devices (E1806), or None if one could."""
+        if self.kind == "cuda" and self.indices and max(self.indices) > MAX_CUDA_INDEX:
+            return Impossible(f"CUDA device {max(self.indices)}: torch numbers a machine's CUDA devices "
+                              f"from 0 to {MAX_CUDA_INDEX}",
+                              "number the CUDA devices as `nvidia-smi` lists them, from 0")
+        if self.count > MAX_DEVICES:
+            return Impossible(f"{self.count:,} devices, but a program runs on at most {MAX_DEVICES:,}",
+                              "write the hosts and the devices on each that your machines have, "
+                              "as `devices 2 x cuda[0 1 2 3]`")
+        return None
+
     def same_workers(self, other: "DeviceSet") -> bool:
         """The same devices, whatever the layout options: the same worker runs where it did."""
         return (self.kind, self.indices, self.hosts) == (other.kind, other.indices, other.hosts)
@@ -50,7 +73,26 @@ class DeviceSet:
         return f"{self.hosts} x {one_host}" if self.hosts > 1 else one_host
 
 
+@dataclass(frozen=True)
+class Impossible:
+    """Devices no machine or cluster has: what is wrong, and what to write instead."""
+
+    reason: str
+    help: str
+
+
 def shares(n: int, devices: int) -> list[int]:
     """How a batch of n examples splits over the devices: as evenly as can be, the first taking one
     more (64 over 3 is 22, 21, 21). The workers cut batches so, and the DeviceTable counts so."""
     return [n // devices + (1 if k < n % devices else 0) for k in range(devices)]
+
+
+def shares_text(n: int, devices: int) -> str:
+    """The shares of a batch of n in words, as short for a million devices as for three: "22/21/21";
+    beyond SHARES_LISTED devices, "16 on each of 40 devices, 15 on each of 24"."""
+    if devices <= SHARES_LISTED:
+        return "/".join(map(str, shares(n, devices)))
+    whole, rest = divmod(n, devices)
+    if rest == 0:
+        return f"{whole:,} on each of {devices:,} devices"
+    return f"{whole + 1:,} on each of {rest:,} devices, {whole:,} on each of {devices - rest:,}"

@@ -11,10 +11,12 @@ import re
 
 import sympy
 
+from ..devices import MAX_DEVICES
 from ..errors import CompileError, Diagnostic, Span
 from ..inits import INITS
 from ..names import DATA_RESERVED, MODEL_RESERVED, is_reserved, reserved_text, similar
 from ..syntax import ast as A
+from ..syntax.lexer import MAX_INT_DIGITS
 from . import dims as D
 from . import types as T
 from .constants import NotConstant, constant, derive_dims
@@ -111,6 +113,11 @@ def collect(ctx: Context) -> DeviceSet:
         over = ctx.device_override
         device_set = dataclasses.replace(over, shard_params=over.shard_params or device_set.shard_params,
                                          split=over.split or device_set.split)
+    impossible = device_set.impossible()
+    if impossible is not None:
+        ctx.error("E1806", f"more devices than can run: {impossible.reason}",
+                  device_items[0].span if device_items else ctx.program.span, "no machine has these devices",
+                  impossible.help)
     dims = [i for i in items if isinstance(i, A.Dim) and define(ctx, i.name, i.name_span, "dim")]
     for dim in dims:
         value = ctx.dim_override.get(dim.name, dim.value) if dim.expr is None else None
@@ -118,9 +125,14 @@ def collect(ctx: Context) -> DeviceSet:
             ctx.error("E0310", f"dim `{dim.name}` must be a positive size, not {value}",
                       dim.span, "not a size", f"pass `--dim {dim.name}=SIZE` with a SIZE of 1 or more"
                       if dim.name in ctx.dim_override else f"give `{dim.name}` a size of 1 or more")
+        elif value is not None and value >= 10 ** MAX_INT_DIGITS:  # only a size given when loading can be
+            ctx.error("E0310", f"dim `{dim.name}` is given a size of {D.digit_count(value):,} digits", dim.span,
+                      "too large a size", f"a size has at most {MAX_INT_DIGITS} digits")
+            value = None
         ctx.dim_values[dim.name] = value  # a derived dim's, once its parts' are known
     derive_dims(ctx, dims)
-    layout_options(ctx, device_items[0] if device_items else None, device_set)
+    if impossible is None:  # a split over devices that can't run says nothing more
+        layout_options(ctx, device_items[0] if device_items else None, device_set)
     for name in ctx.dim_override:
         if name not in ctx.dim_values:
             ctx.error("E0201", f"no dim `{name}` to set", ctx.program.span, "",
@@ -184,13 +196,27 @@ def layout_options(ctx: Context, node: A.Devices | None, devices: DeviceSet) -> 
         return
     size = ctx.dim_values[name]
     if size is not None and size % devices.count:
-        counts = [str(n) for n in range(2, size + 1) if size % n == 0][:4]
+        counts = [f"{n:,}" for n in device_counts_dividing(size, 4)]
         on_hosts = f" ({devices.hosts} hosts × {devices.per_host})" if devices.several_hosts else ""
         ctx.error("E1902", f"`split {name}` over {devices.count} devices{on_hosts}, but {name} = {size} isn't a "
                   f"multiple of {devices.count}", span, f"{name} = {size}",
                   f"each device holds an equal part of {name}: use {', '.join(counts[:-1])} or {counts[-1]} "
                   f"devices" if len(counts) > 1 else f"use {counts[0]} devices" if counts
-                  else f"{name} = 1 can't be split: remove `split {name}`")
+                  else f"{name} = 1 can't be split: remove `split {name}`" if size == 1
+                  else f"no number of devices from 2 to {MAX_DEVICES:,} divides {name} = {size}: "
+                  f"remove `split {name}`, or give {name} a size with a small factor")
+
+
+def device_counts_dividing(size: int, wanted: int) -> list[int]:
+    """The first `wanted` numbers of devices that divide `size` (2 and up). A program runs on at
+    most MAX_DEVICES, so the search stops there, whatever the size: a million steps at the worst."""
+    found: list[int] = []
+    for n in range(2, min(size, MAX_DEVICES) + 1):
+        if size % n == 0:
+            found.append(n)
+            if len(found) == wanted:
+                break
+    return found
 
 
 def define(ctx: Context, name: str, span: Span, what: str) -> bool:

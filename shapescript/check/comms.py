@@ -21,7 +21,7 @@ from typing import Iterator
 
 import sympy
 
-from ..devices import shares
+from ..devices import shares, shares_text
 from ..dtypes import ELEMENTS
 from ..errors import Span
 from ..syntax import ast as A
@@ -149,6 +149,11 @@ class DeviceTable:
     def shares(self, batch: int | None = None) -> list[int] | None:
         n = batch if batch is not None else self.batch
         return shares(n, self.count) if n is not None else None
+
+    def shares_text(self, batch: int | None = None) -> str | None:
+        """The shares in words ("22/21/21"; grouped on many devices), or None without a batch size."""
+        n = batch if batch is not None else self.batch
+        return shares_text(n, self.count) if n is not None else None
 
     def line(self, number: int) -> list[LineItem]:
         return self.lines.get(number, [])

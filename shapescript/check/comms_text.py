@@ -52,12 +52,12 @@ def bytes_text(expr: sympy.Expr) -> str:
 
 
 def shares_text(table: DeviceTable, batch: int | None = None) -> str:
-    parts = table.shares(batch)
+    parts = table.shares_text(batch)
     n = batch if batch is not None else table.batch
     if parts is None:
         return "each holding its share of the batch"
     where = f", from batches({n}) at line {table.batch_span.line}" if batch is None and table.batch_span else ""
-    return f"each holding its share of the batch ({'/'.join(map(str, parts))} for a batch of {n}{where})"
+    return f"each holding its share of the batch ({parts} for a batch of {n}{where})"
 
 
 def devices_words(table: DeviceTable) -> str:
@@ -233,9 +233,9 @@ def report(checked: Checked, batch: int | None = None, batch_hint: str = CLI_BAT
     if table.count > 1 and table.heads:
         out[0] += f": split along {table.heads}, every device holding whole batches"
     elif table.count > 1:
-        parts = table.shares(batch)
+        parts = table.shares_text(batch)
         n = batch if batch is not None else table.batch
-        out[0] += (f": a batch of {n} splits {'/'.join(map(str, parts))}" if parts else
+        out[0] += (f": a batch of {n} splits {parts}" if parts else
                    f": no batches(n) gives a batch size ({batch_hint})")
     if table.crosses_hosts:
         out.append(hosts_note(table) + ".")
@@ -274,9 +274,9 @@ def layout_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
     if table.count == 1:
         return f"on {table.devices}"
     if v.kind == "split":
-        parts = table.shares(batch)
+        parts = table.shares_text(batch)
         n = batch if batch is not None else table.batch
-        return f"split along {v.axis}" + (f": {'/'.join(map(str, parts))} of {n}" if parts else "")
+        return f"split along {v.axis}" + (f": {parts} of {n}" if parts else "")
     if v.kind == "heads":
         return f"split along {heads_text(table, v)}"
     if v.sharded and not table.shard_params:

@@ -16,6 +16,7 @@ import sympy
 
 from ..names import similar
 from ..syntax import ast as A
+from ..syntax.lexer import MAX_INT_DIGITS
 from . import dims as D
 
 if TYPE_CHECKING:
@@ -73,7 +74,12 @@ def _define(ctx: "Context", node: A.Dim) -> bool:
     definition = sympy.expand(written.xreplace({s: ctx.derived[s.name] for s in D.symbols(written)
                                                 if s.name in ctx.derived}))
     known = {s: ctx.dim_values[s.name] for s in D.symbols(definition) if ctx.dim_values.get(s.name) is not None}
+    digits = _digits_to_compute(definition, {s.name: v for s, v in known.items() if v is not None})
+    if digits > 2 * MAX_INT_DIGITS:  # `dim B = A * A` a few dozen times over: never computed
+        return _too_large(ctx, node, f"about {digits:,.0f}")
     size = sympy.sympify(definition.xreplace(known))
+    if size.is_number and abs(size) >= 10 ** MAX_INT_DIGITS:
+        return _too_large(ctx, node, f"{D.digit_count(abs(int(size))):,}")
     if size.is_number and (not size.is_integer or size <= 0):
         given = ", ".join(f"{s.name} = {v}" for s, v in sorted(known.items(), key=lambda kv: kv[0].name))
         ctx.error("E0310", f"dim `{node.name}` = {_written(ctx, node)} is {size}"
@@ -83,6 +89,33 @@ def _define(ctx: "Context", node: A.Dim) -> bool:
     ctx.derived[node.name] = definition
     ctx.dim_values[node.name] = int(size) if size.is_number else None
     return True
+
+
+def _too_large(ctx: "Context", node: A.Dim, digits: str) -> bool:
+    ctx.error("E0310", f"dim `{node.name}` = {_written(ctx, node)} is a size of {digits} digits", node.span,
+              "too large a size", f"a size has at most {MAX_INT_DIGITS} digits: change the expression or the "
+              "sizes it is made of")
+    return False
+
+
+def _digits_to_compute(definition: D.Dim, known: dict[str, int]) -> float:
+    """About how many digits computing `definition` with the sizes `known` would write, at most:
+    found from its terms' exponents, without computing it (a chain of squares doubles them each line)."""
+    total = 0.0
+    for term in sympy.Add.make_args(definition):
+        for factor in sympy.Mul.make_args(term):
+            base, exponent = factor.as_base_exp()
+            if isinstance(base, sympy.Rational):
+                size = abs(base.p) * base.q
+            elif isinstance(base, sympy.Symbol) and base.name in known:
+                size = known[base.name]
+            else:
+                continue  # a dim without a size yet: nothing is computed
+            try:
+                total += abs(float(exponent)) * math.log10(max(size, 1))
+            except (OverflowError, TypeError):
+                return math.inf
+    return total
 
 
 def _report_cycles(ctx: "Context", defs: dict[str, A.Dim], waiting: dict[str, set[str]]) -> None:

@@ -102,6 +102,12 @@ def value(d: Dim, values: Mapping[str, int | None]) -> int | None:
     return int(v) if v.is_Integer else None
 
 
+def digit_count(value: int) -> int:
+    """How many digits a size has, without writing it out (Python refuses to write a long one)."""
+    digits = max(1, int(value.bit_length() * 0.30103))  # log10(2) rounded down: exact or one short
+    return digits + (value >= 10 ** digits)
+
+
 class _Printer(StrPrinter):
     """Prints generic dims by their written name (sympy shows a Dummy as `_b`)."""
 

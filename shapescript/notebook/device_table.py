@@ -108,9 +108,9 @@ class DeviceTableView:
         t = self.table
         if not self.several:
             return f"Placement on {t.devices}: one device, nothing is sent between devices"
-        parts = t.shares(self.batch)
+        parts = t.shares_text(self.batch)
         size = self.batch if self.batch is not None else t.batch
-        split = (f"a batch of {size} splits {'/'.join(map(str, parts))}" if parts else
+        split = (f"a batch of {size} splits {parts}" if parts else
                  f"no batches(n) gives a batch size ({NOTEBOOK_BATCH_HINT})")
         hosts = f" ({t.count} devices: {t.hosts} hosts × {t.per_host})" if t.crosses_hosts else ""
         return f"Placement and communication on {t.devices}{hosts} — {split}"

@@ -20,6 +20,10 @@ KEYWORDS = frozenset({"fn", "mut", "return", "for", "in", "and", "or", "not", "t
 PUNCT = ("|>", "->", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", ",", ":", ".", "=",
          "+", "-", "*", "/", "@", "<", ">", "×")
 
+# The longest whole number a program may write: 10**100 is far past any size or count, and Python
+# refuses to read a number of a few thousand digits (sys.get_int_max_str_digits), as an internal error.
+MAX_INT_DIGITS = 100
+
 
 @dataclass(frozen=True, slots=True)
 class Token:
@@ -198,7 +202,12 @@ class _Lexer:
                        self.span(number, end + 1, end + 2), "",
                        f"write the number of hosts apart from `x`: `devices {text[pos:end]} x ...`" if hosts
                        else "separate a number from a name with a space or an operator")
-        self.emit("FLOAT" if is_float else "INT", text[pos:end].replace("_", ""), number, pos + 1, end + 1)
+        written = text[pos:end].replace("_", "")
+        if not is_float and len(written) > MAX_INT_DIGITS:
+            self.error("E0105", f"a whole number of {len(written):,} digits", self.span(number, pos + 1, end + 1),
+                       "too long a number", f"a whole number has at most {MAX_INT_DIGITS} digits; "
+                       "write a size or a count that fits a machine")
+        self.emit("FLOAT" if is_float else "INT", written, number, pos + 1, end + 1)
         return end
 
     def punct(self, p: str, number: int, col: int) -> None:
