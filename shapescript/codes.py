@@ -345,6 +345,15 @@ RUN_TIME = [
      "first call or `init` raises `DeviceError` saying how many are visible, before any worker starts"),
     ("a meta or sparse tensor as an argument or a batch's field", "`ShapeError` naming the parameter or "
      "field and its .ss location"),
+    ("`ss.Batch(...)` with a wrong field, or `lengths=` that aren't one whole number per example for a "
+     "generic dim of the fields (a list, a float tensor, an unknown dim, one length for two rows)",
+     "`ShapeError` as the batch is made, the same on any device count"),
+    ("`ss.Batch(..., lengths=)` with a length below 0 or past the size the fields are padded to",
+     "`DomainError` naming the dim, the row and the range"),
+    ("`ss.adamw(m, lr=10**400)`, or such a number in a checkpoint's header; a header nested 100,000 deep",
+     "`DomainError` naming the setting; `ShapeError` saying the file isn't a ShapeScript checkpoint"),
+    ("a dataset whose `__len__` Python can't use (-1, 2**63), one too big to `shuffle` here (2**62 items), "
+     "or a seed torch can't take", "`DomainError` naming `batches` or `shuffle` and the size"),
     ("`ss.load(None)`, bytes, a number", "`TypeError` saying what `load` takes"),
     ("`dims=` with a size of 1.5, `True`, `\"3\"` or a tensor; 0 or negative", "`TypeError`; "
      "`ValueError` naming the dim"),
