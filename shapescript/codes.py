@@ -4,7 +4,7 @@ the way out. `shapescript explain CODE` prints an entry; docs/errors.md is gener
 that it fails with exactly its code.
 
 Codes are two digits of chapter and two of entry: 01 syntax, 02 names, 03 shapes and dtypes,
-04 values, 05 `mut`, 06 training, 18 several devices.
+04 values, 05 `mut`, 06 training, 07 Python refused, 18 several devices.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Code:
 
 
 CHAPTERS = {"01": "Syntax", "02": "Names", "03": "Shapes and dtypes", "04": "Values",
-            "05": "Changing values: `mut`", "06": "Training", "18": "Several devices"}
+            "05": "Changing values: `mut`", "06": "Training", "07": "Python refused", "18": "Several devices"}
 
 _ENTRIES = [
     Code("E0101", "Unexpected character",
@@ -243,6 +243,16 @@ _ENTRIES = [
          "fn scores(m: M, x: [b D]) -> [b] = x @ m.w\n\n"
          "fn f(m: M, x: [b D]) -> []:\n    v, g = value_and_grad(scores, m, x)\n    return mean(v)\n",
          "Reduce the function's result to a scalar, as `mean(...)`."),
+    Code("E0701", "Python code in a program loaded with Python refused",
+         "A `python fn` or an `extern fn` names a Python function, which the program imports and calls "
+         "when it runs: any function, with the rights of the process that runs it. A program loaded "
+         "with Python refused (`ss.load(..., python=False)`, `shapescript run --no-python`) may name "
+         "none, but for the functions of ShapeScript's own standard library, `shapescript.std` "
+         "(`layer_norm`, `rms_norm`). Nothing is imported to find this out.",
+         "dim D = 4\n\npython fn add_noise(x: [n D], scale: float) -> [n D] = \"my_module.add_noise\"\n",
+         "Write the function in ShapeScript, or name one of `shapescript.std`'s. If you trust the module "
+         "the program names, load it with Python allowed: `ss.load(path)`, `shapescript run` without "
+         "`--no-python`."),
     Code("E1801", "An operation across the batch axis with no lowering for several devices",
          "On several devices each one holds a part of the batch, so an operation that works across "
          "the batch axis needs every device's part. Sums, means, cross_entropy, batch_norm, and "
@@ -397,6 +407,7 @@ RUN_TIME = [
 
 CODES: dict[str, Code] = {c.code: c for c in _ENTRIES}
 BUILD_ONLY = {"E1805", "E0313"}  # raised when building, not when checking
+NO_PYTHON_ONLY = {"E0701"}  # raised when checking with Python refused (`check_source(..., python=False)`)
 
 
 def explain(code: str) -> str:
@@ -418,7 +429,9 @@ def markdown() -> str:
             chapter = c.code[1:3]
             out += [f"## {CHAPTERS[chapter]}", ""]
         # The fence's tag says how the docs' tests check the example (see tests/test_doc_snippets.py).
-        fence = f"```{'ss-build-error' if c.code in BUILD_ONLY else 'ss-error'} {c.code}"
+        tag = "ss-build-error" if c.code in BUILD_ONLY else "ss-no-python-error" if c.code in NO_PYTHON_ONLY \
+            else "ss-error"
+        fence = f"```{tag} {c.code}"
         out += [f"### {c.code}: {c.title}", "", c.explanation, "", fence, c.example.rstrip("\n"), "```", "",
                 c.fix, ""]
     out += ["## At run time", "",
