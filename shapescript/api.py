@@ -133,9 +133,11 @@ def _warn_replaced_dims(checked: Checked, dims: dict[str, int]) -> None:
 
 
 def compile_program(source: str, file: str, devices: DeviceSet | str | None = None,
-                    dims: Mapping[str, int] | None = None) -> Checked:
+                    dims: Mapping[str, int] | None = None, python: bool = True) -> Checked:
+    if not isinstance(python, bool):  # "no" would be true: a refusal must be asked for plainly
+        raise TypeError(f"python= is True or False, not {type(python).__name__}")
     sizes = _dim_sizes(dims)
-    checked = check_source(source, file, parse_devices(devices) if devices is not None else None, sizes)
+    checked = check_source(source, file, parse_devices(devices) if devices is not None else None, sizes, python)
     for warning in checked.warnings:  # W0106: shown where Python shows warnings, the program still runs
         warnings.warn(warning.render(source), SourceWarning, stacklevel=3)
     if sizes:
@@ -144,11 +146,15 @@ def compile_program(source: str, file: str, devices: DeviceSet | str | None = No
 
 
 def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dims: dict[str, int] | None = None,
-         name: str | None = None, check_types: bool = False) -> "Program":
+         name: str | None = None, check_types: bool = False, *, python: bool = True) -> "Program":
     """Check and build a program. `devices` overrides its devices line; `dims` sets declared dims' sizes;
-    `check_types` builds a debug module that checks every value against its checked type as it runs."""
+    `check_types` builds a debug module that checks every value against its checked type as it runs.
+
+    A program is code: its `python fn` and `extern fn` import and call any Python function they name
+    when called. `python=False` refuses a program that names any (a CompileError, E0701, at each
+    declaration), but for the standard library's (`shapescript.std`)."""
     source, file = read_program(path_or_source, name)
-    return Program(compile_program(source, file, devices, dims), check_types)
+    return Program(compile_program(source, file, devices, dims, python), check_types)
 
 
 class Program:

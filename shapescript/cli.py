@@ -15,7 +15,11 @@ from .syntax.lexer import MAX_INT_DIGITS
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shapescript", description="The ShapeScript compiler.")
+    parser = argparse.ArgumentParser(
+        prog="shapescript", description="The ShapeScript compiler.",
+        epilog="A .ss file is code: its `python fn` and `extern fn` import and call the Python functions they "
+               "name. check, build, comms, explain and lsp never import them; run calls them (refuse a program "
+               "that names any with `run --no-python`).")
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="check a program's types and shapes")
@@ -33,9 +37,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="the size of a dim declared without one, e.g. V=65")
     build.add_argument("--devices", help="override the program's devices line")
 
-    run = sub.add_parser("run", help="run a function of the program that takes no arguments")
+    run = sub.add_parser("run", help="run a function of the program that takes no arguments",
+                         description="Run a function of the program that takes no arguments. A .ss file is "
+                                     "code: its `python fn` and `extern fn` import and call the Python "
+                                     "functions they name. Run only programs you trust, or refuse those "
+                                     "with --no-python.")
     run.add_argument("file")
     run.add_argument("function")
+    run.add_argument("--no-python", action="store_true",
+                     help="refuse a program that names Python code (`python fn`, `extern fn`; E0701), "
+                          "but for shapescript.std's functions")
     run.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                        help="the size of a dim declared without one, e.g. V=65")
     run.add_argument("--devices", help="override the program's devices line")
@@ -134,7 +145,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .api import load
 
-    prog = load(Path(args.file), devices=args.devices, dims=dim_sizes(args.dim))
+    prog = load(Path(args.file), devices=args.devices, dims=dim_sizes(args.dim), python=not args.no_python)
     fn = prog.checked.fns.get(args.function)
     if fn is None:
         say(f"error: {args.file} has no function `{args.function}`; it has "

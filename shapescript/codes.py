@@ -5,7 +5,7 @@ that it fails with exactly its code.
 
 Codes are E (an error) or W (a warning: the program still compiles), then two digits of chapter
 and two of entry: 01 syntax, 02 names, 03 shapes and dtypes,
-04 values, 05 `mut`, 06 training, 18 several devices.
+04 values, 05 `mut`, 06 training, 07 Python refused, 18 several devices.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Code:
 
 
 CHAPTERS = {"01": "Syntax", "02": "Names", "03": "Shapes and dtypes", "04": "Values",
-            "05": "Changing values: `mut`", "06": "Training", "18": "Several devices"}
+            "05": "Changing values: `mut`", "06": "Training", "07": "Python refused", "18": "Several devices"}
 
 _ENTRIES = [
     Code("E0101", "Unexpected character",
@@ -257,6 +257,16 @@ _ENTRIES = [
          "fn scores(m: M, x: [b D]) -> [b] = x @ m.w\n\n"
          "fn f(m: M, x: [b D]) -> []:\n    v, g = value_and_grad(scores, m, x)\n    return mean(v)\n",
          "Reduce the function's result to a scalar, as `mean(...)`."),
+    Code("E0701", "Python code in a program loaded with Python refused",
+         "A `python fn` or an `extern fn` names a Python function, which the program imports and calls "
+         "when it runs: any function, with the rights of the process that runs it. A program loaded "
+         "with Python refused (`ss.load(..., python=False)`, `shapescript run --no-python`) may name "
+         "none, but for the functions of ShapeScript's own standard library, `shapescript.std` "
+         "(`layer_norm`, `rms_norm`). Nothing is imported to find this out.",
+         "dim D = 4\n\npython fn add_noise(x: [n D], scale: float) -> [n D] = \"my_module.add_noise\"\n",
+         "Write the function in ShapeScript, or name one of `shapescript.std`'s. If you trust the module "
+         "the program names, load it with Python allowed: `ss.load(path)`, `shapescript run` without "
+         "`--no-python`."),
     Code("E1801", "An operation across the batch axis with no lowering for several devices",
          "On several devices each one holds a part of the batch, so an operation that works across "
          "the batch axis needs every device's part. Sums, means, cross_entropy, batch_norm, and "
@@ -368,6 +378,15 @@ RUN_TIME = [
      "first call or `init` raises `DeviceError` saying how many are visible, before any worker starts"),
     ("a meta or sparse tensor as an argument or a batch's field", "`ShapeError` naming the parameter or "
      "field and its .ss location"),
+    ("`ss.Batch(...)` with a wrong field, or `lengths=` that aren't one whole number per example for a "
+     "generic dim of the fields (a list, a float tensor, an unknown dim, one length for two rows)",
+     "`ShapeError` as the batch is made, the same on any device count"),
+    ("`ss.Batch(..., lengths=)` with a length below 0 or past the size the fields are padded to",
+     "`DomainError` naming the dim, the row and the range"),
+    ("`ss.adamw(m, lr=10**400)`, or such a number in a checkpoint's header; a header nested 100,000 deep",
+     "`DomainError` naming the setting; `ShapeError` saying the file isn't a ShapeScript checkpoint"),
+    ("a dataset whose `__len__` Python can't use (-1, 2**63), one too big to `shuffle` here (2**62 items), "
+     "or a seed torch can't take", "`DomainError` naming `batches` or `shuffle` and the size"),
     ("`ss.load(None)`, bytes, a number", "`TypeError` saying what `load` takes"),
     ("`dims=` with a size of 1.5, `True`, `\"3\"` or a tensor; 0 or negative", "`TypeError`; "
      "`ValueError` naming the dim"),
@@ -411,6 +430,7 @@ RUN_TIME = [
 
 CODES: dict[str, Code] = {c.code: c for c in _ENTRIES}
 BUILD_ONLY = {"E1805", "E0313"}  # raised when building, not when checking
+NO_PYTHON_ONLY = {"E0701"}  # raised when checking with Python refused (`check_source(..., python=False)`)
 
 
 def explain(code: str) -> str:
@@ -443,7 +463,8 @@ def markdown() -> str:
             out += [f"## {CHAPTERS[chapter]}", ""]
         # The fence's tag says how the docs' tests check the example (see tests/test_doc_snippets.py).
         tag = ("ss-warning" if c.severity is Severity.WARNING else
-               "ss-build-error" if c.code in BUILD_ONLY else "ss-error")
+               "ss-build-error" if c.code in BUILD_ONLY else
+               "ss-no-python-error" if c.code in NO_PYTHON_ONLY else "ss-error")
         fence = f"```{tag} {c.code}"
         out += [f"### {c.code}: {c.title}", "", c.explanation, "", fence, c.example.rstrip("\n"), "```", "",
                 c.fix, ""]

@@ -22,6 +22,11 @@ MODEL_RESERVED = frozenset({"init", "params", "named_params", "state_dict", "loa
 # What Batch and RemoteBatch have themselves.
 DATA_RESERVED = frozenset({"spec", "size", "lengths", "is_remote"})
 
+# The functions of shapescript/std.py, ShapeScript's own, that an `extern fn` may name in a program
+# loaded with Python refused (`ss.load(..., python=False)`): they are part of the language, not code
+# the program brings. tests/test_no_python.py holds this list to std.py's functions.
+STD_EXTERNS = frozenset({"shapescript.std.layer_norm", "shapescript.std.rms_norm"})
+
 # A model keeps member `w` as the attribute `_m_w`, the live tensor that generated code reads;
 # `model.w` from Python is a property of the model's class that gives a copy (runtime/model.py).
 MEMBER_PREFIX = "_m_"

@@ -32,9 +32,10 @@ from .syntax.parser import parse
 
 
 def check_source(source: str, file: str = "<input>", devices: DeviceSet | None = None,
-          dims: dict[str, int] | None = None) -> Checked:
-    """Parse and check a program (CompileError with every diagnostic if it is wrong)."""
-    return check_program(parse(source, file), file, devices, dims)
+          dims: dict[str, int] | None = None, python: bool = True) -> Checked:
+    """Parse and check a program (CompileError with every diagnostic if it is wrong); `python=False`
+    refuses the program's own Python (E0701)."""
+    return check_program(parse(source, file), file, devices, dims, python)
 
 
 def typed_ir(checked: Checked, fused: bool = True) -> ir.Module:

@@ -4,7 +4,8 @@ A block's tag (its fence's info string) is one of TAGS; an untagged block, an un
 indented code block fails. Then, per tag:
 
 - `ss`, `ss-error CODE`, `ss-warning CODE`: compiled by test_docs.py (an `ss-build-error CODE` example, which fails
-  only when built with --standalone, here).
+  only when built with --standalone, here; an `ss-no-python-error CODE` example, which fails only
+  when checked with Python refused, here too).
 - `python` and `sh`: run, each file's blocks in order in one namespace and one empty folder
   (tmp_path), as a reader would run them. A doc that says it works on the README's program saved
   as mlp.ss gets that file first (SETUP, keyed by the sentence that says so). docs/tutorial.md's
@@ -46,7 +47,7 @@ from test_docs import readme_program
 import shapescript as ss
 from shapescript.pipeline import check_source
 from shapescript.cli import main as cli_main
-from shapescript.codes import BUILD_ONLY, CODES
+from shapescript.codes import BUILD_ONLY, CODES, NO_PYTHON_ONLY
 from shapescript.errors import CompileError
 from shapescript.pipeline import python_module
 
@@ -56,6 +57,7 @@ TAGS = {
     "ss-error": "a program that fails with exactly its code (test_docs.py)",
     "ss-build-error": "a program that fails with exactly its code when built --standalone",
     "ss-warning": "a program that compiles, warning of exactly its code (test_docs.py)",
+    "ss-no-python-error": "a program that checks, and fails with exactly its code with Python refused",
     "python": "run, in order, in one namespace",
     "ipython": "a notebook cell with magics (docs/notebook.md only), run in a kernel",
     "sh": "shell commands: run, or checked against what they name",
@@ -67,7 +69,7 @@ TAGS = {
     "ts": "editor configuration",
     "json": "editor configuration: parses",
 }
-WITH_CODE = {"ss-error", "ss-build-error", "ss-warning"}
+WITH_CODE = {"ss-error", "ss-build-error", "ss-warning", "ss-no-python-error"}
 NOTEBOOK_DOC = "notebook.md"
 RUN_ELSEWHERE = {"tutorial.md": "test_tutorial.py", "sharp-bits.md": "test_sharp_bits.py",
                  "architecture.md": "test_architecture.py"}  # it adds an op to the table: taken out again there
@@ -133,6 +135,8 @@ def test_every_block_is_tagged_with_a_known_tag(path: Path) -> None:
             assert block.argument in CODES, f"{block}: {block.argument!r} is no error code"
             assert (block.argument in BUILD_ONLY) == (block.tag == "ss-build-error"), \
                 f"{block}: {block.argument} fails {'only when built' if block.argument in BUILD_ONLY else 'in check'}"
+            assert (block.argument in NO_PYTHON_ONLY) == (block.tag == "ss-no-python-error"), \
+                f"{block}: {block.argument} fails {'only with Python refused' if block.argument in NO_PYTHON_ONLY else 'in check'}"
         else:
             assert block.argument == "", f"{block}: {block.argument!r} after the tag means nothing"
         assert block.tag != "ipython" or block.doc == NOTEBOOK_DOC, f"{block}: only {NOTEBOOK_DOC} runs notebook cells"
@@ -159,6 +163,14 @@ def test_build_error_blocks_fail_with_their_code_when_built(block: Block) -> Non
     checked = check_source(block.text, "doc.ss")  # it checks...
     with pytest.raises(CompileError) as info:  # ...and fails to build
         python_module(checked, standalone=True)
+    assert set(info.value.codes) == {block.argument}, str(info.value)
+
+
+@pytest.mark.parametrize("block", [b for b in all_blocks() if b.tag == "ss-no-python-error"], ids=str)
+def test_no_python_error_blocks_check_and_fail_with_their_code_with_python_refused(block: Block) -> None:
+    compile(python_module(check_source(block.text, "doc.ss")), "<doc>", "exec")  # it checks and builds...
+    with pytest.raises(CompileError) as info:  # ...and is refused with Python refused
+        check_source(block.text, "doc.ss", python=False)
     assert set(info.value.codes) == {block.argument}, str(info.value)
 
 

@@ -9,7 +9,7 @@ import pytest
 from support import ROOT, assert_golden
 
 from shapescript.pipeline import check_source
-from shapescript.codes import BUILD_ONLY, CODES, explain, markdown
+from shapescript.codes import BUILD_ONLY, CODES, NO_PYTHON_ONLY, explain, markdown
 from shapescript.errors import CompileError, Severity
 from shapescript.pipeline import python_module
 
@@ -25,7 +25,7 @@ def compile_example(code: str) -> CompileError:
         python_module(checked)
         return CompileError(list(checked.warnings), example)
     with pytest.raises(CompileError) as info:
-        checked = check_source(example, f"{code}.ss")
+        checked = check_source(example, f"{code}.ss", python=code not in NO_PYTHON_ONLY)
         if code in BUILD_ONLY:
             python_module(checked, standalone=True)
     return info.value

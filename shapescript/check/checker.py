@@ -14,7 +14,7 @@ import sympy
 from ..devices import MAX_DEVICES
 from ..errors import CompileError, Diagnostic, Span
 from ..inits import INITS
-from ..names import DATA_RESERVED, MODEL_RESERVED, is_reserved, reserved_text, similar
+from ..names import DATA_RESERVED, MODEL_RESERVED, STD_EXTERNS, is_reserved, reserved_text, similar
 from ..syntax import ast as A
 from ..syntax.lexer import MAX_INT_DIGITS
 from . import dims as D
@@ -33,9 +33,10 @@ class Context:
     """Shared state of one check: the tables being built and the diagnostics found."""
 
     def __init__(self, program: A.Program, file: str, devices: DeviceSet | None,
-                 dims: dict[str, int] | None) -> None:
+                 dims: dict[str, int] | None, python: bool = True) -> None:
         self.program = program
         self.file = file
+        self.python = python  # False: a `python fn` or `extern fn` naming Python code is E0701
         self.diagnostics: list[Diagnostic] = []
         self.dim_values: dict[str, int | None] = {}
         self.derived: dict[str, D.Dim] = {}  # `dim D = H * Dh`: D's definition in dims that aren't derived
@@ -70,11 +71,13 @@ class Context:
 
 
 def check_program(program: A.Program, file: str, devices: DeviceSet | None = None,
-                  dims: dict[str, int] | None = None) -> Checked:
+                  dims: dict[str, int] | None = None, python: bool = True) -> Checked:
+    """`python=False`: refuse every `python fn` and `extern fn` but those of ShapeScript's standard
+    library (E0701), for a program from someone one doesn't trust. Checking never imports them."""
     from .bodies import check_bodies  # the body checker imports this module's Context
     from .placement import place
 
-    ctx = Context(program, file, devices, dims)
+    ctx = Context(program, file, devices, dims, python)
     with D.derived(ctx.derived):  # while checking, a derived dim equals its definition
         device_set = collect(ctx)
         checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data,
@@ -387,6 +390,13 @@ def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
     if isinstance(node, A.Extern) and not _PYTHON_TARGET.match(node.target):
         ctx.error("E0205", f'"{node.target}" isn\'t the name of a Python function', node.target_span,
                   "expected module.function", 'write it as "package.module.function"')
+    elif isinstance(node, A.Extern) and not ctx.python and node.target not in STD_EXTERNS:
+        ctx.error("E0701", f"`{node.kind} fn {node.name}` runs Python code, and this program is loaded with "
+                  f"Python refused", node.span.to(node.name_span), "names Python code",
+                  "write the function in ShapeScript; or, if you trust the module it names, load the program "
+                  "with Python allowed: `ss.load(path)` (python=True, the default), `shapescript run` without "
+                  "`--no-python`",
+                  secondary=((node.target_span, "the function it would import and call"),))
     for info in params:
         if isinstance(info.ty, T.AxisArgT) and kind != "extern":
             ctx.error("E0401", f"an `Axis[...]` parameter belongs to an extern fn, not to a {kind} fn",

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from shapescript.devices import shares
-from shapescript.runtime.data import Batch, DataSpec, batch_fields, generic_dims, load_items, pad_batch, padded_sizes
+from shapescript.runtime.data import Batch, DataSpec, batch_fields, generic_dims, load_items, pad_batch, padded_sizes, trusted_batch
 from shapescript.runtime.loops import batch_bounds, shuffle_order, with_progress
 
 _handles = itertools.count(1_000_000)  # apart from the models' handles
@@ -55,7 +55,7 @@ class RemoteBatch:
         if spec is None or name.startswith("_") or name not in {f.name for f in spec.fields} | {"lengths"}:
             raise AttributeError(f"a batch of {spec.name if spec else 'a data type'} has no field `{name}`")
         if self._loaded is None:
-            self._loaded = Batch(spec, *load_items(self._base, self._items(), spec))
+            self._loaded = trusted_batch(spec, *load_items(self._base, self._items(), spec))
         return getattr(self._loaded, name)
 
     def _parts(self, sizes: list[int]) -> list[tuple]:
@@ -225,16 +225,16 @@ def load_part(state: Any, base: Any, indices: Sequence[int] | torch.Tensor, spec
     if kept and isinstance(indices, range) and indices.step == 1 and len(indices):
         # Rows in order (a loop without shuffle): views of the kept rows, no copy. The program never
         # writes into a batch, and a worker's result is pickled before the controller sees it.
-        return Staged(Batch(spec, {name: t[indices.start:indices.stop] for name, t in base.fields.items()}), None)
+        return Staged(trusted_batch(spec, {name: t[indices.start:indices.stop] for name, t in base.fields.items()}), None)
     if kept:  # gathered by a tensor of indices (as_tensor: a tensor as it is); items load one by one, by number
         rows = torch.as_tensor(indices, dtype=torch.long)
     else:
         items: list[int] = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
     if not transfer.side_stream:
         if kept:
-            return Staged(Batch(spec, base.__getitems__(rows)), None)
+            return Staged(trusted_batch(spec, base.__getitems__(rows)), None)
         fields, lengths = load_items(base, items, spec)
-        return Staged(Batch(spec, _moved(fields, state.device, transfer.pin),
+        return Staged(trusted_batch(spec, _moved(fields, state.device, transfer.pin),
                             _moved(lengths, state.device, transfer.pin)), None)
     if not kept:
         fields, lengths = load_items(base, items, spec)  # on the host, before the side stream is involved
@@ -245,9 +245,9 @@ def load_part(state: Any, base: Any, indices: Sequence[int] | torch.Tensor, spec
         if after is not None:
             stream.wait_stream(after)
         if kept:
-            batch = Batch(spec, _gather(base.fields, rows, state.device))
+            batch = trusted_batch(spec, _gather(base.fields, rows, state.device))
         else:
-            batch = Batch(spec, _moved(fields, state.device, transfer.pin), _moved(lengths, state.device, transfer.pin))
+            batch = trusted_batch(spec, _moved(fields, state.device, transfer.pin), _moved(lengths, state.device, transfer.pin))
         ready = stream.record_event()
     return Staged(batch, ready)
 

@@ -13,7 +13,7 @@ from shapescript.parallel import loading, shared, sharded_state
 from shapescript.parallel.timeline import timed
 from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives, recorded, sharding
-from shapescript.runtime.data import Batch, TensorDataset
+from shapescript.runtime.data import TensorDataset, trusted_batch
 from shapescript.runtime.model import Model, leaves, live_name
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
@@ -69,7 +69,7 @@ def decode(state: Any, value: Any) -> Any:
     if kind == "batch":
         _, spec, fields, lengths = value
         move = {k: shared.arrive(v, state.device) for k, v in fields.items()}  # a big field from shared memory
-        return Batch(state.program[f"{spec}_spec"], move, {k: v.to(state.device) for k, v in lengths.items()})
+        return trusted_batch(state.program[f"{spec}_spec"], move, {k: v.to(state.device) for k, v in lengths.items()})
     if kind == "tensor":
         return shared.arrive(value[1], state.device)
     return value[1]

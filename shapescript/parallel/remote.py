@@ -26,7 +26,7 @@ from shapescript.names import MEMBER_PREFIX
 from shapescript.parallel import pipeline
 from shapescript.parallel.loading import OWN_SHARE, RemoteBatch, RemoteBatches
 from shapescript.parallel.shared import SharedRows, share_rows
-from shapescript.runtime.data import Batch, batch_fields
+from shapescript.runtime.data import Batch, batch_fields, trusted_batch
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.model import members_text, refuse_change
 
@@ -158,7 +158,7 @@ def split_value(value: Any, axis: int | None, parts: list[int], share_memory: bo
         shared = share_rows(fields, parts, in_place) if share_memory else {}  # big fields: each worker's rows there
         pieces: dict[str, Any] = {k: shared.get(k) or torch.split(v, parts) for k, v in fields.items()}
         lengths = {k: torch.split(v, parts) for k, v in value.lengths.items()}
-        return [Batch(value.spec, {k: p[i] for k, p in pieces.items()}, {k: p[i] for k, p in lengths.items()})
+        return [trusted_batch(value.spec, {k: p[i] for k, p in pieces.items()}, {k: p[i] for k, p in lengths.items()})
                 for i in range(len(parts))]
     if isinstance(value, torch.Tensor):
         rows = share_rows({"": value}, parts, in_place) if axis == 0 and share_memory else {}

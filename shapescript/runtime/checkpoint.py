@@ -48,6 +48,16 @@ def _json_value(value: Any) -> Any:
     raise TypeError(f"cannot store {type(value).__name__} in a checkpoint header")
 
 
+def _json_text(value: Any) -> str:
+    """A header's value as JSON for a message: at most 200 characters, and a value nested nearly as deep
+    as json.loads allows is named, not printed (printing it would overflow the stack)."""
+    try:
+        text = json.dumps(value)
+    except (RecursionError, ValueError):
+        return "a value nested too deep to show"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _check_pair(model: Model, opt: Optimizer | None, op: str) -> None:
     if not isinstance(model, Model):
         raise TypeError(f"{op}: expected a model, got {type(model).__name__}")
@@ -194,13 +204,13 @@ def _read(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     try:
         meta = json.loads(header[_META])
         ok = isinstance(meta, dict) and isinstance(meta.get("model"), str)
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python's stack
         ok = False
     if not ok:
         raise ShapeError(f"{path} is a safetensors file but not a ShapeScript checkpoint "
                          f"(its header has no valid '{_META}' entry)")
     if meta.get("format") != FORMAT:
-        raise ShapeError(f"{path} is a ShapeScript checkpoint of format {meta.get('format')!r}; "
+        raise ShapeError(f"{path} is a ShapeScript checkpoint of format {_json_text(meta.get('format'))}; "
                          f"this version reads format {FORMAT}")
     return meta, tensors
 
@@ -213,7 +223,7 @@ def _settings(path: str, opt: Optimizer, meta: dict[str, Any], count: int) -> tu
     hyper, group = meta.get("hyper"), meta.get("group")
     for key, value in (("hyper", hyper), ("group", group)):
         if not isinstance(value, dict):
-            raise ShapeError(f"{at} `{key}` is {json.dumps(value)}, not the {opt.kind} optimizer's settings")
+            raise ShapeError(f"{at} `{key}` is {_json_text(value)}, not the {opt.kind} optimizer's settings")
     assert isinstance(hyper, dict) and isinstance(group, dict)
     rules = HYPER_RULES[opt.kind]
     hyper = {"no_decay": [], **hyper}  # written before param groups: every param decays
@@ -222,7 +232,7 @@ def _settings(path: str, opt: Optimizer, meta: dict[str, Any], count: int) -> tu
         raise ShapeError(f"{at} `hyper` " + (f"lacks {', '.join(missing)}" if missing else
                                              f"has {', '.join(extra)}, which {opt.kind} doesn't take"))
     if group.get("params", list(range(count))) != list(range(count)):
-        raise ShapeError(f"{at} `group.params` is {json.dumps(group['params'])}; the optimizer's "
+        raise ShapeError(f"{at} `group.params` is {_json_text(group['params'])}; the optimizer's "
                          f"params are numbered 0 to {count - 1}")
     hyper = checked_hyper(opt.kind, hyper, f"{at} hyper.")
     unknown = [n for n in hyper["no_decay"] if n not in param_names(opt.model.spec)]
@@ -261,15 +271,15 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
         raise ShapeError(f"checkpoint {path} holds no optimizer state to load into the "
                          f"{opt.kind} optimizer")
     if meta["optimizer"] != opt.kind:
-        raise ShapeError(f"checkpoint {path} holds the state of an optimizer of kind "
-                         f"{meta['optimizer']}, not {opt.kind}")
+        kind = meta["optimizer"] if isinstance(meta["optimizer"], str) else _json_text(meta["optimizer"])
+        raise ShapeError(f"checkpoint {path} holds the state of an optimizer of kind {kind}, not {opt.kind}")
     names = [name for name, _ in model.named_params()]
     where = {name: leaf.where for name, leaf in leaves(model.spec)}
     params = dict(zip(names, model.params()))
     hyper, groups = _settings(path, opt, meta, len(names))
     scalars = meta.get("scalars", [])
     if not (isinstance(scalars, list) and all(isinstance(k, str) for k in scalars)):
-        raise ShapeError(f"checkpoint {path}: its header's `scalars` is {json.dumps(scalars)}, not a list of "
+        raise ShapeError(f"checkpoint {path}: its header's `scalars` is {_json_text(scalars)}, not a list of "
                          f"tensor names")
     per_param: dict[str, dict[str, Any]] = {}
     problems = []

@@ -60,23 +60,92 @@ class DataSpec:
 
 class Batch:
     """A batch of examples: each field is an attribute holding `[n, ...]`. Every attribute of its
-    own is in names.DATA_RESERVED or starts with `_`."""
+    own is in names.DATA_RESERVED or starts with `_`.
+
+    `Batch(spec, fields, lengths)` is the batch made by hand (`ss.Batch(prog.Line, ...)`): its fields
+    are checked as a call's batch argument is, and its lengths against them (`checked_lengths`).
+    Batches the runtime makes from values it has checked already are built by `trusted_batch`."""
 
     spec: DataSpec
     size: int
     lengths: dict[str, torch.Tensor]  # each item's size along a padded generic dim, by its name
 
-    def __init__(self, spec: DataSpec, fields: Mapping[str, torch.Tensor],
-                 lengths: Mapping[str, torch.Tensor] | None = None) -> None:
-        self.__dict__.update(fields)
-        self.spec = spec
-        self.size = int(next(iter(fields.values())).shape[0]) if fields else 0
-        self.lengths = dict(lengths or {})
+    def __init__(self, spec: DataSpec, fields: Mapping[str, Any], lengths: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(spec, DataSpec):
+            raise TypeError(f"ss.Batch: expected a program's data type (as `prog.Digit`), got {type(spec).__name__}")
+        made = f"ss.Batch({spec.name})"
+        checked = _check_record(spec, fields, _Origin(made=made))
+        rows = int(next(iter(checked.values())).shape[0]) if checked else 0
+        if not rows:
+            raise ShapeError(f"{made}: the batch is empty; a batch has one row or more")
+        _fill(self, spec, checked, rows, checked_lengths(spec, checked, rows, lengths, made))
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{f.name}: {shape_text(t.shape)} {dtype_name(t.dtype)}"
                           for f, t in zip(self.spec.fields, batch_fields(self).values()))
         return f"Batch[{self.size}] {self.spec.name}({parts})"
+
+
+def _fill(batch: Batch, spec: DataSpec, fields: Mapping[str, torch.Tensor], rows: int,
+          lengths: Mapping[str, torch.Tensor]) -> Batch:
+    batch.__dict__.update(fields)
+    batch.spec, batch.size, batch.lengths = spec, rows, dict(lengths)
+    return batch
+
+
+def trusted_batch(spec: DataSpec, fields: Mapping[str, torch.Tensor],
+                  lengths: Mapping[str, torch.Tensor] | None = None) -> Batch:
+    """A Batch of fields and lengths the runtime has checked already (loaded, split, moved or padded
+    by us), built without checking them again: the loops' and workers' way, on every batch."""
+    rows = int(next(iter(fields.values())).shape[0]) if fields else 0
+    return _fill(Batch.__new__(Batch), spec, fields, rows, lengths or {})
+
+
+def checked_lengths(spec: DataSpec, fields: Mapping[str, torch.Tensor], rows: int, lengths: Any,
+                    made: str) -> dict[str, torch.Tensor]:
+    """A hand-made batch's `lengths`, checked against its checked `fields`: a dict from a generic
+    dim's name to one whole number per row, each from 0 to the size the fields are padded to along
+    that dim; made i64 on the fields' device. A ShapeError for a wrong name, type, dtype or count;
+    a DomainError for a length out of range. Without them every example is full length."""
+    if lengths is None:
+        return {}
+    padded: dict[str, int] = {}  # the fields' size along each generic dim (bound alike in every field)
+    for f in spec.fields:
+        for k, (label, size) in enumerate(f.dims):
+            if size is None:
+                padded.setdefault(label, int(fields[f.name].shape[1 + k]))
+    dims = ", ".join(f"`{label}`" for label in padded) or "none"
+    if not isinstance(lengths, Mapping):
+        raise ShapeError(f"{made}: `lengths` is a {type(lengths).__name__}, expected a dict from a generic "
+                         f"dim's name to each example's length (the generic dims of {spec.name}'s fields: {dims}; "
+                         f"declared at {spec.where})")
+    device = next(iter(fields.values())).device
+    out = {}
+    for name, value in lengths.items():
+        if name not in padded:
+            hint = similar(name, padded) if isinstance(name, str) else ""
+            raise ShapeError(f"{made}: `lengths` names {name!r}, which is no generic dim of {spec.name}'s fields "
+                             f"(those: {dims}; declared at {spec.where}){'; ' + hint if hint else ''}")
+        what = f"{made}: lengths[{name!r}]"
+        try:
+            t = _as_tensor(value)
+        except _CONVERSION_ERRORS as e:
+            raise ShapeError(f"{what} is a {type(value).__name__} that is not an array of numbers ({e}); "
+                             f"expected one length per example, [{rows}] i64") from None
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or \
+                not lossless(t.dtype, torch.int64):
+            raise ShapeError(f"{what} has dtype {dtype_name(t.dtype)}, expected whole numbers (i64)")
+        if tuple(t.shape) != (rows,):
+            raise ShapeError(f"{what} has shape {shape_text(t.shape)}, expected [{rows}]: one length for each "
+                             f"of the batch's {rows} examples")
+        t = t.to(device=device, dtype=torch.int64)
+        size = padded[name]
+        if not in_bounds(t, size + 1):
+            row = int(((t < 0) | (t > size)).nonzero()[0, 0])
+            raise DomainError(f"{what} holds {int(t[row])} at [{row}], outside 0 to {size}: the fields are "
+                              f"{size} long along `{name}` (declared at {spec.where})")
+        out[name] = t
+    return out
 
 
 def batch_fields(batch: Batch) -> dict[str, torch.Tensor]:
@@ -86,14 +155,18 @@ def batch_fields(batch: Batch) -> dict[str, torch.Tensor]:
 
 class _Origin:
     """Where checked values come from, to word messages: one dataset item (`index`), a stacked
-    batch of dataset items (`indices`, one per row), or a batch passed from Python (`where`)."""
+    batch of dataset items (`indices`, one per row), a batch passed from Python (`where`: the
+    parameter it goes to), or one made by hand (`made`: "ss.Batch(Line)")."""
 
     def __init__(self, index: int | None = None, indices: Sequence[int] | None = None,
-                 where: str | None = None) -> None:
-        self.index, self.indices, self.where = index, indices, where
+                 where: str | None = None, made: str | None = None) -> None:
+        self.index, self.indices, self.where, self.made = index, indices, where, made
         self.rows = index is None  # the values have a leading batch axis
+        self.given = where is not None or made is not None  # a batch from Python, whatever its rows
 
     def record(self, row: int = 0) -> str:
+        if self.made is not None:
+            return self.made
         if self.index is not None:
             return f"item {self.index} of the dataset"
         if self.indices is not None:
@@ -101,12 +174,16 @@ class _Origin:
         return "batch"
 
     def subject(self, f: FieldSpec, row: int = 0) -> str:
+        if self.made is not None:
+            return f"{self.made}: field `{f.name}`"
         if self.where is not None:
             return f"batch field `{f.name}`"
         return f"{self.record(row)}: field `{f.name}`"
 
     def field(self, f: FieldSpec) -> str:
         """The field as a whole (its dtype is the same in every row)."""
+        if self.made is not None:
+            return f"{self.made}: field `{f.name}`"
         return f"batch field `{f.name}`" if self.where is not None else f"field `{f.name}` of the dataset's items"
 
     def declared(self, f: FieldSpec) -> str:
@@ -165,7 +242,7 @@ def _check_shape(f: FieldSpec, t: torch.Tensor, origin: _Origin,
         if origin.indices is not None and shape[0] != len(origin.indices):
             raise ShapeError(f"{origin.subject(f)} has {shape[0]} rows for the "
                              f"{len(origin.indices)} items of the batch {origin.declared(f)}")
-        if origin.where is not None:
+        if origin.given:
             dims.insert(0, ("b", None))  # the batch axis binds across fields like a generic dim
         else:
             shape = shape[1:]  # stacked dataset items: report the per-item shape
@@ -304,7 +381,7 @@ def given_rows(spec: DataSpec, record: Any, rows: int | None) -> int:
 
 
 def given_batch(spec: DataSpec, record: dict[str, torch.Tensor], rows: int) -> Batch:
-    """The Batch `Batch(spec, as_given(spec, record, None))` makes, for a record `given_rows` took
+    """The Batch `trusted_batch(spec, as_given(spec, record, None))` makes, for a record `given_rows` took
     with `rows` rows, built without the copies between (a call's short way, guards.py)."""
     batch = Batch.__new__(Batch)
     batch.__dict__.update(record)
@@ -361,7 +438,7 @@ def batch_from_python(spec: DataSpec, value: Any, where: str) -> Batch:
                              f"{where}, got a batch of {value.spec.name}")
         return value
     fields = _check_record(spec, value, _Origin(where=where))
-    batch = Batch(spec, fields)
+    batch = trusted_batch(spec, fields)
     if batch.size == 0:
         raise ShapeError(f"the batch of {spec.name} for {where} is empty")
     return batch
@@ -425,7 +502,7 @@ def pad_batch(batch: Batch, longest: Mapping[str, int]) -> Batch:
         return batch
     fields = {f.name: _pad(t, f, dict(longest), lead=1)
               for f, t in zip(batch.spec.fields, batch_fields(batch).values())}
-    return Batch(batch.spec, fields, batch.lengths)
+    return trusted_batch(batch.spec, fields, batch.lengths)
 
 
 def load_items(base: Any, indices: list[int], spec: DataSpec

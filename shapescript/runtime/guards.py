@@ -18,7 +18,7 @@ import torch
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.data import (Batch, as_given, DataSpec, batch_from_python, dense_problem, given_batch,
-                                      in_bounds, wrong_dim)
+                                      in_bounds, trusted_batch, wrong_dim)
 from shapescript.runtime.model import Model, ModelSpec, dtype_name, shape_text
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
@@ -178,12 +178,12 @@ class BatchGuard:
         if self.device is None and not self.padded:  # the short way of a right batch (issue 15)
             fields = as_given(self.spec, value, None)
             if fields:
-                batch = Batch(self.spec, fields)
+                batch = trusted_batch(self.spec, fields)
                 if batch.size and _bind(self.axes, (batch.size,), bindings, f"`{self.param.name}`") is None:
                     return batch
         batch = batch_from_python(self.spec, value, str(self.param))
         if self.device is not None:
-            batch = Batch(self.spec, {f.name: getattr(batch, f.name).to(self.device) for f in self.spec.fields})
+            batch = trusted_batch(self.spec, {f.name: getattr(batch, f.name).to(self.device) for f in self.spec.fields})
         source = f"`{self.param.name}`"
         axes = self.axes + tuple(check for check, _, _ in self.padded)
         shape = (batch.size,) + tuple(getattr(batch, name).shape[k] for _, name, k in self.padded)

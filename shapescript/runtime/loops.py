@@ -11,6 +11,7 @@ other are imported by name, never read as `data.X`.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from shapescript.errors import DomainError
-from shapescript.runtime.data import Batch, DataSpec, int_arg, load_items
+from shapescript.runtime.data import Batch, DataSpec, int_arg, load_items, trusted_batch
 from shapescript.runtime.steps import current
 
 
@@ -28,6 +29,9 @@ def _length(ds: Any, op: str) -> int:
     except TypeError:
         raise TypeError(f"{op}: expected a map-style dataset (with __len__ and __getitem__), "
                         f"got {type(ds).__name__}") from None
+    except (OverflowError, ValueError) as e:  # Python's own limits on what __len__ returns
+        raise DomainError(f"{op}: the {type(ds).__name__}'s __len__ returned a length Python can't use "
+                          f"({e}); a dataset has from 0 to {sys.maxsize} items") from None
 
 
 class _Shuffled:
@@ -60,14 +64,23 @@ def shuffle_order(length: int, seeds: Sequence[int]) -> torch.Tensor:
     make a loop's order from its seeds rather than receive it."""
     order: torch.Tensor | None = None
     for seed in seeds:
-        perm = torch.randperm(length, generator=torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        try:
+            perm = torch.randperm(length, generator=generator)
+        except RuntimeError as e:  # torch's "Storage size calculation overflowed", or no memory for it
+            raise DomainError(f"shuffle: a dataset of {length} items is too big to shuffle here: its order "
+                              f"takes {8 * length:,} bytes, and torch can't make it ({e})") from None
         order = perm if order is None else perm[order]
     return order if order is not None else torch.arange(length)
 
 
 def shuffle(ds: Any, seed: int) -> _Shuffled:
     """`ds` in the order torch.randperm draws from a generator seeded with `seed`."""
-    return _Shuffled(ds, int_arg(seed, "shuffle", "seed"))
+    seed = int_arg(seed, "shuffle", "seed")
+    if not -2**63 <= seed < 2**64:  # what a torch.Generator takes
+        shown = seed if seed.bit_length() <= 128 else f"a number of {seed.bit_length()} bits"
+        raise DomainError(f"shuffle: the seed must be from -2**63 to 2**64 - 1, got {shown}")
+    return _Shuffled(ds, seed)
 
 
 def batch_bounds(total: int, n: int, k: int) -> tuple[int, int]:
@@ -136,7 +149,7 @@ class _Batches:
             if self.device is not None:  # loaded and checked on the CPU, then sent to the device
                 fields = {k: v.to(self.device, non_blocking=True) for k, v in fields.items()}
                 lengths = {k: v.to(self.device, non_blocking=True) for k, v in lengths.items()}
-            yield Batch(self.spec, fields, lengths)
+            yield trusted_batch(self.spec, fields, lengths)
 
 
 def batches(ds: Any, n: int, spec: DataSpec, device: torch.device | str | None = None) -> _Batches:

@@ -184,10 +184,25 @@ def torch_groups(m: Model, hyper: Mapping[str, Any]) -> list[dict[str, Any]]:
     return groups
 
 
+def _setting_text(value: Any) -> str:
+    """`value!r` for a message, at most 200 characters; an int too long to print whole (Python refuses
+    past 4300 digits) by its size."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an int of {value.bit_length()} bits (about 10**{int(value.bit_length() * math.log10(2))})"
+    try:
+        text = repr(value)
+    except RecursionError:  # a checkpoint's list nested nearly as deep as json.loads allows
+        return "a value nested too deep to show"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _rate(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
         raise ValueError("a finite number >= 0")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past the largest float (10**400), finite as Python compares it
+        raise ValueError("a finite number >= 0 that fits a float (at most about 1.8e308)") from None
 
 
 def _betas(value: Any) -> tuple[float, float]:
@@ -227,7 +242,7 @@ def checked_hyper(kind: str, hyper: Mapping[str, Any], where: str) -> dict[str, 
         try:
             out[name] = rules[name](value)
         except ValueError as e:
-            raise DomainError(f"{where}{name} must be {e}, not {value!r}") from None
+            raise DomainError(f"{where}{name} must be {e}, not {_setting_text(value)}") from None
     if out.get("nesterov") and not (out.get("momentum", 1.0) > 0 and out.get("dampening", 0.0) == 0):
         raise DomainError(f"{where}nesterov can be True only with a momentum > 0 and no dampening")
     return out

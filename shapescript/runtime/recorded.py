@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from shapescript.runtime import collectives, optim
-from shapescript.runtime.data import Batch
+from shapescript.runtime.data import Batch, trusted_batch
 from shapescript.runtime.model import Model
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
@@ -195,7 +195,7 @@ def _static_copy(v: Any) -> Any:
         return v.detach().clone()
     if isinstance(v, Batch):
         fields = {f.name: v.__dict__[f.name].clone() for f in v.spec.fields}
-        return Batch(v.spec, fields, {k: t.clone() for k, t in v.lengths.items()})
+        return trusted_batch(v.spec, fields, {k: t.clone() for k, t in v.lengths.items()})
     return v
 
 

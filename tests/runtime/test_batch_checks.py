@@ -130,13 +130,13 @@ def test_a_batch_argument_gets_what_the_full_check_gives(name: str, axes: str, m
 @pytest.mark.parametrize("name", BATCHES)
 def test_a_batch_built_without_copies_is_the_one_as_given_makes(name: str) -> None:
     """`given_rows` and `given_batch` (a call's short way, guards.py's signature checks) take what
-    `as_given` takes, and make the Batch that `Batch(spec, as_given(...))` makes."""
+    `as_given` takes, and make the Batch that `trusted_batch(spec, as_given(...))` makes."""
     spec, value = BATCHES[name]
     given = data.as_given(spec, value, None)
     rows = data.given_rows(spec, value, None)
     assert (rows >= 0) == (given is not None)
     if given is not None:
-        made, reference = data.given_batch(spec, value, rows), data.Batch(spec, given)
+        made, reference = data.given_batch(spec, value, rows), data.trusted_batch(spec, given)
         assert (made.spec, made.size, made.lengths) == (reference.spec, reference.size, reference.lengths)
         mine, theirs = data.batch_fields(made), data.batch_fields(reference)
         assert list(mine) == list(theirs) and all(mine[k] is theirs[k] for k in mine)  # the very tensors

@@ -209,6 +209,8 @@ def test_missing_file(tmp_path: Path) -> None:
     ("foreign", "a safetensors file but not a ShapeScript checkpoint"),
     ("bad-json", "a safetensors file but not a ShapeScript checkpoint"),
     ("future", "of format 2; this version reads format 1"),
+    ("nested", "a safetensors file but not a ShapeScript checkpoint"),  # json.loads: RecursionError
+    ("nested-format", "of format [[[[[[[["),  # deep, yet under Python's limit: shown cut short
 ])
 def test_files_that_are_not_ours(tmp_path: Path, content: bytes | str, expected: str) -> None:
     path = tmp_path / "f.safetensors"
@@ -219,6 +221,11 @@ def test_files_that_are_not_ours(tmp_path: Path, content: bytes | str, expected:
         save_file({"weight": torch.zeros(3)}, path)
     elif content == "bad-json":
         save_file({"weight": torch.zeros(3)}, path, metadata={"shapescript": "{nope"})
+    elif content == "nested":  # 100,000 lists deep: no traceback from the stack's limit, a refusal
+        save_file({"weight": torch.zeros(3)}, path, metadata={"shapescript": "[" * 100_000 + "]" * 100_000})
+    elif content == "nested-format":
+        header = '{"format": ' + "[" * 500 + "]" * 500 + ', "model": "Small"}'
+        save_file({"model.w1": torch.zeros(8, 16)}, path, metadata={"shapescript": header})
     elif content == "future":
         save_file({"model.w1": torch.zeros(8, 16)}, path,
                   metadata={"shapescript": json.dumps({"format": 2, "model": "Small"})})
@@ -355,6 +362,10 @@ BAD_ADAMW_HEADERS = [
     (setting("hyper", "lr", "fast"), DomainError, "its header's hyper.lr must be a finite number >= 0, not 'fast'"),
     (setting("hyper", "lr", -0.1), DomainError, "its header's hyper.lr must be a finite number >= 0, not -0.1"),
     (setting("hyper", "lr", float("nan")), DomainError, "its header's hyper.lr must be a finite number >= 0, not nan"),
+    (setting("hyper", "lr", 10**400), DomainError, "its header's hyper.lr must be a finite number >= 0 that fits a "
+                                                   "float (at most about 1.8e308), not an int of 1329 bits"),
+    (setting("group", "weight_decay", 10**400), DomainError, "group.weight_decay must be a finite number >= 0 that "
+                                                             "fits a float"),
     (setting("hyper", "betas", [0.9]), DomainError, "its header's hyper.betas must be two numbers in [0, 1), not [0.9]"),
     (setting("hyper", "betas", [0.9, 1.0]), DomainError, "hyper.betas must be two numbers in [0, 1), not [0.9, 1.0]"),
     (setting("hyper", "weight_decay", -1), DomainError, "hyper.weight_decay must be a finite number >= 0, not -1"),

@@ -185,7 +185,8 @@ def test_batch_from_python_errors(digit: DataSpec, seq: DataSpec) -> None:
                                           r"Index\[C\] with C = 10"):
         batch_from_python(digit, {"img": x, "label": y}, where)
     with pytest.raises(ShapeError, match="expected a batch of Digit .* got a batch of Seq"):
-        batch_from_python(digit, Batch(seq, {"tokens": torch.zeros(2, 3)}), where)
+        batch_from_python(digit, Batch(seq, {"tokens": torch.zeros(2, 3, dtype=torch.int64),
+                                             "mask": torch.ones(2, 3)}), where)
     with pytest.raises(ShapeError, match="is empty"):
         batch_from_python(digit, {"img": x[:0], "label": y[:0]}, where)
     with pytest.raises(ShapeError, match="batch is a list, expected a mapping"):
