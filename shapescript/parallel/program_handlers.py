@@ -14,7 +14,7 @@ from shapescript.parallel.timeline import timed
 from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives, recorded, sharding
 from shapescript.runtime.data import Batch, TensorDataset
-from shapescript.runtime.model import Model, leaves, live_name
+from shapescript.runtime.model import Model, leaves
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
 
@@ -148,22 +148,20 @@ def recording(state: Any) -> dict[str, str]:
 
 
 @handler("read")
-def read(state: Any, handle: int, name: str) -> Any:
-    """A member of a model, whole (with `shard params`, every worker sends its piece of a param)."""
+def read(state: Any, handle: int, dotted: str) -> torch.Tensor:
+    """A param or buffer of a model or of one of its sub-models, by its dotted name (`w1`,
+    `blocks.0.attn.w_o`), whole: with the layout options, gathered from every worker's part."""
     model = state.objects[handle]
-    value = getattr(model, name)
-    if not isinstance(value, torch.Tensor):
-        raise AttributeError(f"`{name}` is a sub-model; read its fields one by one, or use state_dict()")
-    if sharding.sharding(model) is not None:
-        value = sharding.whole_of(model, name, model.__dict__[live_name(name)])
-    return value.detach().cpu().clone()
+    return sharding.whole_of(model, dotted, model._leaf(dotted)).cpu()
 
 
 @handler("state_dict")
-def state_dict(state: Any, handle: int) -> dict[str, torch.Tensor]:
+def state_dict(state: Any, handle: int, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every param and buffer, whole; with `prefix` (`blocks.0.`), those of that sub-model alone,
+    named within it. Every worker gathers the same leaves in the same order."""
     model = state.objects[handle]
-    whole = sharding.whole_state(model) if sharding.sharding(model) is not None else model.state_dict()
-    return {k: v.cpu() for k, v in whole.items()}
+    return {name.removeprefix(prefix): sharding.whole_of(model, name, model._leaf(name)).cpu()
+            for name, _ in leaves(model.spec) if name.startswith(prefix)}
 
 
 @handler("optimizer_state")
