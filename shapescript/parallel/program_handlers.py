@@ -4,6 +4,8 @@ controller's script, and run only the functions the checker placed on the device
 
 from __future__ import annotations
 
+import random
+import sys
 from contextlib import nullcontext
 from typing import Any
 
@@ -15,21 +17,42 @@ from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives, recorded, sharding
 from shapescript.runtime.data import Batch, TensorDataset
 from shapescript.runtime.model import Model, leaves
-from shapescript.runtime.modes import Mode
+from shapescript.runtime.modes import Mode, stream_key
 from shapescript.runtime.optim import Optimizer
 
 
+# Mixed into the program's seed for the workers' random states, so that they are other streams than
+# `Train(seed=...)`'s draws of the same number (modes.stream_key).
+EXTERN_STREAMS = 0xE47E_2D5F_0000_0000
+
+
 @handler("load_program")
-def load_program(state: Any, source: str, module_file: str, device_name: str, script: str | None) -> None:
+def load_program(state: Any, source: str, module_file: str, device_name: str, script: str | None,
+                 seed: int) -> None:
     """Run the program's worker module (lower/targets.py's WORKER target, one device's module) as
-    printed; only the device it runs on is this worker's own."""
+    printed; only the device it runs on is this worker's own. `seed`: the program's, which this
+    worker's random states are seeded from (`seed_random_states`)."""
     namespace: dict[str, Any] = {"__name__": "shapescript_worker_program"}
     exec(compile(source, module_file, "exec"), namespace)  # our own compiled code, from the controller
     namespace["DEVICE"] = str(state.device)
     calls.preload_externs(namespace["EXTERN_TARGETS"], script)
+    seed_random_states(seed, state.rank)
     state.program = namespace
     collectives.status_hook = state.waiting_at
     collectives.operation_hook = state.clock.operation
+
+
+def seed_random_states(seed: int, rank: int) -> None:
+    """Seed the random states an extern fn may draw from on this worker (torch's, on the CPU and
+    every CUDA device, Python's `random` and NumPy's global one) with a stream of its own, keyed by
+    the program's seed and the worker's rank: the workers, forked from one process, would
+    otherwise all start from its state and draw the same numbers for their own rows."""
+    key = stream_key(seed ^ EXTERN_STREAMS, rank)
+    torch.manual_seed(key)
+    random.seed(key)
+    numpy = sys.modules.get("numpy")  # loaded with torch where it is installed; never imported here
+    if numpy is not None:
+        numpy.random.seed([key & 0xFFFF_FFFF, key >> 32])
 
 
 @handler("init_model")
