@@ -263,9 +263,12 @@ class Program:
                 self.datasets = old.datasets
         return True
 
-    def _load_args(self) -> tuple[str, str, str, str | None]:
+    def _load_args(self) -> tuple[str, str, str, str | None, int]:
+        """The `load_program` handler's arguments. The program's seed, from which each worker seeds
+        the random states its extern fns draw from, is torch's seed here as the workers load it."""
         assert self.worker_source is not None  # only a program on several devices has workers
-        return self.worker_source, self._module_file, str(self.checked.device_set), calls.main_script()
+        return (self.worker_source, self._module_file, str(self.checked.device_set), calls.main_script(),
+                torch.initial_seed())
 
     def stop(self) -> None:
         """Stop the workers (on several devices); models on them are gone. A call in progress in

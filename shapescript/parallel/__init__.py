@@ -10,7 +10,7 @@ keeps between calls, and the status helpers that let the controller say where a 
 from shapescript.parallel.interrupts import StepInterrupt
 from shapescript.parallel.loading import RemoteBatch
 from shapescript.parallel.pool import WorkerPool, collective_timeout
-from shapescript.parallel.remote import RemoteFunction, RemoteModel, RemoteOptimizer
+from shapescript.parallel.remote import RemoteFunction, RemoteModel, RemoteOptimizer, RemoteSubModel
 
-__all__ = ["RemoteBatch", "RemoteFunction", "RemoteModel", "RemoteOptimizer", "StepInterrupt", "WorkerPool",
-           "collective_timeout"]
+__all__ = ["RemoteBatch", "RemoteFunction", "RemoteModel", "RemoteOptimizer", "RemoteSubModel",
+           "StepInterrupt", "WorkerPool", "collective_timeout"]

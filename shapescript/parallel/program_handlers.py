@@ -4,6 +4,8 @@ controller's script, and run only the functions the checker placed on the device
 
 from __future__ import annotations
 
+import random
+import sys
 from contextlib import nullcontext
 from typing import Any
 
@@ -15,21 +17,42 @@ from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives, recorded, sharding
 from shapescript.runtime.data import TensorDataset, trusted_batch
 from shapescript.runtime.model import Model, leaves, live_name
-from shapescript.runtime.modes import Mode
+from shapescript.runtime.modes import Mode, stream_key
 from shapescript.runtime.optim import Optimizer
 
 
+# Mixed into the program's seed for the workers' random states, so that they are other streams than
+# `Train(seed=...)`'s draws of the same number (modes.stream_key).
+EXTERN_STREAMS = 0xE47E_2D5F_0000_0000
+
+
 @handler("load_program")
-def load_program(state: Any, source: str, module_file: str, device_name: str, script: str | None) -> None:
+def load_program(state: Any, source: str, module_file: str, device_name: str, script: str | None,
+                 seed: int) -> None:
     """Run the program's worker module (lower/targets.py's WORKER target, one device's module) as
-    printed; only the device it runs on is this worker's own."""
+    printed; only the device it runs on is this worker's own. `seed`: the program's, which this
+    worker's random states are seeded from (`seed_random_states`)."""
     namespace: dict[str, Any] = {"__name__": "shapescript_worker_program"}
     exec(compile(source, module_file, "exec"), namespace)  # our own compiled code, from the controller
     namespace["DEVICE"] = str(state.device)
     calls.preload_externs(namespace["EXTERN_TARGETS"], script)
+    seed_random_states(seed, state.rank)
     state.program = namespace
     collectives.status_hook = state.waiting_at
     collectives.operation_hook = state.clock.operation
+
+
+def seed_random_states(seed: int, rank: int) -> None:
+    """Seed the random states an extern fn may draw from on this worker (torch's, on the CPU and
+    every CUDA device, Python's `random` and NumPy's global one) with a stream of its own, keyed by
+    the program's seed and the worker's rank: the workers, forked from one process, would
+    otherwise all start from its state and draw the same numbers for their own rows."""
+    key = stream_key(seed ^ EXTERN_STREAMS, rank)
+    torch.manual_seed(key)
+    random.seed(key)
+    numpy = sys.modules.get("numpy")  # loaded with torch where it is installed; never imported here
+    if numpy is not None:
+        numpy.random.seed([key & 0xFFFF_FFFF, key >> 32])
 
 
 @handler("init_model")
@@ -148,22 +171,20 @@ def recording(state: Any) -> dict[str, str]:
 
 
 @handler("read")
-def read(state: Any, handle: int, name: str) -> Any:
-    """A member of a model, whole (with `shard params`, every worker sends its piece of a param)."""
+def read(state: Any, handle: int, dotted: str) -> torch.Tensor:
+    """A param or buffer of a model or of one of its sub-models, by its dotted name (`w1`,
+    `blocks.0.attn.w_o`), whole: with the layout options, gathered from every worker's part."""
     model = state.objects[handle]
-    value = getattr(model, name)
-    if not isinstance(value, torch.Tensor):
-        raise AttributeError(f"`{name}` is a sub-model; read its fields one by one, or use state_dict()")
-    if sharding.sharding(model) is not None:
-        value = sharding.whole_of(model, name, model.__dict__[live_name(name)])
-    return value.detach().cpu().clone()
+    return sharding.whole_of(model, dotted, model._leaf(dotted)).cpu()
 
 
 @handler("state_dict")
-def state_dict(state: Any, handle: int) -> dict[str, torch.Tensor]:
+def state_dict(state: Any, handle: int, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every param and buffer, whole; with `prefix` (`blocks.0.`), those of that sub-model alone,
+    named within it. Every worker gathers the same leaves in the same order."""
     model = state.objects[handle]
-    whole = sharding.whole_state(model) if sharding.sharding(model) is not None else model.state_dict()
-    return {k: v.cpu() for k, v in whole.items()}
+    return {name.removeprefix(prefix): sharding.whole_of(model, name, model._leaf(name)).cpu()
+            for name, _ in leaves(model.spec) if name.startswith(prefix)}
 
 
 @handler("optimizer_state")

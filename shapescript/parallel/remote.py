@@ -28,7 +28,7 @@ from shapescript.parallel.loading import OWN_SHARE, RemoteBatch, RemoteBatches
 from shapescript.parallel.shared import SharedRows, share_rows
 from shapescript.runtime.data import Batch, batch_fields, trusted_batch
 from shapescript.runtime.modes import Mode
-from shapescript.runtime.model import members_text, refuse_change
+from shapescript.runtime.model import ModelSpec, SubSpec, members_text, param_names, refuse_change
 
 _handles = itertools.count(1)
 
@@ -63,11 +63,11 @@ class RemoteModel:
 
     def __getattr__(self, name: str) -> Any:
         # A member by its name from Python, or by its live name from the controller's generated code
-        # (as `print(m.w)` in a loop): worker 0's copy either way.
-        spec, member = self.__dict__.get("spec"), name.removeprefix(MEMBER_PREFIX)
-        if spec is None or member.startswith("_") or member not in {m.name for m in spec.members}:
-            raise AttributeError(f"model {spec.name} has no member `{name}`" if spec is not None else name)
-        return self._workers().call("read", (self._handle, member), where=f"reading {member}")[0]
+        # (as `print(m.w)` in a loop): a whole copy either way, or a view of a sub-model.
+        spec = self.__dict__.get("spec")
+        if spec is None:
+            raise AttributeError(name)
+        return read_member(self, spec, "", name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         refuse_change(self, name)
@@ -94,6 +94,63 @@ class RemoteModel:
         held = ("a piece of every param on each device" if devices.shard_params else
                 f"its params with {devices.split} split along it" if devices.split else "a copy on every device")
         return f"RemoteModel[{self.spec.name}] on {devices}, {held}: {members_text(self.spec)}"
+
+
+class RemoteSubModel:
+    """A sub-model of a RemoteModel (`m.enc`, `m.blocks[0]`), read-only as every model is from Python:
+    reading a field copies the whole param from the workers (gathered from their parts with the
+    layout options), as a RemoteModel's does; a stack of sub-models reads as a tuple of these, as
+    one device's reads as a tuple of models. It holds no handle of its own: it reads through its
+    model's, and so stops working when that model's workers stop."""
+
+    def __init__(self, root: RemoteModel, spec: ModelSpec, path: str) -> None:
+        # `path`: the dotted prefix of its leaves in the root's state_dict, "blocks.0.attn."
+        self.__dict__.update(spec=spec, _root=root, _path=path)
+
+    def __getattr__(self, name: str) -> Any:
+        own = self.__dict__  # empty in a copy being made: no attribute of its own to look up here
+        if "_root" not in own:
+            raise AttributeError(name)
+        return read_member(own["_root"], own["spec"], own["_path"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        refuse_change(self, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | {m.name for m in self.spec.members})
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Its params and buffers by dotted name within it, as one device's sub-model names them."""
+        return self._root._workers().call("state_dict", (self._root._handle, self._path),
+                                          where=f"state_dict of {self._path.rstrip('.')}")[0]
+
+    def params(self) -> list[torch.Tensor]:
+        """Its trained params, in the order one device's sub-model gives them."""
+        state = self.state_dict()
+        return [state[name] for name in param_names(self.spec)]
+
+    def named_params(self) -> list[tuple[str, torch.Tensor]]:
+        return list(zip(param_names(self.spec), self.params()))
+
+    def __repr__(self) -> str:
+        return (f"RemoteSubModel[{self.spec.name}] `{self._path.rstrip('.')}` of {self._root.spec.name} on "
+                f"{self._root._program.devices}: {members_text(self.spec)}")
+
+
+def read_member(root: RemoteModel, spec: ModelSpec, path: str, name: str) -> Any:
+    """Member `name` of the model at `path` in `root` (spec `spec`): a whole copy of a param or
+    buffer, a view of a sub-model, a tuple of views of a stack. An AttributeError for a name that
+    isn't a member, so that `hasattr` says False, as on one device."""
+    member_name = name.removeprefix(MEMBER_PREFIX)
+    member = None if member_name.startswith("_") else next((m for m in spec.members if m.name == member_name), None)
+    if member is None:
+        raise AttributeError(f"model {spec.name} has no member `{name}`")
+    dotted = path + member_name
+    if isinstance(member, SubSpec) and member.count is not None:
+        return tuple(RemoteSubModel(root, member.model, f"{dotted}.{k}.") for k in range(member.count))
+    if isinstance(member, SubSpec):
+        return RemoteSubModel(root, member.model, f"{dotted}.")
+    return root._workers().call("read", (root._handle, dotted), where=f"reading {dotted}")[0]
 
 
 class RemoteOptimizer:

@@ -28,12 +28,18 @@ class Mode:
 
     def generator(self, device: torch.device) -> torch.Generator:
         """A generator for the next draw, seeded from (seed, draw number) alone; counts the draw."""
-        key = _mix((_mix(int(self.seed or 0) & _MASK64) + self.draws) & _MASK64)
+        key = stream_key(int(self.seed or 0), self.draws)
         self.draws += 1
         return torch.Generator(device=device).manual_seed(key)
 
     def __repr__(self) -> str:
         return f"Train(seed={self.seed})" if self.training else "Eval"
+
+
+def stream_key(seed: int, number: int) -> int:
+    """The 64-bit seed of stream `number` of `seed` (a mode's draw, a worker's extern fns): unrelated
+    for nearby pairs, the same in every process."""
+    return _mix((_mix(seed & _MASK64) + number) & _MASK64)
 
 
 def _mix(z: int) -> int:
