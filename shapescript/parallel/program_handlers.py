@@ -16,7 +16,7 @@ from shapescript.parallel.timeline import timed
 from shapescript.parallel.handlers import handler
 from shapescript.runtime import calls, checkpoint, collectives, recorded, sharding
 from shapescript.runtime.data import TensorDataset, trusted_batch
-from shapescript.runtime.model import Model, leaves, live_name
+from shapescript.runtime.model import Model, leaves
 from shapescript.runtime.modes import Mode, stream_key
 from shapescript.runtime.optim import Optimizer
 
