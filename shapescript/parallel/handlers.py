@@ -39,6 +39,13 @@ Handler = Callable[..., Any]
 HANDLERS: dict[str, Handler] = {}
 
 
+class StepSkipped(Exception):
+    """Raised by a handler whose call must change nothing on this worker because the step failed
+    elsewhere: another worker couldn't load its part of the batch (they agreed so before the step),
+    or the controller couldn't write the record of the step sent before it (a "chained" call:
+    parallel/pipeline.py). The worker answers ("skipped", None), and skips a chained call after it."""
+
+
 def handler(name: str) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler `name`."""
     def register(fn: Handler) -> Handler:

@@ -44,7 +44,7 @@ from shapescript.parallel.failures import FailureReports, StoppedLooks
 from shapescript.parallel.interrupts import held_step, step_interrupt
 from shapescript.parallel.pipeline import InFlight
 from shapescript.parallel.timeline import Timeline
-from shapescript.parallel.worker import WAITING, dumps
+from shapescript.parallel.worker import VERDICT, WAITING, dumps
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime import shm_reduce
 from shapescript.runtime.model import require_visible
@@ -426,19 +426,24 @@ class WorkerPool(FailureReports):
 
     def _settle_first(self) -> None:
         flight = self._in_flight[0]
+        told = False  # whether `answered` was given the results
         try:
             with self._held(flight.where) as interrupts:
                 interrupts.first = interrupts.first or flight.interrupted
                 replies, pending, released = self._gather(f"running {flight.where}")
             self._in_flight.popleft()
             results = self._answers(replies, pending, released, flight.where)
+            told = True
+            flight.answered(results)  # its record written: a sink that raises fails the call sent after it
         except BaseException:
             if self._in_flight and self._in_flight[0] is flight:
                 self._in_flight.popleft()
-            flight.answered(None)
+            if not told:
+                flight.answered(None)
             self._forget_in_flight()
             raise
-        flight.answered(results)
+        if self._in_flight:  # the call sent after it waits for this word before it changes anything
+            self._send_verdict(True)
         self.answered_at = time.perf_counter()
         if interrupts.first is None:
             return
@@ -449,16 +454,30 @@ class WorkerPool(FailureReports):
             return
         raise step_interrupt(flight.where, self.devices, self._completed[flight.where])
 
+    def _send_verdict(self, ok: bool) -> None:
+        """Tell every worker whether the call before the chained one they run went through: its
+        answers read and its record written (WorkerState.take_verdict)."""
+        message = dumps((VERDICT, ok))
+        for w in self._workers:
+            try:
+                w.conn.send_bytes(message)
+            except OSError:  # it stopped: the gather that follows says so
+                pass
+
     def _forget_in_flight(self) -> None:
-        """After a call failed: the ones sent after it are skipped by the workers (a "chained"
-        message after a failed one); if some worker ran one anyway (its part of the failed call
-        went well), the workers no longer agree, and are stopped."""
+        """After a call failed (on the workers, or in the controller as its record was written):
+        the ones sent after it are skipped by the workers (a "chained" message after a failed one),
+        or skip themselves before they change anything, told so by the verdict. If some worker ran
+        one anyway (a handler other than a program's call, which takes no verdict), the workers no
+        longer agree, and are stopped."""
         flights, self._in_flight = list(self._in_flight), deque()
+        if flights and self._state == "running":
+            self._send_verdict(False)
         ran = False
         for flight in flights:
             if self._state == "running":
                 replies, pending, _ = self._gather(f"skipping {flight.where}")
-                ran = ran or bool(pending) or any(r is not None and r[0] != "skipped" for r in replies)
+                ran = ran or bool(pending) or any(r is not None and r[0] == "ok" for r in replies)
             flight.answered(None)
         if ran and self._state == "running":
             self._die(f"the workers disagree after a failed call ({flights[0].where} ran on some only)")
@@ -475,6 +494,11 @@ class WorkerPool(FailureReports):
         if failed:  # the first worker's error, as one device would raise it
             rank, payload = failed[0]
             self._raise_error(self._workers[rank], payload, where)
+        skipped = [rank for rank, r in enumerate(replies) if r is not None and r[0] == "skipped"]
+        if skipped:  # for a failure no worker reported: they no longer know what the others did
+            self._die(f"{where} was skipped on some workers")
+            raise WorkerError(f"{ranks_text(skipped)} skipped {where}, though no worker reported a failure; the "
+                              f"workers were stopped, and what was on the devices is gone")
         return [r[1] for r in replies]  # type: ignore[index]
 
     def _send(self, payloads: list[bytes], where: str) -> None:
