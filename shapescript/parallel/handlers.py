@@ -31,19 +31,14 @@ import torch
 import torch.distributed as dist
 
 from shapescript.errors import ShapeError
+from shapescript.runtime import collectives
+from shapescript.runtime.steps import StepSkipped  # noqa: F401  (the handlers' to raise)
 
 if TYPE_CHECKING:
     from shapescript.parallel.worker import WorkerState
 
 Handler = Callable[..., Any]
 HANDLERS: dict[str, Handler] = {}
-
-
-class StepSkipped(Exception):
-    """Raised by a handler whose call must change nothing on this worker because the step failed
-    elsewhere: another worker couldn't load its part of the batch (they agreed so before the step),
-    or the controller couldn't write the record of the step sent before it (a "chained" call:
-    parallel/pipeline.py). The worker answers ("skipped", None), and skips a chained call after it."""
 
 
 def handler(name: str) -> Callable[[Handler], Handler]:
@@ -54,6 +49,14 @@ def handler(name: str) -> Callable[[Handler], Handler]:
         HANDLERS[name] = fn
         return fn
     return register
+
+
+@handler("resync_sums")
+def resync_sums(state: WorkerState) -> None:
+    """After a call that failed on some worker: the sums through shared memory start again from
+    counters every worker agrees on (runtime/shm_reduce.py)."""
+    if collectives.shm is not None:
+        collectives.shm.resync()
 
 
 @handler("ping")

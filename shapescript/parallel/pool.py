@@ -89,6 +89,8 @@ class WorkerPool(FailureReports):
         self._launching = threading.RLock()  # held while workers are started, and while they are stopped
         self._folder: str | None = None
         self._shm_path: str | None = None  # the shared all-reduce buffer's file, until every worker has mapped it
+        self._sums_shared = False  # the workers sum through that buffer (runtime/shm_reduce.py)
+        self._resync_due = False  # a call failed on some worker: its counters are set again before the next
         self._state = "new"  # new, starting, running, dead, stopped
         self._dead_reason = ""
         self._thread: threading.Thread | None = None
@@ -171,6 +173,7 @@ class WorkerPool(FailureReports):
                                                                  sys_path, self._folder))
             if self.devices.kind == "cpu":  # processes of this machine sum through shared memory (shm_reduce.py)
                 self._shm_path = shm_reduce.create(self.world)
+                self._sums_shared = self._shm_path is not None
             settings = {"world": self.world, "kind": self.devices.kind, "folder": self._folder, "store_path": store_path,
                         "timeout": self.timeout, "shm_reduce": self._shm_path, "sys_path": sys_path,
                         "modules": self.modules, "torch": torch_settings(), "spin": self._spin}
@@ -370,6 +373,9 @@ class WorkerPool(FailureReports):
         self._check_running()
         if waited:  # the answers to calls sent without waiting come first, in order
             self._settle_all()
+        if self._resync_due and not self._in_flight:
+            self._resync_due = False
+            self._call("resync_sums", (), "setting the shared sums' counters again after a failed call")
         if self._first is not None:
             first, self._first = self._first, None
             try:
@@ -473,6 +479,7 @@ class WorkerPool(FailureReports):
         flights, self._in_flight = list(self._in_flight), deque()
         if flights and self._state == "running":
             self._send_verdict(False)
+            self._resync_due = self._sums_shared  # one may have raised an error of its own
         ran = False
         for flight in flights:
             if self._state == "running":
@@ -492,6 +499,7 @@ class WorkerPool(FailureReports):
         if pending or any(payload["collective"] for _, payload in failed):
             self._fail_stuck(replies, pending, where)
         if failed:  # the first worker's error, as one device would raise it
+            self._resync_due = self._sums_shared
             rank, payload = failed[0]
             self._raise_error(self._workers[rank], payload, where)
         skipped = [rank for rank, r in enumerate(replies) if r is not None and r[0] == "skipped"]

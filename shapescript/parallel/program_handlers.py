@@ -30,7 +30,7 @@ def load_program(state: Any, source: str, module_file: str, device_name: str, sc
     state.program = namespace
     collectives.status_hook = state.waiting_at
     collectives.operation_hook = state.clock.operation
-    optim.before_update = state.take_verdict
+    optim.before_update = state.before_update
 
 
 @handler("init_model")

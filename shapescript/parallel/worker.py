@@ -193,6 +193,15 @@ class WorkerState:
     def describe(self) -> str:
         return describe_status(self.kind, self.text)
 
+    def before_update(self) -> None:
+        """Before an optimizer step changes a model (runtime/optim.py's hook): the controller's word
+        on the step before, in a chained call; and where the workers sum through shared memory, a
+        look that no worker has raised an error of its own in this step, which would otherwise have
+        left the others updating without it."""
+        self.take_verdict()
+        if collectives.shm is not None:
+            collectives.shm.check()
+
     def take_verdict(self) -> None:
         """In a chained call (a step sent before the controller had the answer to the one before it),
         before the call changes anything (runtime/optim.py's `before_update`, and at its end): wait for
@@ -425,6 +434,8 @@ def _serve(conn: Connection, state: WorkerState, spin_s: float = 0.0) -> bool:
             reply = ("skipped", None)
         except Exception as exc:
             reply = ("err", error_payload(exc, state))
+            if collectives.shm is not None:  # peers waiting for this worker's part of a sum give up
+                collectives.shm.fail()
         failed = reply[0] != "ok"
         state.verdict_due = False  # one the call didn't wait for is dropped when it comes
         _send(conn, reply, f"the result of {where} on worker {state.rank}")
