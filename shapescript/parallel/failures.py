@@ -84,6 +84,8 @@ class FailureReports:
                 lines.append(f"{who}: didn't answer; it was {describe_status(*w.status())}{stopped}")
             elif reply[0] == "ok":
                 lines.append(f"{who}: finished")
+            elif reply[0] == "skipped":
+                lines.append(f"{who}: skipped it, as another worker failed")
             else:
                 payload = reply[1]
                 lines.append(f"{who}: was {payload['status']}" if payload["collective"]

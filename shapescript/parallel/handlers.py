@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 
 from shapescript.errors import ShapeError
+from shapescript.runtime import collectives
+from shapescript.runtime.steps import StepSkipped  # noqa: F401  (the handlers' to raise)
 
 if TYPE_CHECKING:
     from shapescript.parallel.worker import WorkerState
@@ -47,6 +49,14 @@ def handler(name: str) -> Callable[[Handler], Handler]:
         HANDLERS[name] = fn
         return fn
     return register
+
+
+@handler("resync_sums")
+def resync_sums(state: WorkerState) -> None:
+    """After a call that failed on some worker: the sums through shared memory start again from
+    counters every worker agrees on (runtime/shm_reduce.py)."""
+    if collectives.shm is not None:
+        collectives.shm.resync()
 
 
 @handler("ping")

@@ -44,7 +44,7 @@ from shapescript.parallel.failures import FailureReports, StoppedLooks
 from shapescript.parallel.interrupts import held_step, step_interrupt
 from shapescript.parallel.pipeline import InFlight
 from shapescript.parallel.timeline import Timeline
-from shapescript.parallel.worker import WAITING, dumps
+from shapescript.parallel.worker import VERDICT, WAITING, dumps
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime import shm_reduce
 from shapescript.runtime.model import require_visible
@@ -89,6 +89,8 @@ class WorkerPool(FailureReports):
         self._launching = threading.RLock()  # held while workers are started, and while they are stopped
         self._folder: str | None = None
         self._shm_path: str | None = None  # the shared all-reduce buffer's file, until every worker has mapped it
+        self._sums_shared = False  # the workers sum through that buffer (runtime/shm_reduce.py)
+        self._resync_due = False  # a call failed on some worker: its counters are set again before the next
         self._state = "new"  # new, starting, running, dead, stopped
         self._dead_reason = ""
         self._thread: threading.Thread | None = None
@@ -171,6 +173,7 @@ class WorkerPool(FailureReports):
                                                                  sys_path, self._folder))
             if self.devices.kind == "cpu":  # processes of this machine sum through shared memory (shm_reduce.py)
                 self._shm_path = shm_reduce.create(self.world)
+                self._sums_shared = self._shm_path is not None
             settings = {"world": self.world, "kind": self.devices.kind, "folder": self._folder, "store_path": store_path,
                         "timeout": self.timeout, "shm_reduce": self._shm_path, "sys_path": sys_path,
                         "modules": self.modules, "torch": torch_settings(), "spin": self._spin}
@@ -370,6 +373,9 @@ class WorkerPool(FailureReports):
         self._check_running()
         if waited:  # the answers to calls sent without waiting come first, in order
             self._settle_all()
+        if self._resync_due and not self._in_flight:
+            self._resync_due = False
+            self._call("resync_sums", (), "setting the shared sums' counters again after a failed call")
         if self._first is not None:
             first, self._first = self._first, None
             try:
@@ -426,19 +432,24 @@ class WorkerPool(FailureReports):
 
     def _settle_first(self) -> None:
         flight = self._in_flight[0]
+        told = False  # whether `answered` was given the results
         try:
             with self._held(flight.where) as interrupts:
                 interrupts.first = interrupts.first or flight.interrupted
                 replies, pending, released = self._gather(f"running {flight.where}")
             self._in_flight.popleft()
             results = self._answers(replies, pending, released, flight.where)
+            told = True
+            flight.answered(results)  # its record written: a sink that raises fails the call sent after it
         except BaseException:
             if self._in_flight and self._in_flight[0] is flight:
                 self._in_flight.popleft()
-            flight.answered(None)
+            if not told:
+                flight.answered(None)
             self._forget_in_flight()
             raise
-        flight.answered(results)
+        if self._in_flight:  # the call sent after it waits for this word before it changes anything
+            self._send_verdict(True)
         self.answered_at = time.perf_counter()
         if interrupts.first is None:
             return
@@ -449,16 +460,31 @@ class WorkerPool(FailureReports):
             return
         raise step_interrupt(flight.where, self.devices, self._completed[flight.where])
 
+    def _send_verdict(self, ok: bool) -> None:
+        """Tell every worker whether the call before the chained one they run went through: its
+        answers read and its record written (WorkerState.take_verdict)."""
+        message = dumps((VERDICT, ok))
+        for w in self._workers:
+            try:
+                w.conn.send_bytes(message)
+            except OSError:  # it stopped: the gather that follows says so
+                pass
+
     def _forget_in_flight(self) -> None:
-        """After a call failed: the ones sent after it are skipped by the workers (a "chained"
-        message after a failed one); if some worker ran one anyway (its part of the failed call
-        went well), the workers no longer agree, and are stopped."""
+        """After a call failed (on the workers, or in the controller as its record was written):
+        the ones sent after it are skipped by the workers (a "chained" message after a failed one),
+        or skip themselves before they change anything, told so by the verdict. If some worker ran
+        one anyway (a handler other than a program's call, which takes no verdict), the workers no
+        longer agree, and are stopped."""
         flights, self._in_flight = list(self._in_flight), deque()
+        if flights and self._state == "running":
+            self._send_verdict(False)
+            self._resync_due = self._sums_shared  # one may have raised an error of its own
         ran = False
         for flight in flights:
             if self._state == "running":
                 replies, pending, _ = self._gather(f"skipping {flight.where}")
-                ran = ran or bool(pending) or any(r is not None and r[0] != "skipped" for r in replies)
+                ran = ran or bool(pending) or any(r is not None and r[0] == "ok" for r in replies)
             flight.answered(None)
         if ran and self._state == "running":
             self._die(f"the workers disagree after a failed call ({flights[0].where} ran on some only)")
@@ -473,8 +499,14 @@ class WorkerPool(FailureReports):
         if pending or any(payload["collective"] for _, payload in failed):
             self._fail_stuck(replies, pending, where)
         if failed:  # the first worker's error, as one device would raise it
+            self._resync_due = self._sums_shared
             rank, payload = failed[0]
             self._raise_error(self._workers[rank], payload, where)
+        skipped = [rank for rank, r in enumerate(replies) if r is not None and r[0] == "skipped"]
+        if skipped:  # for a failure no worker reported: they no longer know what the others did
+            self._die(f"{where} was skipped on some workers")
+            raise WorkerError(f"{ranks_text(skipped)} skipped {where}, though no worker reported a failure; the "
+                              f"workers were stopped, and what was on the devices is gone")
         return [r[1] for r in replies]  # type: ignore[index]
 
     def _send(self, payloads: list[bytes], where: str) -> None:

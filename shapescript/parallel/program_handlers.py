@@ -13,8 +13,8 @@ import torch
 
 from shapescript.parallel import loading, shared, sharded_state
 from shapescript.parallel.timeline import timed
-from shapescript.parallel.handlers import handler
-from shapescript.runtime import calls, checkpoint, collectives, recorded, sharding
+from shapescript.parallel.handlers import StepSkipped, handler
+from shapescript.runtime import calls, checkpoint, collectives, optim, recorded, sharding
 from shapescript.runtime.data import TensorDataset, trusted_batch
 from shapescript.runtime.model import Model, leaves
 from shapescript.runtime.modes import Mode, stream_key
@@ -40,6 +40,7 @@ def load_program(state: Any, source: str, module_file: str, device_name: str, sc
     state.program = namespace
     collectives.status_hook = state.waiting_at
     collectives.operation_hook = state.clock.operation
+    optim.before_update = state.before_update
 
 
 def seed_random_states(seed: int, rank: int) -> None:
@@ -120,7 +121,8 @@ def call(state: Any, name: str, args: tuple, part: tuple[int, int] | str | None 
     where = _own_part(state, args) if isinstance(part, str) else part  # str: loading.OWN_SHARE
     with timed(state.clock):
         answer = _run(state, name, args, where, every or state.rank == 0)
-    return answer if answer == SKIPPED else (*answer, state.clock.take())
+    state.take_verdict()  # a chained step that changed nothing (no update) waits for it here
+    return (*answer, state.clock.take())
 
 
 def _own_part(state: Any, args: tuple) -> tuple[int, int]:
@@ -145,14 +147,16 @@ def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None, answe
         raise
     if agreeing:  # every worker has its part, padded as the whole batch is: or none starts the step
         parts = loading.agree(state, plans, [values[k] for k in loads])
-        if parts is None:
-            return SKIPPED  # the worker that failed raises the loader's error in the controller
+        if parts is None:  # the worker that failed raises the loader's error in the controller
+            raise StepSkipped(SKIPPED)
         for k, batch in zip(loads, parts):
             values[k] = batch
     # An unsplit call has no batch part to set: the one between calls is None already.
     batch_part = collectives.in_batch_part(part) if part is not None else nullcontext()
     # A step of a fn the module's RECORDABLE table names is recorded on a cuda device (runtime/recorded.py)
     recorder = recorded.recorder_for(state.device) if name in state.program.get("RECORDABLE", ()) else None
+    if recorder is not None:  # a replayed step's update runs inside its graph, where no hook is called
+        state.take_verdict()
     with batch_part:  # without autograd's graph: the worker's thread has it off (worker._serve)
         result = fn(*values) if recorder is None else recorder.call(name, fn, values, part)
     if not answer:

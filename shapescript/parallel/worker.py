@@ -6,8 +6,10 @@ a fresh interpreter, so the user's main script is never imported (see WORKER_MAI
 settings from the socket it inherited as fd N, joins the process group, says it is ready, then
 answers one message at a time: ("call", handler, where, args) runs
 `handlers.HANDLERS[handler](state, *args)`; ("chained", handler, where, args) does too, unless the
-message before it failed, when it answers ("skipped", None) (a pipelined step sent before the
-answer to the one before it was read: parallel/pipeline.py); ("stop",) ends. If the controller (PID) dies instead,
+message before it failed or was skipped, when it answers ("skipped", None) (a pipelined step sent
+before the answer to the one before it was read: parallel/pipeline.py); ("verdict", ok) is the
+controller's word on the step before a chained call, which that call waits for before it changes
+anything (`WorkerState.take_verdict`; a verdict nothing waits for is dropped); ("stop",) ends. If the controller (PID) dies instead,
 however it dies and whatever this worker is doing, the worker removes the pool's private folder,
 which no one else would, and exits (see `_Controller`).
 
@@ -39,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from shapescript.errors import ShapeScriptError, WorkerError
-from shapescript.parallel.handlers import HANDLERS
+from shapescript.parallel.handlers import HANDLERS, StepSkipped
 from shapescript.parallel.memory import Meter, measured
 from shapescript.parallel.spin import poll_briefly
 from shapescript.parallel.timeline import StepClock
@@ -49,6 +51,7 @@ from shapescript.runtime.shm_reduce import SharedMemoryAllReduce
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
 IDLE, RUNNING, WAITING = "I", "R", "W"
+VERDICT = "verdict"  # the controller's word on a step that a chained call was sent behind
 UNKNOWN = "?"  # no file's: a status that couldn't be read (a worker on another host that didn't answer)
 
 
@@ -155,6 +158,9 @@ class WorkerState:
     text: str = ""
     meter: Meter = field(init=False)  # the memory of the calls that run the program's code
     clock: StepClock = field(init=False)  # their time, by part (parallel/timeline.py)
+    conn: Connection | None = None  # the controller's socket, once the worker serves it
+    verdict_due: bool = False  # a chained call runs whose step before has no verdict read yet
+    next_message: tuple[Any, ...] | None = None  # read by take_verdict where a verdict was expected
 
     def __post_init__(self) -> None:
         self.meter = Meter(self.device)
@@ -186,6 +192,32 @@ class WorkerState:
 
     def describe(self) -> str:
         return describe_status(self.kind, self.text)
+
+    def before_update(self) -> None:
+        """Before an optimizer step changes a model (runtime/optim.py's hook): the controller's word
+        on the step before, in a chained call; and where the workers sum through shared memory, a
+        look that no worker has raised an error of its own in this step, which would otherwise have
+        left the others updating without it."""
+        self.take_verdict()
+        if collectives.shm is not None:
+            collectives.shm.check()
+
+    def take_verdict(self) -> None:
+        """In a chained call (a step sent before the controller had the answer to the one before it),
+        before the call changes anything (runtime/optim.py's `before_update`, and at its end): wait for
+        the controller's word that the step before went through, its record written. Raises
+        StepSkipped if it didn't, so that every worker leaves this step undone, as one device, which
+        stopped at the failed write, never ran it. Once per call; nothing to do in other calls."""
+        if not self.verdict_due:
+            return
+        self.verdict_due = False
+        assert self.conn is not None
+        message = pickle.loads(self.conn.recv_bytes())
+        if message[0] != VERDICT:  # not expected; served next, as if it had come after this call
+            self.next_message = message
+            raise StepSkipped("the controller sent another message before its word on the step before")
+        if not message[1]:
+            raise StepSkipped("the step sent before it failed in the controller")
 
 
 # -- the process ---------------------------------------------------------------------------------
@@ -360,29 +392,36 @@ def _serve(conn: Connection, state: WorkerState, spin_s: float = 0.0) -> bool:
     # call (value_and_grad turns it on where it differentiates): set once for this thread, since a
     # context a call costs several µs of each round trip.
     torch._C._set_grad_enabled(False)
-    failed = False  # whether the last message's handler raised
+    failed = False  # whether the last message's handler raised, or skipped its call
+    state.conn = conn
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLIN)
     while True:
-        if spin_s:
-            poll_briefly(poller, spin_s)  # recv_bytes then reads at once, or sleeps as without polling
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
-            return False
-        try:
-            message = pickle.loads(data)
-        except Exception as exc:  # e.g. an object of a class defined in the controller's main script
-            _send(conn, ("err", error_payload(WorkerError(
-                f"the workers can't read the arguments: {type(exc).__name__}: {exc} (the workers never import "
-                f"the controller's main script, so its classes can't be sent to them)"), None)))
-            continue
+        if state.next_message is not None:
+            message, state.next_message = state.next_message, None
+        else:
+            if spin_s:
+                poll_briefly(poller, spin_s)  # recv_bytes then reads at once, or sleeps as without polling
+            try:
+                data = conn.recv_bytes()
+            except (EOFError, OSError):
+                return False
+            try:
+                message = pickle.loads(data)
+            except Exception as exc:  # e.g. an object of a class defined in the controller's main script
+                _send(conn, ("err", error_payload(WorkerError(
+                    f"the workers can't read the arguments: {type(exc).__name__}: {exc} (the workers never import "
+                    f"the controller's main script, so its classes can't be sent to them)"), None)))
+                continue
         if message[0] == "stop":
             return True
+        if message[0] == VERDICT:  # on a step whose chained call this worker skipped, or never waited for
+            continue
         kind, name, where, args = message
         if kind == "chained" and failed:  # the step before it failed: this one never happened
             _send(conn, ("skipped", None))
             continue
+        state.verdict_due = kind == "chained"
         state.running(where)
         try:
             fn = HANDLERS.get(name)
@@ -391,9 +430,14 @@ def _serve(conn: Connection, state: WorkerState, spin_s: float = 0.0) -> bool:
             with measured(state, name):
                 result = fn(state, *args)
             reply: tuple[Any, ...] = ("ok", result)
+        except StepSkipped:
+            reply = ("skipped", None)
         except Exception as exc:
             reply = ("err", error_payload(exc, state))
-        failed = reply[0] == "err"
+            if collectives.shm is not None:  # peers waiting for this worker's part of a sum give up
+                collectives.shm.fail()
+        failed = reply[0] != "ok"
+        state.verdict_due = False  # one the call didn't wait for is dropped when it comes
         _send(conn, reply, f"the result of {where} on worker {state.rank}")
         state.idle()  # after sending: the controller takes a worker that's no longer waiting to be stuck
         state.meter.settle()  # the call's memory peak, read once the reply is on its way (memory.py)

@@ -305,8 +305,16 @@ def sgd(m: Model, lr: float = 1e-3, momentum: float = 0.0, weight_decay: float =
     return _make("Sgd", m, hyper)
 
 
+# Set by a worker (parallel/program_handlers.py): called before each optimizer step, the first change
+# a step makes, so that a step sent ahead of the controller's answer to the one before it changes
+# nothing until the controller says that one went through (WorkerState.take_verdict).
+before_update: Callable[[], None] | None = None
+
+
 def update(m: Model, opt: Optimizer, g: Grads) -> None:
     """One optimizer step of `m` along `g`."""
+    if before_update is not None:
+        before_update()
     if opt.model is not m:
         raise ShapeError(f"update: this {opt.kind} optimizer was made for another "
                          f"{opt.model.spec.name} model, not the one being updated "

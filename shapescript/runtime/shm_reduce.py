@@ -18,6 +18,12 @@ has read every slot of collective k. Before writing collective k, a worker waits
 is done with k - 2, the last user of the same set. A tensor bigger than a slot goes through in
 pieces, one collective each. Each counter is written by one worker only and only grows.
 
+A worker that raises an error of its own in a call writes, in a third counter, the first collective
+it will never reach (`fail`); a peer waiting for it there raises StepSkipped rather than wait until
+the collective timeout, and `check`, a sum of one number before each update, makes sure no worker
+updates a model in a step that failed on another. After such a call the controller has every
+worker start again from the same counts (`resync`, through Gloo).
+
 Why this is safe as plain Python: the counters are 8-byte aligned stores and loads, and x86-64 keeps
 stores in order (a worker that sees a counter sees the slot written before it). Other machines,
 whose memory model does not promise that, use Gloo (`supported`). The file lives in /dev/shm, mode
@@ -40,13 +46,14 @@ import torch
 import torch.distributed as dist
 
 from shapescript.runtime.leftovers import owner_tag, preallocated_file, sweep
+from shapescript.runtime.steps import StepSkipped
 
 ENV = "SHAPESCRIPT_SHM_REDUCE"  # "off": all-reduces through Gloo (A/B runs, a way back); read as workers start
 FOLDER = "/dev/shm"
 NAME = re.compile(r"shapescript-reduce-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]{16}")
 LINE = 64  # bytes a counter has to itself: no two workers' counters share a cache line
 MAX_WORKERS = 32
-HEADER = 2 * MAX_WORKERS * LINE  # arrived and done for each worker: 4 KiB
+HEADER = 3 * MAX_WORKERS * LINE  # arrived, done and failed for each worker: 6 KiB
 # Bytes of slots at most, whatever the number of workers. The file is unlinked once mapped, but its
 # pages count against /dev/shm's size while the workers live (64 MiB in a default Docker container,
 # shared with parallel/shared.py's batches): slots of 1 MiB hold the README MLP's gradients in one
@@ -111,6 +118,8 @@ class SharedMemoryAllReduce:
         step = LINE // 8  # counters per line
         self._arrived = [2 * r * step for r in range(world)]
         self._done = [(2 * r + 1) * step for r in range(world)]
+        # Worker r's first collective that it will never reach, having raised an error of its own (0: none)
+        self._failed = [(2 * MAX_WORKERS + r) * step for r in range(world)]
         raw = torch.frombuffer(self._map, dtype=torch.uint8, offset=HEADER)
         self._slots = [[raw[(s * world + r) * self.slot:(s * world + r + 1) * self.slot] for r in range(world)]
                        for s in range(2)]
@@ -146,6 +155,31 @@ class SharedMemoryAllReduce:
             part.add_(v)
         self._counters[self._done[self.rank]] = k
 
+    def fail(self) -> None:
+        """This worker raised an error of its own in a call: it says which collective it will never
+        reach (its counters stay as they are, for peers still reading the last one), and a peer
+        waiting for it there, in that call or in a step sent after it, raises StepSkipped instead of
+        waiting until the collective timeout, so that no worker updates a model in a step that
+        failed on one. It stays so until `resync`."""
+        self._counters[self._failed[self.rank]] = self._count + 1
+
+    def check(self) -> None:
+        """Raise StepSkipped if a peer has failed in this call, or wait until each has got here:
+        the sum of one number, not recorded (before an update: runtime/optim.py's before_update)."""
+        self.all_reduce(torch.zeros(1, dtype=torch.int64))
+
+    def resync(self) -> None:
+        """After a call that failed on some worker, every worker at once (the controller's
+        "resync_sums" call): they may have stopped at different sums, or marked their counters
+        failed; all start again from the highest count, agreed through Gloo."""
+        highest = torch.tensor([self._count], dtype=torch.int64)
+        dist.all_reduce(highest, op=dist.ReduceOp.MAX)
+        self._count = int(highest.item())
+        self._counters[self._arrived[self.rank]] = self._count
+        self._counters[self._done[self.rank]] = self._count
+        self._counters[self._failed[self.rank]] = 0
+        dist.barrier()  # no worker sums again before every worker's counters are set
+
     def _wait(self, counters: list[int], k: int) -> None:
         """Until every worker's counter has reached k: a few looks, then yielding the core, then
         sleeping a little longer each time; a DistBackendError after the collective timeout, as Gloo
@@ -159,6 +193,8 @@ class SharedMemoryAllReduce:
             looks += 1
             if looks < SPINS:
                 continue
+            if any(values[c] < k and 0 < values[f] <= k for c, f in zip(counters, self._failed)):
+                raise StepSkipped("another worker raised an error of its own in this call")
             now = time.monotonic()
             if not started:
                 started = now

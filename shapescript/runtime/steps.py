@@ -32,6 +32,14 @@ class RunStopped(Exception):
     """Raised in a background run's thread at a step boundary, once a stop was asked for."""
 
 
+class StepSkipped(Exception):
+    """Raised on a worker whose call must change nothing there because the step failed elsewhere:
+    another worker couldn't load its part of the batch (they agreed so before the step), another
+    raised an error of its own (found at a sum through shared memory: runtime/shm_reduce.py), or the
+    controller couldn't write the record of the step sent before it (a "chained" call:
+    parallel/pipeline.py). The worker answers ("skipped", None), and skips a chained call after it."""
+
+
 class StepControl:
     """What a background run's loops report to, and how it is asked to stop."""
 

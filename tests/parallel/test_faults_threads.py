@@ -258,6 +258,27 @@ def test_an_error_on_one_worker_reaches_the_controller_at_once(programs: tuple[s
     assert time.monotonic() - t0 < 10  # not after the collective timeout of 120 s
     assert str(info.value) == one_device_error(only)
     notes = "\n".join(info.value.__notes__)
+    assert "worker 1's traceback (cpu:1)" in notes and "ss_faulty_extern.py" in notes
+    # the sum goes through shared memory, where worker 0 sees that worker 1 failed (issue 36, item 2):
+    # it gives the step up, and the workers stay up
+    assert pool.alive and pool.pids == pids
+    torch.testing.assert_close(prog.total({"x": good}), one.total({"x": good}))
+
+    # through Gloo, a collective no one can leave: every worker is stopped at once
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SHAPESCRIPT_SHM_REDUCE", "off")
+        prog.stop()
+        ss.collective_timeout(120)
+        try:
+            pool = prog.workers()
+        finally:
+            ss.collective_timeout(None)
+    pids = pool.pids
+    with pytest.raises(ss.DomainError) as info:
+        prog.total({"x": only})
+    assert time.monotonic() - t0 < 20
+    assert str(info.value) == one_device_error(only)
+    notes = "\n".join(info.value.__notes__)
     assert "worker 0 went on and waited for the others at faulty.ss:11:" in notes
     assert "every worker was stopped at once, and what was on the devices is gone" in notes
     assert "worker 1's traceback (cpu:1)" in notes and "ss_faulty_extern.py" in notes

@@ -55,3 +55,16 @@ class RowsBadAt(Rows):
     def __getitem__(self, i: int) -> dict:
         item = super().__getitem__(i)
         return {**item, "x": item["x"][:3]} if i == self.bad else item
+
+
+class RowsBadLabelAt(Rows):
+    """`n` items as Rows has them, but item `bad` has a label of 7, outside Index[3]: a DomainError
+    as the batch holding it loads."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> dict:
+        item = super().__getitem__(i)
+        return {**item, "y": 7} if i == self.bad else item
