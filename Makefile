@@ -25,22 +25,19 @@ $(VENV)/.ray: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[ray]'
 	touch $@
 
-# Two test processes (pytest-xdist), a file's tests in one of them; then the tests marked `alone`
-# (they assert wall-clock bounds) with nothing beside them.
-TEST_PROCESSES ?= 2
-PARALLEL_TESTS := -n $(TEST_PROCESSES) --dist loadgroup
-
 test: $(VENV)/.installed $(VENV)/.ray chromium
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q $(PARALLEL_TESTS) -m "not alone"
-	$(PY) -m pytest -q -m alone
+	$(PY) -m pytest -q
 
-# The edit loop: the compiler and the tests on one device (no worker pools, notebooks, Ray or browser).
+# The edit loop, in a few minutes: the compiler's tests and the quick ones on one device. Left out:
+# worker pools, notebooks, Ray, the browser, the CLI's subprocesses, examples, docs and the fuzzer.
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q $(PARALLEL_TESTS) -m "not alone and not slow" $(FAST_SKIPS)
-FAST_SKIPS := --ignore=tests/several --ignore=tests/parallel --ignore=tests/cluster --ignore=tests/notebook \
-	--ignore=tests/browser --ignore=tests/lsp
+	$(PY) -m pytest -q -m "not slow" $(addprefix --ignore=tests/,$(SLOW_TESTS))
+SLOW_TESTS := several parallel cluster notebook browser lsp test_cli.py test_recorded.py test_recorded_loop.py \
+	test_digits_demo.py test_tutorial.py test_doc_snippets.py test_docs.py test_readme_script.py \
+	test_attention_example.py test_nanogpt_example.py test_sharp_bits.py test_fuzz.py test_no_python.py \
+	test_targets.py
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is never used).
 chromium:

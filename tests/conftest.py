@@ -37,9 +37,6 @@ def pytest_configure(config: pytest.Config) -> None:
     """Before anything makes a temporary file (pytest's tmp_path folders included), the session gets
     a folder of its own and TMPDIR, inherited by subprocesses, points there. A killed session's
     folder is swept by the next session."""
-    if _hands_tests_to_xdist(config):
-        config.stash[_SESSION] = None  # each xdist worker is a session of its own, with its own folder
-        return
     sweep(tempfile.gettempdir(), SESSION_FOLDER, folders=True)
     folder = tempfile.mkdtemp(prefix=f"shapescript-tests-{owner_tag()}-")
     config.stash[_SESSION] = folder, (os.environ.get("TMPDIR"), tempfile.tempdir)
@@ -48,19 +45,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = os.path.join(folder, PYTEST_FOLDER)
 
 
-_SESSION = pytest.StashKey[tuple[str, tuple[str | None, str | None]] | None]()
-
-
-def _hands_tests_to_xdist(config: pytest.Config) -> bool:
-    """Whether this process is pytest-xdist's controller (`-n N`): it runs no test itself."""
-    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+_SESSION = pytest.StashKey[tuple[str, tuple[str | None, str | None]]]()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(_SESSION, None)
-    if session is None:
-        return
-    folder, (tmpdir, tempdir) = session
+    folder, (tmpdir, tempdir) = config.stash[_SESSION]
     if tmpdir is None:
         os.environ.pop("TMPDIR", None)
     else:
@@ -76,9 +65,7 @@ def nothing_left_in_the_temp_folder(pytestconfig: pytest.Config) -> Iterator[Pat
     no one holds any more are collected first, so their finalizers run; a pool still held (a module's
     program never stopped) is a leftover. The folder goes when pytest ends, and so /tmp is as the
     session found it."""
-    session = pytestconfig.stash[_SESSION]
-    assert session is not None, "tests run in a process that made no session folder"
-    folder = Path(session[0])
+    folder = Path(pytestconfig.stash[_SESSION][0])
     yield folder
     gc.collect()
 
@@ -90,20 +77,6 @@ def nothing_left_in_the_temp_folder(pytestconfig: pytest.Config) -> Iterator[Pat
         time.sleep(0.1)
     left = leftovers()
     assert not left, f"the tests left these in the temp folder (/tmp): {', '.join(left)}"
-
-
-# Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) the tests of one file run in one worker,
-# so a module's fixture (a worker pool) is made once; the files that share the simulated Ray cluster
-# (a session fixture that costs seconds of both CPUs) run in one worker together, one cluster at a time.
-RAY_CLUSTER_USERS = ("cluster/", "notebook/test_cluster_kernel.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests = Path(__file__).resolve().parent
-    for item in items:
-        where = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else str(item.path)
-        group = "ray-cluster" if where.startswith(RAY_CLUSTER_USERS) else where
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 class StrayInterrupt(Exception):

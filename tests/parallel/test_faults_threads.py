@@ -26,9 +26,6 @@ from shapescript.parallel import pool as pool_mod
 from shapescript.parallel.pool import WorkerPool
 from support import fork_server_pids
 
-# Wall-clock bounds: `make test` runs this file after the others, with no other test beside it.
-pytestmark = pytest.mark.alone
-
 ROOT = Path(__file__).resolve().parents[2]
 WHERE = "`train_step` (train.ss:32:4)"
 

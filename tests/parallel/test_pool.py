@@ -29,9 +29,6 @@ from shapescript.parallel.handlers import listening_sockets
 from shapescript.parallel.pool import WorkerPool, collective_timeout, current_collective_timeout
 from support import fork_server_pids, importable
 
-# Wall-clock bounds: `make test` runs this file after the others, with no other test beside it.
-pytestmark = pytest.mark.alone
-
 ROOT = Path(__file__).resolve().parents[2]
 WHERE = "`train_step` (train.ss:32:4)"
 live: set[WorkerPool] = set()  # the shared pools: their workers are the children a test may leave

@@ -19,9 +19,6 @@ from shapescript.errors import WorkerError
 from shapescript.parallel import spin
 from shapescript.parallel.pool import WorkerPool
 
-# Wall-clock bounds: `make test` runs this file after the others, with no other test beside it.
-pytestmark = pytest.mark.alone
-
 
 @pytest.mark.parametrize(("text", "seconds"), [("", spin.BUDGET), ("0", 0.0), ("50", 50e-6), (" 1000000 ", 1.0)])
 def test_the_budget_is_the_default_or_the_environments(text: str, seconds: float, monkeypatch: pytest.MonkeyPatch) -> None:

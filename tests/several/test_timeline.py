@@ -25,9 +25,6 @@ from shapescript.parallel.timeline import StepClock, WorkerTiming, timed
 
 from programs import README
 
-# Wall-clock bounds: `make test` runs this file after the others, with no other test beside it.
-pytestmark = pytest.mark.alone
-
 HIDDEN, BATCH, STEPS = 1024, 512, 10  # enough work per call that the timing's noise is small
 SLEEP = 0.2  # seconds rank 1 sleeps in each forward pass of the slow program: far more than its work
 
