@@ -415,7 +415,9 @@ def test_a_workers_calls_go_through_the_recorder(monkeypatch: pytest.MonkeyPatch
     graphs = FakeGraphs(state_of(m, opt))
     monkeypatch.setitem(recorded._recorders, "cpu", recorded.Recorder(torch.device("cpu"), graphs=graphs))
     cpu = torch.device("cpu")
-    state = SimpleNamespace(program=namespace, objects={1: m, 2: opt}, device=cpu, world=1, rank=0, clock=StepClock(cpu))
+    # calls sent one at a time: no controller's verdict on a step before to wait for (WorkerState.take_verdict)
+    state = SimpleNamespace(program=namespace, objects={1: m, 2: opt}, device=cpu, world=1, rank=0, clock=StepClock(cpu),
+                            take_verdict=lambda: None)
     for batch in data([64] * 8):
         args = (("handle", 1), ("handle", 2), ("batch", "Digit", batch, {}))
         loss, draws = program_handlers._run(state, "train_step", args, (0, 64), True)
