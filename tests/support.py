@@ -106,3 +106,20 @@ def fork_server_pids() -> set[int]:
     from shapescript.parallel import forkserver
     server = forkserver._server
     return {server.proc.pid} if server is not None and server.alive() else set()
+
+
+@contextmanager
+def loaded_with_timeout(source: str, devices: str, name: str, seconds: float) -> Iterator[Any]:
+    """`source` loaded on `devices`, every collective timing out after `seconds` while it lives (pools
+    started again after a failure stopped one included), so that a test of a failure that would
+    hang fails fast instead."""
+    import shapescript as ss
+    ss.collective_timeout(seconds)
+    try:
+        prog = ss.load(source, devices=devices, name=name)
+        try:
+            yield prog
+        finally:
+            prog.stop()
+    finally:
+        ss.collective_timeout(None)

@@ -18,7 +18,7 @@ import torch
 import shapescript as ss
 
 from programs import LIN_HEADER, LIN_STEP
-from support import importable
+from support import importable, loaded_with_timeout
 
 DEVICES = ["cpu", "cpu[0 1]", "cpu[0 1 2]"]
 TIMEOUT_S = 5.0
@@ -65,13 +65,8 @@ def guard_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module", params=DEVICES)
 def program(request: pytest.FixtureRequest, guard_module: Path) -> Iterator[Any]:
-    ss.collective_timeout(TIMEOUT_S)  # also for pools started again after a failure stopped one
-    prog = ss.load(PROGRAM, devices=request.param, name="guard.ss")
-    try:
+    with loaded_with_timeout(PROGRAM, request.param, "guard.ss", TIMEOUT_S) as prog:
         yield prog
-    finally:
-        prog.stop()
-        ss.collective_timeout(None)
 
 
 def examples(n: int, bad: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:

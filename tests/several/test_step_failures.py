@@ -24,6 +24,7 @@ from shapescript.runtime.sinks import Sink
 
 from programs import LIN_HEADER, LIN_LOSS, LIN_STEP
 from sample_data import Rows, RowsBadAt, RowsBadLabelAt
+from support import loaded_with_timeout
 
 DEVICES = ["cpu", "cpu[0 1]", "cpu[0 1 2]"]
 BATCH = 8
@@ -41,13 +42,8 @@ FIT = LIN_HEADER + LIN_LOSS + LIN_STEP + textwrap.dedent(f"""\
 
 @pytest.fixture(scope="module", params=DEVICES)
 def program(request: pytest.FixtureRequest) -> Iterator[Any]:
-    ss.collective_timeout(TIMEOUT_S)  # also for pools started again after a failure stopped one
-    prog = ss.load(FIT, devices=request.param, name="fit.ss")
-    try:
+    with loaded_with_timeout(FIT, request.param, "fit.ss", TIMEOUT_S) as prog:
         yield prog
-    finally:
-        prog.stop()
-        ss.collective_timeout(None)
 
 
 @dataclass
