@@ -15,6 +15,7 @@ from shapescript.parallel import loading, shared, sharded_state
 from shapescript.parallel.timeline import timed
 from shapescript.parallel.handlers import StepSkipped, handler
 from shapescript.runtime import calls, checkpoint, collectives, optim, recorded, sharding
+from shapescript.runtime.ledger import Ledger, kind_of
 from shapescript.runtime.data import TensorDataset, trusted_batch
 from shapescript.runtime.model import Model, leaves
 from shapescript.runtime.modes import Mode, stream_key
@@ -38,6 +39,7 @@ def load_program(state: Any, source: str, module_file: str, device_name: str, sc
     calls.preload_externs(namespace["EXTERN_TARGETS"], script)
     seed_random_states(seed, state.rank)
     state.program = namespace
+    LEDGER.clear()
     collectives.status_hook = state.waiting_at
     collectives.operation_hook = state.clock.operation
     optim.before_update = state.before_update
@@ -79,6 +81,7 @@ def keep_dataset(state: Any, handle: int, base: Any, spec: str) -> None:
 
 
 LOOPS = loading.WorkerLoops()  # this worker's loops over batches
+LEDGER = Ledger()  # the collectives of each kind of call, for a call that fails on this worker alone
 
 SKIPPED = "skipped: another worker couldn't load its part of the batch"
 
@@ -158,7 +161,11 @@ def _run(state: Any, name: str, args: tuple, part: tuple[int, int] | None, answe
     if recorder is not None:  # a replayed step's update runs inside its graph, where no hook is called
         state.take_verdict()
     with batch_part:  # without autograd's graph: the worker's thread has it off (worker._serve)
-        result = fn(*values) if recorder is None else recorder.call(name, fn, values, part)
+        if recorder is not None:  # cuda graphs: no worker's code of its own runs in a replay
+            result = recorder.call(name, fn, values, part)
+        else:  # an error of this worker's alone: it joins the peers' collectives, and none updates
+            with LEDGER.call(kind_of(name, values, part), state.device, state.take_verdict):
+                result = fn(*values)
     if not answer:
         if state.device.type == "cuda":  # as the copy to the CPU would: the reply says the step's work is done
             torch.cuda.current_stream(state.device).synchronize()

@@ -195,12 +195,11 @@ class WorkerState:
 
     def before_update(self) -> None:
         """Before an optimizer step changes a model (runtime/optim.py's hook): the controller's word
-        on the step before, in a chained call; and where the workers sum through shared memory, a
-        look that no worker has raised an error of its own in this step, which would otherwise have
-        left the others updating without it."""
+        on the step before, in a chained call; then every worker's word that none has raised an
+        error of its own in this step (collectives.agree_to_update: one int64 summed), which would
+        otherwise leave the others updating without it (runtime/ledger.py)."""
         self.take_verdict()
-        if collectives.shm is not None:
-            collectives.shm.check()
+        collectives.agree_to_update(self.device)
 
     def take_verdict(self) -> None:
         """In a chained call (a step sent before the controller had the answer to the one before it),

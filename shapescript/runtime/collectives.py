@@ -17,16 +17,23 @@ Workers that are processes of one machine on cpu[...] sum through shared memory 
 (`shm`, runtime/shm_reduce.py): the same sums, many times quicker. Such a sum holds the worker's
 core while it runs, so there is nothing to overlap: the gradients go after the backward, as with
 `SHAPESCRIPT_OVERLAP=off`.
+
+Every collective a call of the program starts goes through `collective` (here, in runtime/sharding.py
+and runtime/heads.py), which notes it in the call's `CallCollectives` when a worker keeps them
+(runtime/ledger.py), and `agree_to_update` is every worker's word, before an update, that none has
+failed in the step: so that a worker that raised an error of its own can join the collectives its
+peers still wait in, and none updates (docs/several-devices.md, "An error on one worker").
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import warnings
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -35,6 +42,7 @@ import torch.nn.functional as F
 from shapescript.errors import ShapeError
 from shapescript.names import MEMBER_PREFIX
 from shapescript.runtime.shm_reduce import SharedMemoryAllReduce
+from shapescript.runtime.steps import StepSkipped
 
 # Set by a worker: a context manager around each collective, given its .ss location, so that a
 # worker stuck there can be reported ("was waiting for the other workers at train.ss:30:12").
@@ -60,6 +68,65 @@ operation_hook: Callable[[str], None] | None = None
 # batch's size), so that a random draw can be the whole batch's and each worker take its rows.
 # None on one device and in a call with no split argument: a value's rows are all the batch's.
 _batch_part: tuple[int, int] | None = None
+
+
+class Op(enum.Enum):
+    """What a collective does; FLAG is `agree_to_update`'s sum of the workers' failure flags."""
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    FLAG = "flag"
+
+
+class Issued(NamedTuple):
+    """One collective as a worker started it: enough to start the same one again with zeros."""
+    op: Op
+    values: int  # how many values this worker sends: an all-gather's piece, a reduce-scatter's whole
+    dtype: torch.dtype
+    shared: bool  # an all-reduce through shared memory (shm), not Gloo
+    where: str
+
+
+class CallCollectives:
+    """The collectives a call has started so far, in order, and how many of them have not ended:
+    an exception that leaves `open` above 0 came out of a collective (a peer's failure, a timeout),
+    not from the worker's own code."""
+
+    __slots__ = ("entries", "open")
+
+    def __init__(self) -> None:
+        self.entries: list[Issued] = []
+        self.open = 0
+
+
+# Set by a worker around each call of the program (runtime/ledger.py): the collectives it starts.
+issued: CallCollectives | None = None
+
+
+class collective:  # noqa: N801 (used as `with collective(...)`, as a function would be)
+    """Around each collective the compiled code starts: noted in `issued`, and the worker's status
+    says where it waits (`waiting_at`). A class, not a generator: it runs around every sum."""
+
+    __slots__ = ("entry", "status", "noted")
+
+    def __init__(self, op: Op | None, values: int, dtype: torch.dtype, where: str, shared: bool = False) -> None:
+        """op None: a wait for collectives started before (BucketedAverage's), noted as none."""
+        self.entry = Issued(op, values, dtype, shared, where) if op is not None else None
+        self.status = waiting_at(where)
+        self.noted: CallCollectives | None = None
+
+    def __enter__(self) -> None:
+        self.noted = issued
+        if self.noted is not None:
+            if self.entry is not None:
+                self.noted.entries.append(self.entry)
+            self.noted.open += 1
+        self.status.__enter__()
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        self.status.__exit__(kind, exc, tb)  # type: ignore[arg-type]
+        if self.noted is not None and kind is None:
+            self.noted.open -= 1
 
 
 def world() -> int:
@@ -124,9 +191,54 @@ def record(where: str, values: int, dtype: torch.dtype, op: str) -> None:
 def _all_reduce(t: torch.Tensor, where: str) -> None:
     """A sum over the workers, in place: every all-reduce of the compiled code goes through here."""
     record(where, t.numel(), t.dtype, "all-reduce")
-    with waiting_at(where):
-        if shm is None or not shm.all_reduce(t):
-            dist.all_reduce(t)
+    shared = shm is not None and shm.can_sum(t)
+    with collective(Op.ALL_REDUCE, t.numel(), t.dtype, where, shared):
+        _sum(t, shared)
+
+
+def _sum(t: torch.Tensor, shared: bool) -> None:
+    if shared:
+        assert shm is not None
+        shm.all_reduce(t)
+    else:
+        dist.all_reduce(t)
+
+
+UPDATE_WHERE = "the workers' word before an update"
+
+
+def agree_to_update(device: torch.device, failed: bool = False) -> None:
+    """Before an update (runtime/optim.py's before_update), and at the end of a call that made none:
+    the sum of every worker's failure flag, one int64, through shared memory where the workers sum
+    there, else Gloo. Nonzero, a worker raised an error of its own in this call and joined the rest
+    of its collectives with zeros (runtime/ledger.py): every worker raises StepSkipped, so that none
+    changes a model. Not recorded (the DeviceTable counts the program's own collectives); skipped
+    while a recorded step is captured, where nothing may wait for the host (runtime/recorded.py)."""
+    if world() == 1 or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return
+    flag = torch.full((1,), int(failed), dtype=torch.int64, device=device)
+    shared = shm is not None and shm.can_sum(flag)
+    with collective(Op.FLAG, 1, torch.int64, UPDATE_WHERE, shared):
+        _sum(flag, shared)
+    if int(flag.item()):
+        raise StepSkipped("another worker raised an error of its own in this step")
+
+
+def join_with_zeros(entry: Issued, device: torch.device) -> None:
+    """Start `entry`'s collective again, sending zeros: what a worker that failed in a call does for
+    each collective its peers still start (runtime/ledger.py). Their results are never used: the
+    flag before the update, or at the call's end, makes every worker skip the step."""
+    zeros = torch.zeros(entry.values, dtype=entry.dtype, device=device)
+    n = world()
+    with waiting_at(entry.where):
+        if entry.op is Op.ALL_REDUCE:
+            _sum(zeros, entry.shared)
+        elif entry.op is Op.ALL_GATHER:
+            dist.all_gather_single(torch.empty(entry.values * n, dtype=entry.dtype, device=device), zeros)
+        elif entry.op is Op.REDUCE_SCATTER:
+            dist.reduce_scatter_single(torch.empty(entry.values // n, dtype=entry.dtype, device=device), zeros)
+        else:
+            raise ValueError(f"{entry.op} is joined by agree_to_update, not with zeros")
 
 
 class _AllSum(torch.autograd.Function):
@@ -288,7 +400,8 @@ class BucketedAverage:
                 return  # a later bucket ready first waits for this one
             flat = torch.cat([self.arrived[b][k].reshape(-1) for k in self.buckets[b]])
             self.arrived[b] = {}
-            self.sent.append((flat, dist.all_reduce(flat, async_op=True)))
+            with collective(Op.ALL_REDUCE, flat.numel(), flat.dtype, self.where):
+                self.sent.append((flat, dist.all_reduce(flat, async_op=True)))
 
     def finish(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every worker's `grads` (all of them, zeros for a param that got none) averaged: the buckets
@@ -304,7 +417,7 @@ class BucketedAverage:
         for dtype in dict.fromkeys(g.dtype for g in grads):  # average_grads' order
             bs = by_dtype[dtype]
             record(self.where, sum(self.sent[b][0].numel() for b in bs), dtype, "all-reduce")
-            with waiting_at(self.where):
+            with collective(None, 0, dtype, self.where):
                 for b in bs:
                     self.sent[b][1].wait()
             for b in bs:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from shapescript.errors import ShapeError
-from shapescript.runtime.collectives import record, waiting_at, world
+from shapescript.runtime.collectives import Op, collective, record, world
 
 
 def gather_along(part: torch.Tensor, axis: int, where: str) -> torch.Tensor:
@@ -26,7 +26,7 @@ def gather_along(part: torch.Tensor, axis: int, where: str) -> torch.Tensor:
     n = dist.get_world_size()
     flat = torch.empty((n,) + tuple(part.shape), dtype=part.dtype, device=part.device)
     record(where, flat.numel(), flat.dtype, "all-gather")
-    with waiting_at(where):
+    with collective(Op.ALL_GATHER, part.numel(), part.dtype, where):
         dist.all_gather_single(flat.view(-1), part.detach().contiguous().view(-1))
     return flat.movedim(0, axis).flatten(axis, axis + 1)  # the devices' parts in order along the axis
 
@@ -36,7 +36,7 @@ def _scatter(whole: torch.Tensor, axis: int, where: str) -> torch.Tensor:
     parts = whole.unflatten(axis, (n, whole.shape[axis] // n)).movedim(axis, 0).contiguous()
     out = torch.empty(parts.shape[1:], dtype=whole.dtype, device=whole.device)
     record(where, parts.numel(), parts.dtype, "reduce-scatter")
-    with waiting_at(where):
+    with collective(Op.REDUCE_SCATTER, parts.numel(), parts.dtype, where):
         dist.reduce_scatter_single(out.view(-1), parts.view(-1))
     return out
 

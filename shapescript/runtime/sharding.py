@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shapescript.runtime.collectives import record, waiting_at
+from shapescript.runtime.collectives import Op, collective, record
 from shapescript.runtime.heads import gather_along
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec, leaves, live_name
 
@@ -165,7 +165,7 @@ def gathered(pieces: torch.Tensor, shape: tuple[int, ...], where: str) -> torch.
     world = dist.get_world_size()
     flat = torch.empty(pieces.numel() * world, dtype=pieces.dtype, device=pieces.device)
     record(where, flat.numel(), flat.dtype, "all-gather")
-    with waiting_at(where):
+    with collective(Op.ALL_GATHER, pieces.numel(), pieces.dtype, where):
         dist.all_gather_single(flat, pieces.detach())
     return flat[:math.prod(shape)].view(shape)
 
@@ -177,7 +177,7 @@ def scattered(grad: torch.Tensor, size: int, where: str) -> torch.Tensor:
     flat[:grad.numel()] = grad.reshape(-1)
     out = torch.empty(size, dtype=grad.dtype, device=grad.device)
     record(where, flat.numel(), flat.dtype, "reduce-scatter")
-    with waiting_at(where):
+    with collective(Op.REDUCE_SCATTER, flat.numel(), flat.dtype, where):
         dist.reduce_scatter_single(out, flat)
     return out
 

@@ -18,11 +18,13 @@ has read every slot of collective k. Before writing collective k, a worker waits
 is done with k - 2, the last user of the same set. A tensor bigger than a slot goes through in
 pieces, one collective each. Each counter is written by one worker only and only grows.
 
-A worker that raises an error of its own in a call writes, in a third counter, the first collective
-it will never reach (`fail`); a peer waiting for it there raises StepSkipped rather than wait until
-the collective timeout, and `check`, a sum of one number before each update, makes sure no worker
-updates a model in a step that failed on another. After such a call the controller has every
-worker start again from the same counts (`resync`, through Gloo).
+A worker that raises an error of its own in a call joins the call's remaining sums with zeros where
+it knows them (runtime/ledger.py), up to the sum of the workers' failure flags before the update
+(collectives.agree_to_update), at which every worker skips the step. Where it doesn't know them (the
+first call of its kind), it writes, in a third counter, the first collective it will never reach
+(`fail`); a peer waiting for it there raises StepSkipped rather than wait until the collective
+timeout. After such a call the controller has every worker start again from the same counts
+(`resync`, through Gloo).
 
 Why this is safe as plain Python: the counters are 8-byte aligned stores and loads, and x86-64 keeps
 stores in order (a worker that sees a counter sees the slot written before it). Other machines,
@@ -125,11 +127,15 @@ class SharedMemoryAllReduce:
                        for s in range(2)]
         self._count = 0  # collectives so far
 
+    @staticmethod
+    def can_sum(t: torch.Tensor) -> bool:
+        """Whether `all_reduce` sums `t` (else the caller uses dist.all_reduce). Every worker asks it
+        of the same shapes and dtypes (an all-reduce's own rule), so all of them take the same way."""
+        return t.dtype in SUMMABLE and t.device.type == "cpu" and t.layout is torch.strided
+
     def all_reduce(self, t: torch.Tensor) -> bool:
-        """Sum `t` over the workers, in place; False (nothing done) for a tensor this can't sum:
-        then the caller uses dist.all_reduce. Every worker calls it with the same shapes and dtypes
-        (an all-reduce's own rule), so all of them take the same way."""
-        if t.dtype not in SUMMABLE or t.device.type != "cpu" or t.layout is not torch.strided:
+        """Sum `t` over the workers, in place; False (nothing done) for a tensor this can't sum."""
+        if not self.can_sum(t):
             return False
         flat = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
         per = self.slot // t.element_size()
@@ -156,17 +162,12 @@ class SharedMemoryAllReduce:
         self._counters[self._done[self.rank]] = k
 
     def fail(self) -> None:
-        """This worker raised an error of its own in a call: it says which collective it will never
-        reach (its counters stay as they are, for peers still reading the last one), and a peer
+        """This worker raised an error of its own in a call (and joined none of the sums after it,
+        or not all: runtime/ledger.py): it says which collective it will never reach (its counters stay as they are, for peers still reading the last one), and a peer
         waiting for it there, in that call or in a step sent after it, raises StepSkipped instead of
         waiting until the collective timeout, so that no worker updates a model in a step that
         failed on one. It stays so until `resync`."""
         self._counters[self._failed[self.rank]] = self._count + 1
-
-    def check(self) -> None:
-        """Raise StepSkipped if a peer has failed in this call, or wait until each has got here:
-        the sum of one number, not recorded (before an update: runtime/optim.py's before_update)."""
-        self.all_reduce(torch.zeros(1, dtype=torch.int64))
 
     def resync(self) -> None:
         """After a call that failed on some worker, every worker at once (the controller's

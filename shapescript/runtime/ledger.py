@@ -1,0 +1,151 @@
+"""What a worker that raised an error of its own in a call does, so that the others never wait for it
+and no worker updates a model (issue 36, item 2).
+
+The workers of several devices run the same code in step: every collective a call starts, every
+worker starts too, in the same order. One worker whose own code raises (an extern fn that refuses
+its rows, a ShapeError or DomainError that only its part of the batch meets) would leave the others
+waiting in the next collective, in Gloo until the collective timeout. So each worker keeps a ledger:
+for each kind of call (its fn, the shapes and dtypes of its arguments, the layout of its batch
+part), the collectives its last successful call started, in order (runtime/collectives.py's
+`Issued`: operation, values sent, dtype, shared memory or Gloo). A ShapeScript fn on the devices has
+no branch on values, so these are a function of that kind alone; a call whose collectives differ
+from the last ones of its kind marks the kind as not known (then see below).
+
+A worker that raises then *finishes* the call (`Ledger.call`): if the collectives it started so far
+are the first ones of its kind's ledger, it starts the rest, sending zeros, up to the first flag,
+`collectives.agree_to_update`, where it sends 1. Every worker sums the flags before each update and
+at the end of a call that made none, so every worker learns there that one failed and raises
+StepSkipped before it changes anything: the models and the optimizer states stay as before the
+step, on every worker, and the controller raises the failed worker's own error. The zeros go into
+sums whose results no worker keeps.
+
+Where the ledger doesn't know the call's collectives (the first call of its kind, or a kind whose
+collectives changed), the worker can't join them: it answers its error at once, and marks the sums
+through shared memory failed (runtime/shm_reduce.py), where its peers give up on it; a peer waiting
+in a Gloo collective is found there by the pool, which stops every worker (the chapter's
+WorkerError), as before.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shapescript.runtime import collectives
+from shapescript.runtime.collectives import CallCollectives, Issued, Op
+from shapescript.runtime.data import Batch, batch_fields
+from shapescript.runtime.model import Model
+from shapescript.runtime.modes import Mode
+from shapescript.runtime.optim import Optimizer
+from shapescript.runtime.steps import StepSkipped
+
+KINDS_KEPT = 64  # kinds of call a worker keeps the collectives of, the least recently called forgotten
+_CHANGED = ()  # a kind whose collectives differed from one call to the next: never joined
+
+
+def shape_of(value: Any) -> Hashable:
+    """What of an argument can choose a call's collectives: a tensor's shape and dtype (not its
+    values), a batch's fields' and lengths' shapes, a model's, an optimizer's and a mode's kind, a
+    number that may give a size (an int, a bool, a str); a float's type alone."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), value.dtype
+    if isinstance(value, Batch):
+        return (value.spec.name, tuple(shape_of(t) for t in batch_fields(value).values()),
+                tuple((name, shape_of(t)) for name, t in sorted(value.lengths.items())))
+    if isinstance(value, Model):
+        return "model", value.spec.name
+    if isinstance(value, Optimizer):
+        return value.kind, value.model.spec.name
+    if isinstance(value, Mode):
+        return "mode", value.training
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, tuple):
+        return tuple(shape_of(v) for v in value)
+    return type(value).__name__
+
+
+def kind_of(name: str, values: Sequence[Any], part: tuple[int, int] | None) -> Hashable:
+    """A call's kind: its fn, its arguments' shapes, and where its part lies in the whole batch."""
+    return name, tuple(shape_of(v) for v in values), part
+
+
+class Ledger:
+    """A worker's collectives of each kind of call, as its last successful call of that kind
+    started them."""
+
+    def __init__(self) -> None:
+        self._known: OrderedDict[Hashable, tuple[Issued, ...]] = OrderedDict()
+
+    def clear(self) -> None:
+        """A new program: its fns are others."""
+        self._known.clear()
+
+    def known(self, kind: Hashable) -> tuple[Issued, ...] | None:
+        """The collectives of `kind`, or None where they aren't known."""
+        entries = self._known.get(kind)
+        return entries if entries else None
+
+    @contextmanager
+    def call(self, kind: Hashable, device: torch.device, before_flag: Callable[[], None]) -> Iterator[None]:
+        """Around a call of the program on several workers: its collectives are noted; at its end,
+        if it made no update, the workers agree that none failed (`agree_to_update`); if it raises
+        an error of this worker's own, the rest of its collectives are joined (`_finish`).
+        `before_flag`: what the worker does before each flag (the controller's word on a step sent
+        ahead, WorkerState.take_verdict), which a finishing worker does too."""
+        if collectives.world() == 1:
+            yield
+            return
+        noted = CallCollectives()
+        was, collectives.issued = collectives.issued, noted
+        try:
+            yield
+            if not any(e.op is Op.FLAG for e in noted.entries):  # a call with no update: at its end
+                before_flag()
+                collectives.agree_to_update(device)
+        except StepSkipped:
+            raise
+        except Exception as exc:
+            collectives.issued = was
+            if noted.open == 0 and not isinstance(exc, dist.DistError):  # its own, not a collective's
+                self._finish(kind, noted.entries, device, before_flag)
+            raise  # the worker answers its error (and marks the shared sums failed: harmless once joined)
+        else:
+            self._keep(kind, tuple(noted.entries))
+        finally:
+            collectives.issued = was
+
+    def _keep(self, kind: Hashable, entries: tuple[Issued, ...]) -> None:
+        before = self._known.get(kind)
+        self._known[kind] = entries if before is None or before == entries else _CHANGED
+        self._known.move_to_end(kind)
+        if len(self._known) > KINDS_KEPT:
+            self._known.popitem(last=False)
+
+    def _finish(self, kind: Hashable, done: list[Issued], device: torch.device,
+                before_flag: Callable[[], None]) -> bool:
+        """Join the collectives of `kind` after the ones `done`, with zeros, up to its first flag,
+        with 1; True if it got there (every worker then skips the step), False where the ledger
+        doesn't know the rest or a collective failed (the pool then finds the peers waiting)."""
+        known = self.known(kind)
+        if known is None or tuple(done) != known[:len(done)]:
+            return False
+        try:
+            for entry in known[len(done):]:
+                if entry.op is not Op.FLAG:
+                    collectives.join_with_zeros(entry, device)
+                    continue
+                before_flag()
+                collectives.agree_to_update(device, failed=True)  # raises StepSkipped: the sum is > 0
+        except StepSkipped:  # the flag's sum: every worker skips the step
+            return True
+        except Exception:  # noqa: BLE001 (a peer gone, a timeout: the pool reports the call)
+            return False
+        # No flag after the error: it came after the call's last update, which every worker made (as
+        # one device, which updated before raising); the peers end the call as it was.
+        return False

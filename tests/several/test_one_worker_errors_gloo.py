@@ -1,0 +1,196 @@
+"""An error that only one worker meets inside a step, where the step's collectives go through Gloo
+(issue 36, item 2): with SHAPESCRIPT_SHM_REDUCE=off, under `shard params` (all-gathers of the
+params, reduce-scatters of their gradients) and under `split H` (all-gathers of values split along
+H). The worker that failed joins the collectives its peers still start, with zeros, and every worker
+skips the update (runtime/ledger.py): the error is one device's, in its class, the models and the
+optimizer state are as before the step on every device count, the workers stay up and the next
+call runs; a loop whose steps are sent ahead stops at that step. The reference is one device's
+calls without the bad one.
+
+The pools get a short collective timeout, so that a regression (the peers left waiting in Gloo, the
+pool stopping them) fails within seconds."""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import shapescript as ss
+from shapescript.runtime import shm_reduce
+
+from support import importable, loaded_with_timeout
+
+DEVICES = ["cpu", "cpu[0 1]", "cpu[0 1 2]"]
+TIMEOUT_S = 5.0
+BATCH = 6
+BAD = 99.0  # an x the extern fn refuses
+MODULE = "ss_guard_gloo_extern"
+
+EX = textwrap.dedent("""\
+    dim D = 4
+    dim C = 3
+    dim H = 6
+
+    data Ex:
+        x: [D]
+        y: [] Index[C]
+    """)
+
+# A linear classifier (its gradient's all-reduce, or with shard params its all-gathers and
+# reduce-scatters), and a net with an H axis whose softmax along H gathers it whole under split H.
+LIN = textwrap.dedent("""\
+    model Net:
+        param w: [D C] = normal(std=0.1)
+
+    fn scores(m: Net, x: [b D]) -> [b C] = x @ m.w
+    """)
+HEADS = textwrap.dedent("""\
+    model Net:
+        param w: [D H] = normal(std=0.5)
+        param v: [H C] = normal(std=0.5)
+
+    fn scores(m: Net, x: [b D]) -> [b C] = softmax(x @ m.w, over=H) @ m.v
+    """)
+
+STEPS = textwrap.dedent(f"""\
+    extern fn guard(x: [b D]) -> [b D] = "{MODULE}.guard"
+
+    fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(scores(m, guard(batch.x)), batch.y, over=C)
+
+    fn plain_loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
+
+    fn step(mut m: Net, mut opt: AdamW[Net], batch: [b] Ex) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        update(mut m, mut opt, g)
+        return l
+
+    fn late_step(mut m: Net, mut opt: AdamW[Net], batch: [b] Ex) -> [b D]:
+        l, g = value_and_grad(plain_loss, m, batch)
+        checked = guard(batch.x)
+        update(mut m, mut opt, g)
+        return checked
+
+    fn fit(mut m: Net, mut opt: AdamW[Net], data: Dataset[Ex], log: Sink):
+        for batch in data |> batches({BATCH}):
+            write(log, logs(loss=step(mut m, mut opt, batch)))
+    """)
+
+# layout: (its devices line's options, its model, the workers' environment)
+LAYOUTS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "gloo": ("", LIN, {shm_reduce.ENV: "off"}),  # every all-reduce through Gloo
+    "shard params": ("    shard params\n", LIN, {}),  # Gloo's all-gathers beside shared memory's sums
+    "split H": ("    split H\n", HEADS, {}),
+}
+
+GUARD = f"""
+    import shapescript as ss
+
+    def guard(x):
+        if (x.abs() > {BAD / 2}).any():
+            raise ss.DomainError(f"guard: a value of {{x.abs().max().item():g}} is too big")
+        return x
+"""
+
+
+def source(layout: str) -> str:
+    options, model, _ = LAYOUTS[layout]
+    return "devices cpu\n" + options + "\n" + EX + "\n" + model + "\n" + STEPS
+
+
+@pytest.fixture(scope="module")
+def guard_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with importable(tmp_path_factory.mktemp("guard_gloo"), MODULE, GUARD) as folder:
+        yield folder
+
+
+@pytest.fixture(scope="module", params=[(layout, devices) for layout in LAYOUTS for devices in DEVICES],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def program(request: pytest.FixtureRequest, guard_module: Path) -> Iterator[tuple[str, Any]]:
+    layout, devices = request.param
+    with pytest.MonkeyPatch.context() as env:  # read by the workers as they start
+        for name, value in LAYOUTS[layout][2].items():
+            env.setenv(name, value)
+        # pytest's name for the test running would make the fork server's key (its environment)
+        # another for every pool, and each pool wait for a fresh server's import of torch
+        env.delenv("PYTEST_CURRENT_TEST", raising=False)
+        with loaded_with_timeout(source(layout), devices, "guard.ss", TIMEOUT_S) as prog:
+            if devices != "cpu":
+                prog.workers().start()  # now, with that environment
+            yield layout, prog
+
+
+def examples(n: int, bad: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    if bad is not None:
+        x[bad, 2] = BAD
+    return {"x": x, "y": torch.randint(0, 3, (n,), generator=g)}
+
+
+def state(m: Any, opt: Any) -> dict[str, torch.Tensor]:
+    return {**m.state_dict(), **{f"opt.{k}": v for k, v in opt.state_dict().items()}}
+
+
+def assert_state(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=0, msg=key)
+
+
+def assert_refused(call: Any, *args: Any) -> None:
+    with pytest.raises(ss.ShapeScriptError) as info:
+        call(*args)
+    assert (type(info.value), str(info.value)) == (ss.DomainError, f"guard: a value of {BAD:g} is too big")
+
+
+@functools.cache
+def one_device(layout: str) -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One device's losses and states of the good calls alone: after the first two, after the last."""
+    prog = ss.load(source(layout), devices="cpu", name="guard.ss")
+    m = prog.Net.init(seed=0)
+    opt = ss.adamw(m, lr=0.1)
+    first = float(prog.step(m, opt, examples(BATCH, seed=1)))
+    prog.late_step(m, opt, examples(BATCH, seed=5))
+    after_first = state(m, opt)
+    last = float(prog.step(m, opt, examples(BATCH, seed=3)))
+    return [first, last], after_first, state(m, opt)
+
+
+def test_an_error_on_one_worker_in_a_gloo_collective_step_changes_nothing(program: tuple[str, Any],
+                                                                          guard_module: Path) -> None:
+    layout, prog = program
+    losses, after_first, after_last = one_device(layout)
+    m = prog.Net.init(seed=0)
+    opt = ss.adamw(m, lr=0.1)
+    # The workers' ledgers of these calls' collectives: a call of a kind never seen can't be joined
+    first = float(prog.step(m, opt, examples(BATCH, seed=1)))
+    prog.late_step(m, opt, examples(BATCH, seed=5))
+    assert_state(state(m, opt), after_first)
+    for bad in (0, BATCH - 1):  # in the first worker's rows, then in the last's
+        assert_refused(prog.step, m, opt, examples(BATCH, bad, seed=2))
+        assert_state(state(m, opt), after_first)
+    assert_refused(prog.late_step, m, opt, examples(BATCH, BATCH - 1, seed=2))  # after the gradients' sums
+    assert_state(state(m, opt), after_first)
+    last = float(prog.step(m, opt, examples(BATCH, seed=3)))  # the workers are up
+    assert [first, last] == pytest.approx(losses, abs=1e-5)
+    assert_state(state(m, opt), after_last)
+
+
+def test_a_loop_whose_steps_are_sent_ahead_stops_at_the_step_one_worker_refuses(program: tuple[str, Any]) -> None:
+    layout, prog = program
+    data = examples(3 * BATCH, BATCH + BATCH - 1, seed=4)  # in the second batch, the last worker's rows
+    m = prog.Net.init(seed=0)
+    opt = ss.adamw(m, lr=0.1)
+    sink = ss.sinks.memory()
+    assert_refused(prog.fit, m, opt, ss.TensorDataset(**data), sink)
+    m1 = prog.Net.init(seed=0)  # the reference: the loop over the first batch alone, on these devices
+    opt1 = ss.adamw(m1, lr=0.1)
+    first = float(prog.step(m1, opt1, {k: v[:BATCH] for k, v in data.items()}))
+    assert [r["loss"] for r in sink.records] == pytest.approx([first], abs=1e-5)
+    assert_state(state(m, opt), state(m1, opt1))
