@@ -32,10 +32,11 @@ BATCH = 6
 BAD = 99.0  # an x the extern fn refuses
 MODULE = "ss_guard_gloo_extern"
 
-EX = textwrap.dedent("""\
-    dim D = 4
-    dim C = 3
+D = 6
+EX = textwrap.dedent(f"""\
+    dim D = {D}
     dim H = 6
+    dim C = 3
 
     data Ex:
         x: [D]
@@ -43,7 +44,8 @@ EX = textwrap.dedent("""\
     """)
 
 # A linear classifier (its gradient's all-reduce, or with shard params its all-gathers and
-# reduce-scatters), and a net with an H axis whose softmax along H gathers it whole under split H.
+# reduce-scatters), and a net with an H axis whose softmax along H gathers it whole under split H
+# (and its gradient is reduce-scattered), then sums the devices' parts of its last matmul.
 LIN = textwrap.dedent("""\
     model Net:
         param w: [D C] = normal(std=0.1)
@@ -58,8 +60,8 @@ HEADS = textwrap.dedent("""\
     fn scores(m: Net, x: [b D]) -> [b C] = softmax(x @ m.w, over=H) @ m.v
     """)
 
-STEPS = textwrap.dedent(f"""\
-    extern fn guard(x: [b D]) -> [b D] = "{MODULE}.guard"
+STEPS = textwrap.dedent("""\
+    extern fn guard(x: [b D]) -> [b D] = "{module}.{guard}"
 
     fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(scores(m, guard(batch.x)), batch.y, over=C)
 
@@ -77,30 +79,47 @@ STEPS = textwrap.dedent(f"""\
         return checked
 
     fn fit(mut m: Net, mut opt: AdamW[Net], data: Dataset[Ex], log: Sink):
-        for batch in data |> batches({BATCH}):
+        for batch in data |> batches({batch}):
             write(log, logs(loss=step(mut m, mut opt, batch)))
     """)
 
-# layout: (its devices line's options, its model, the workers' environment)
-LAYOUTS: dict[str, tuple[str, str, dict[str, str]]] = {
-    "gloo": ("", LIN, {shm_reduce.ENV: "off"}),  # every all-reduce through Gloo
-    "shard params": ("    shard params\n", LIN, {}),  # Gloo's all-gathers beside shared memory's sums
-    "split H": ("    split H\n", HEADS, {}),
+# layout: (its devices line's options, its model, its guard, the workers' environment)
+LAYOUTS: dict[str, tuple[str, str, str, dict[str, str]]] = {
+    "gloo": ("", LIN, "guard", {shm_reduce.ENV: "off"}),  # every all-reduce through Gloo
+    "shard params": ("    shard params\n", LIN, "guard", {}),  # Gloo's all-gathers beside shared memory's sums
+    "split H": ("    split H\n", HEADS, "guard_heads", {}),
 }
 
+# Split along the batch, a worker meets a bad value in its own rows alone. Split along H, every device
+# holds the whole batch, and an extern fn gets its arguments whole: `guard_heads` stands for an error
+# that one device meets alone (its memory, its files), refusing on the device that holds the heads of
+# the number of the bad value's column.
 GUARD = f"""
     import shapescript as ss
+    import torch.distributed as dist
+
+    def refuse(x):
+        raise ss.DomainError(f"guard: a value of {{x.abs().max().item():g}} is too big")
 
     def guard(x):
         if (x.abs() > {BAD / 2}).any():
-            raise ss.DomainError(f"guard: a value of {{x.abs().max().item():g}} is too big")
+            refuse(x)
+        return x
+
+    def guard_heads(x):
+        bad = (x.abs() > {BAD / 2}).nonzero()
+        if len(bad):
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            if world == 1 or dist.get_rank() == int(bad[0, 1]) * world // x.shape[1]:
+                refuse(x)
         return x
 """
 
 
 def source(layout: str) -> str:
-    options, model, _ = LAYOUTS[layout]
-    return "devices cpu\n" + options + "\n" + EX + "\n" + model + "\n" + STEPS
+    options, model, guard, _ = LAYOUTS[layout]
+    return "devices cpu\n" + options + "\n" + EX + "\n" + model + "\n" + STEPS.format(module=MODULE, guard=guard,
+                                                                                      batch=BATCH)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +133,7 @@ def guard_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def program(request: pytest.FixtureRequest, guard_module: Path) -> Iterator[tuple[str, Any]]:
     layout, devices = request.param
     with pytest.MonkeyPatch.context() as env:  # read by the workers as they start
-        for name, value in LAYOUTS[layout][2].items():
+        for name, value in LAYOUTS[layout][3].items():
             env.setenv(name, value)
         # pytest's name for the test running would make the fork server's key (its environment)
         # another for every pool, and each pool wait for a fresh server's import of torch
@@ -126,10 +145,13 @@ def program(request: pytest.FixtureRequest, guard_module: Path) -> Iterator[tupl
 
 
 def examples(n: int, bad: int | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """`n` examples; with `bad`, a value the extern fn refuses in row `bad`: in its first column if
+    that is the first row, else in its last (the first device's, or the last's, by rows or by
+    `guard_heads`' rule)."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 4, generator=g)
+    x = torch.randn(n, D, generator=g)
     if bad is not None:
-        x[bad, 2] = BAD
+        x[bad, 0 if bad == 0 else D - 1] = BAD
     return {"x": x, "y": torch.randint(0, 3, (n,), generator=g)}
 
 
@@ -172,7 +194,7 @@ def test_an_error_on_one_worker_in_a_gloo_collective_step_changes_nothing(progra
     first = float(prog.step(m, opt, examples(BATCH, seed=1)))
     prog.late_step(m, opt, examples(BATCH, seed=5))
     assert_state(state(m, opt), after_first)
-    for bad in (0, BATCH - 1):  # in the first worker's rows, then in the last's
+    for bad in (0, BATCH - 1):  # in the first worker's part, then in the last's
         assert_refused(prog.step, m, opt, examples(BATCH, bad, seed=2))
         assert_state(state(m, opt), after_first)
     assert_refused(prog.late_step, m, opt, examples(BATCH, BATCH - 1, seed=2))  # after the gradients' sums
