@@ -433,7 +433,10 @@ def _serve(conn: Connection, state: WorkerState, spin_s: float = 0.0) -> bool:
             reply = ("skipped", None)
         except Exception as exc:
             reply = ("err", error_payload(exc, state))
-            if collectives.shm is not None:  # peers waiting for this worker's part of a sum give up
+            # Peers waiting for this worker's part of a sum give up, where it couldn't join the rest of
+            # the call's collectives (runtime/ledger.py); where it did, they have given the step up
+            # already, and the mark is cleared by the controller's "resync_sums" before the next call.
+            if collectives.shm is not None:
                 collectives.shm.fail()
         failed = reply[0] != "ok"
         state.verdict_due = False  # one the call didn't wait for is dropped when it comes

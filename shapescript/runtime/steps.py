@@ -35,7 +35,8 @@ class RunStopped(Exception):
 class StepSkipped(Exception):
     """Raised on a worker whose call must change nothing there because the step failed elsewhere:
     another worker couldn't load its part of the batch (they agreed so before the step), another
-    raised an error of its own (found at a sum through shared memory: runtime/shm_reduce.py), or the
+    raised an error of its own (found at the sum of the failure flags before an update or at the
+    call's end, runtime/ledger.py, or at a sum through shared memory: runtime/shm_reduce.py), or the
     controller couldn't write the record of the step sent before it (a "chained" call:
     parallel/pipeline.py). The worker answers ("skipped", None), and skips a chained call after it."""
 
