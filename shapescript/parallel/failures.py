@@ -1,11 +1,13 @@
 """How a pool reports a call that failed on its workers: one died, one raised an error the others
 didn't, or the call didn't finish within the collective timeout (the chapter's table of where each
-worker was). WorkerPool inherits these; each stops the workers and raises."""
+worker was). WorkerPool inherits these; each stops the workers and raises. `_answers` reads one
+call's replies into its results, or raises its failure as one device would."""
 
 from __future__ import annotations
 
 import math
 import pickle
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -49,6 +51,29 @@ class FailureReports:
     timeout: float | None
     _workers: list[WorkerProcess]
     _die: Callable[[str], None]  # stop every worker, saying why (WorkerPool's method)
+    _completed: Counter[str]  # calls that ended on every worker, by what ran
+    _resync_due: bool  # a call failed on some worker: its counters are set again before the next
+    _sums_shared: bool  # the workers sum through shared memory (runtime/shm_reduce.py)
+
+    def _answers(self, replies: list[tuple[Any, ...] | None], pending: list[int], released: bool,
+                 where: str) -> list[Any]:
+        """The workers' results of one call, or its failure raised as one device would raise it."""
+        self._completed[where] += 1
+        failed = [(rank, r[1]) for rank, r in enumerate(replies) if r is not None and r[0] == "err"]
+        if released:
+            self._fail_alone(failed, pending, where)
+        if pending or any(payload["collective"] for _, payload in failed):
+            self._fail_stuck(replies, pending, where)
+        if failed:  # the first worker's error, as one device would raise it
+            self._resync_due = self._sums_shared
+            rank, payload = failed[0]
+            self._raise_error(self._workers[rank], payload, where)
+        skipped = [rank for rank, r in enumerate(replies) if r is not None and r[0] == "skipped"]
+        if skipped:  # for a failure no worker reported: they no longer know what the others did
+            self._die(f"{where} was skipped on some workers")
+            raise WorkerError(f"{ranks_text(skipped)} skipped {where}, though no worker reported a failure; the "
+                              f"workers were stopped, and what was on the devices is gone")
+        return [r[1] for r in replies]  # type: ignore[index]
 
     def _fail_dead(self, w: WorkerProcess, doing: str) -> None:
         status = w.status()

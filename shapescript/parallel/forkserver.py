@@ -29,7 +29,8 @@ dtype are what a fresh interpreter's are.
 
 The server is keyed by the environment it started with: modules read some variables as they import
 (SHAPESCRIPT_OVERLAP, OMP_NUM_THREADS in torch's OpenMP), so a controller whose environment has
-changed since gets a new server (and the old one ends). The worker's exit status, which only its
+changed since gets a new server (and the old one ends); variables no import reads
+(`NOT_READ_AT_IMPORT`, such as pytest's PYTEST_CURRENT_TEST) are left out of the key. The worker's exit status, which only its
 parent can read, the server writes to a file of the pool's private folder as it reaps it.
 $SHAPESCRIPT_FORK_SERVER=fresh always starts the server as a fresh interpreter; =off starts every
 worker as one, as before there was a server.
@@ -60,6 +61,12 @@ from shapescript.runtime.leftovers import write_whole
 ENV = "SHAPESCRIPT_FORK_SERVER"
 # The variables a pool sets for its own workers: not part of what the server's imports saw.
 PER_POOL = ("PYTHONPATH", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# Variables that change while a controller runs and that no module reads as it imports: a server
+# started before one changed serves as well, since each worker is given its pool's whole environment
+# as it is forked. pytest sets PYTEST_CURRENT_TEST for every test, so under pytest a key holding it
+# started a fresh server (an import of torch: seconds of CPU) for each test that made a pool; a shell
+# sets PWD, OLDPWD and `_` for each command.
+NOT_READ_AT_IMPORT = ("PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "_")
 READY_TIMEOUT = 300.0  # seconds the server has to import torch before the pool starts workers itself
 # Once ready, the server waits this long without a request before importing more (`_preload`): not in
 # the way of the first pool's forks, which come at once, nor of its workers' start, over by then.
@@ -81,7 +88,7 @@ def enabled() -> bool:
 
 
 def _key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_POOL))
+    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_POOL and k not in NOT_READ_AT_IMPORT))
 
 
 def _tasks() -> int:

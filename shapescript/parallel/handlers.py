@@ -32,7 +32,6 @@ import torch.distributed as dist
 
 from shapescript.errors import ShapeError
 from shapescript.runtime import collectives
-from shapescript.runtime.steps import StepSkipped  # noqa: F401  (the handlers' to raise)
 
 if TYPE_CHECKING:
     from shapescript.parallel.worker import WorkerState

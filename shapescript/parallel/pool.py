@@ -489,26 +489,6 @@ class WorkerPool(FailureReports):
         if ran and self._state == "running":
             self._die(f"the workers disagree after a failed call ({flights[0].where} ran on some only)")
 
-    def _answers(self, replies: list[tuple[Any, ...] | None], pending: list[int], released: bool,
-                 where: str) -> list[Any]:
-        """The workers' results of one call, or its failure raised as one device would raise it."""
-        self._completed[where] += 1
-        failed = [(rank, r[1]) for rank, r in enumerate(replies) if r is not None and r[0] == "err"]
-        if released:
-            self._fail_alone(failed, pending, where)
-        if pending or any(payload["collective"] for _, payload in failed):
-            self._fail_stuck(replies, pending, where)
-        if failed:  # the first worker's error, as one device would raise it
-            self._resync_due = self._sums_shared
-            rank, payload = failed[0]
-            self._raise_error(self._workers[rank], payload, where)
-        skipped = [rank for rank, r in enumerate(replies) if r is not None and r[0] == "skipped"]
-        if skipped:  # for a failure no worker reported: they no longer know what the others did
-            self._die(f"{where} was skipped on some workers")
-            raise WorkerError(f"{ranks_text(skipped)} skipped {where}, though no worker reported a failure; the "
-                              f"workers were stopped, and what was on the devices is gone")
-        return [r[1] for r in replies]  # type: ignore[index]
-
     def _send(self, payloads: list[bytes], where: str) -> None:
         """Each worker its message. Big ones (a batch from Python) go at once, from threads, so the
         last worker doesn't wait for the first to read all of its part before its own starts."""

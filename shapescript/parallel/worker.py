@@ -41,13 +41,14 @@ import torch
 import torch.distributed as dist
 
 from shapescript.errors import ShapeScriptError, WorkerError
-from shapescript.parallel.handlers import HANDLERS, StepSkipped
+from shapescript.parallel.handlers import HANDLERS
 from shapescript.parallel.memory import Meter, measured
 from shapescript.parallel.spin import poll_briefly
 from shapescript.parallel.timeline import StepClock
 from shapescript.runtime import collectives
 from shapescript.runtime.leftovers import ending
 from shapescript.runtime.shm_reduce import SharedMemoryAllReduce
+from shapescript.runtime.steps import StepSkipped
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
 IDLE, RUNNING, WAITING = "I", "R", "W"

@@ -139,6 +139,32 @@ def test_a_changed_environment_gets_a_new_server(probe: Path, monkeypatch: pytes
     assert old.proc.poll() is not None  # the one started with the old environment has ended
 
 
+def test_a_variable_no_import_reads_keeps_the_server_and_reaches_the_workers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest sets PYTEST_CURRENT_TEST for each test: a new value starts no new server (an import of
+    torch each time), and the workers see the value of the moment all the same."""
+    monkeypatch.setenv(forkserver.ENV, "on")
+    source = PROGRAM.replace('"ss_fork_probe.value"', '"ss_fork_current.value"')
+    seen, servers = [], []
+    with importable(tmp_path, "ss_fork_current", """\
+            import os
+            import torch
+
+            def value(x):
+                return torch.tensor(float(os.environ["PYTEST_CURRENT_TEST"].split()[0]))
+            """):
+        for value in ("1", "2"):
+            monkeypatch.setenv("PYTEST_CURRENT_TEST", f"{value} (call)")
+            prog = ss.load(source, devices="cpu[0 1]", name="fork.ss")
+            try:
+                seen.append(prog.env_value(torch.ones(2)).tolist())
+                servers.append(forkserver._server)
+            finally:
+                prog.stop()
+    assert seen == [[1.0, 1.0], [2.0, 2.0]]
+    assert servers[0] is not None and servers[0] is servers[1] and servers[0].alive()
+
+
 @pytest.mark.slow
 def test_a_forked_worker_that_exits_is_reported_with_its_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(forkserver.ENV, "on")
