@@ -208,7 +208,7 @@ UPDATE_WHERE = "the workers' word before an update"
 
 
 def agree_to_update(device: torch.device, failed: bool = False) -> None:
-    """Before an update (runtime/optim.py's before_update), and at the end of a call that made none:
+    """Before an update (runtime/optim.py's before_update):
     the sum of every worker's failure flag, one int64, through shared memory where the workers sum
     there, else Gloo. Nonzero, a worker raised an error of its own in this call and joined the rest
     of its collectives with zeros (runtime/ledger.py): every worker raises StepSkipped, so that none

@@ -13,8 +13,8 @@ from the last ones of its kind marks the kind as not known (then see below).
 
 A worker that raises then *finishes* the call (`Ledger.call`): if the collectives it started so far
 are the first ones of its kind's ledger, it starts the rest, sending zeros, up to the first flag,
-`collectives.agree_to_update`, where it sends 1. Every worker sums the flags before each update and
-at the end of a call that made none, so every worker learns there that one failed and raises
+`collectives.agree_to_update`, where it sends 1. Every worker sums the flags before each update, so
+every worker learns there that one failed and raises
 StepSkipped before it changes anything: the models and the optimizer states stay as before the
 step, on every worker, and the controller raises the failed worker's own error. The zeros go into
 sums whose results no worker keeps.
@@ -93,9 +93,11 @@ class Ledger:
 
     @contextmanager
     def call(self, kind: Hashable, device: torch.device, before_flag: Callable[[], None]) -> Iterator[None]:
-        """Around a call of the program on several workers: its collectives are noted; at its end,
-        if it made no update, the workers agree that none failed (`agree_to_update`); if it raises
-        an error of this worker's own, the rest of its collectives are joined (`_finish`).
+        """Around a call of the program on several workers: its collectives are noted; if it raises
+        an error of this worker's own, the rest of its collectives are joined (`_finish`). A call
+        that makes no update sums no flag at its end: it changes no model, its peers end it as usual
+        and the controller raises the failed worker's error; a call may also run on one worker
+        alone (`WorkerPool.first`, benchmarks/round_trip_parts.py), where a flag would wait forever.
         `before_flag`: what the worker does before each flag (the controller's word on a step sent
         ahead, WorkerState.take_verdict), which a finishing worker does too."""
         if collectives.world() == 1:
@@ -105,9 +107,6 @@ class Ledger:
         was, collectives.issued = collectives.issued, noted
         try:
             yield
-            if not any(e.op is Op.FLAG for e in noted.entries):  # a call with no update: at its end
-                before_flag()
-                collectives.agree_to_update(device)
         except StepSkipped:
             raise
         except Exception as exc:
