@@ -66,6 +66,11 @@ class RemoteBatch:
             start += n
         return out
 
+    def _whole(self) -> tuple:
+        """What every worker is sent for a call that takes the batch whole (unsplit, or split H):
+        each loads all of it, from the dataset it already has (never the dataset itself)."""
+        return ("batchref", self._plan, self._number, 0, self.size)
+
     def _own_shares(self) -> tuple:
         """What every worker is sent when each takes the share a call's split gives it (`my_share`):
         the same for all, so a call's message is pickled once."""
@@ -308,6 +313,7 @@ class WorkerLoop:
             range(self.total) if order is None else order if self.kept else order.tolist())
         self.count = -(-self.total // n)
         self.ahead: dict[int, Future[Staged]] = {}
+        self.whole = False  # the calls take each batch whole (an unsplit call, split H): so do the loads ahead
         self.last: tuple[tuple[int, int, int], Batch] | None = None  # a batch used twice loads once
 
     def part(self, number: int, start: int, size: int) -> Sequence[int] | torch.Tensor:
@@ -322,6 +328,11 @@ class WorkerLoop:
         sizes = shares(end - first, self.state.world)
         return sum(sizes[:self.state.rank]), sizes[self.state.rank]
 
+    def next_share(self, number: int) -> tuple[int, int]:
+        """What a load ahead of batch `number` takes: this worker's part, or the whole batch where
+        the calls take it whole."""
+        return (0, self.whole_size(number)) if self.whole else self.my_share(number)
+
     def whole_size(self, number: int) -> int:
         first, end = batch_bounds(self.total, self.n, number)
         return end - first
@@ -331,6 +342,8 @@ class WorkerLoop:
         one expected; and start making the next ones."""
         if start is None or size is None:
             start, size = self.my_share(number)
+        else:
+            self.whole = (start, size) == (0, self.whole_size(number))
         if self.last is not None and self.last[0] == (number, start, size):
             return self.last[1]
         ahead = self.ahead.pop(number, None)
@@ -338,7 +351,7 @@ class WorkerLoop:
             self.ahead.pop(k).cancel()
         if not self.kept:  # the thread loads the next ones while this one loads or waits
             self._start_ahead(number, self.AHEAD)
-        if ahead is not None and (start, size) == self.my_share(number):
+        if ahead is not None and (start, size) == self.next_share(number):
             staged = ahead.result()  # a bad item raises here, as it would have loading now
         else:
             staged = self._load(number, start, size)
@@ -353,7 +366,7 @@ class WorkerLoop:
         start = _done if self.kept else self._threads.submit
         for k in range(number + 1, min(self.count, number + 1 + count)):
             if k not in self.ahead:
-                self.ahead[k] = start(self._load, k, *self.my_share(k))
+                self.ahead[k] = start(self._load, k, *self.next_share(k))
 
     def _load(self, number: int, start: int, size: int) -> Staged:
         # A gather reads the kept dataset on the side stream: it waits for what the step's stream has

@@ -181,6 +181,8 @@ def encode(value: Any) -> Any:
     """A value as it travels to a worker: handles by number, batches as their fields."""
     if isinstance(value, tuple) and value and value[0] == "batchref":
         return value  # already a worker's part of a RemoteBatch
+    if isinstance(value, RemoteBatch):  # taken whole: each worker loads it, not sent the dataset
+        return value._whole()
     if isinstance(value, (RemoteModel, RemoteOptimizer)):
         check_handle(value)
         return ("handle", value._handle)

@@ -90,13 +90,15 @@ class Issued(NamedTuple):
 class CallCollectives:
     """The collectives a call has started so far, in order, and how many of them have not ended:
     an exception that leaves `open` above 0 came out of a collective (a peer's failure, a timeout),
-    not from the worker's own code."""
+    not from the worker's own code. `careful`: in a call whose collectives the worker's ledger
+    doesn't know, the workers' sum of failure flags, run before each collective (runtime/ledger.py)."""
 
-    __slots__ = ("entries", "open")
+    __slots__ = ("entries", "open", "careful")
 
-    def __init__(self) -> None:
+    def __init__(self, careful: Callable[[], None] | None = None) -> None:
         self.entries: list[Issued] = []
         self.open = 0
+        self.careful = careful
 
 
 # Set by a worker around each call of the program (runtime/ledger.py): the collectives it starts.
@@ -118,6 +120,8 @@ class collective:  # noqa: N801 (used as `with collective(...)`, as a function w
     def __enter__(self) -> None:
         self.noted = issued
         if self.noted is not None:
+            if self.noted.careful is not None and self.entry is not None and self.entry.op is not Op.FLAG:
+                self.noted.careful()  # not noted: the ledger keeps the program's own collectives
             if self.entry is not None:
                 self.noted.entries.append(self.entry)
             self.noted.open += 1
@@ -216,12 +220,24 @@ def agree_to_update(device: torch.device, failed: bool = False) -> None:
     while a recorded step is captured, where nothing may wait for the host (runtime/recorded.py)."""
     if world() == 1 or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return
+    _sum_flags(device, failed, lambda shared: collective(Op.FLAG, 1, torch.int64, UPDATE_WHERE, shared))
+
+
+def sum_flags(device: torch.device, failed: bool, where: str) -> None:
+    """The same sum of the workers' failure flags as `agree_to_update`'s, not noted in the call's
+    collectives: a careful call runs one before each collective and at its end (runtime/ledger.py).
+    Raises StepSkipped where the sum is nonzero."""
+    _sum_flags(device, failed, lambda shared: waiting_at(where))
+
+
+def _sum_flags(device: torch.device, failed: bool,
+               around: Callable[[bool], AbstractContextManager[object] | collective]) -> None:
     flag = torch.full((1,), int(failed), dtype=torch.int64, device=device)
     shared = shm is not None and shm.can_sum(flag)
-    with collective(Op.FLAG, 1, torch.int64, UPDATE_WHERE, shared):
+    with around(shared):
         _sum(flag, shared)
     if int(flag.item()):
-        raise StepSkipped("another worker raised an error of its own in this step")
+        raise StepSkipped("another worker raised an error of its own in this call")
 
 
 def join_with_zeros(entry: Issued, device: torch.device) -> None:

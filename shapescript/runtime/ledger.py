@@ -19,18 +19,21 @@ StepSkipped before it changes anything: the models and the optimizer states stay
 step, on every worker, and the controller raises the failed worker's own error. The zeros go into
 sums whose results no worker keeps.
 
-Where the ledger doesn't know the call's collectives (the first call of its kind, or a kind whose
-collectives changed), the worker can't join them: it answers its error at once, and marks the sums
-through shared memory failed (runtime/shm_reduce.py), where its peers give up on it; a peer waiting
-in a Gloo collective is found there by the pool, which stops every worker (the chapter's
-WorkerError), as before.
+Where the ledger doesn't know the call's collectives (the first call of its kind, the smaller last
+batch of an epoch, or a kind whose collectives changed), the call is *careful*: every worker sums the
+failure flags before each collective and once more at the call's end (`collectives.sum_flags`, not
+noted among the call's collectives). A worker that raises then joins the next of those sums with 1:
+its peers are waiting there, or will be, since whatever they do next is a collective or the call's
+end; every worker raises StepSkipped there, before its next collective and before any update. The
+cost, one int64 summed per collective, is paid once per kind of call.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from functools import partial
 from typing import Any
 
 import torch
@@ -45,7 +48,14 @@ from shapescript.runtime.optim import Optimizer
 from shapescript.runtime.steps import StepSkipped
 
 KINDS_KEPT = 64  # kinds of call a worker keeps the collectives of, the least recently called forgotten
-_CHANGED = ()  # a kind whose collectives differed from one call to the next: never joined
+CAREFUL_WHERE = "the workers' word before a collective"
+
+
+class _Changed:
+    """A kind whose collectives differed from one call to the next: its calls stay careful."""
+
+
+_CHANGED = _Changed()
 
 
 def shape_of(value: Any) -> Hashable:
@@ -80,16 +90,16 @@ class Ledger:
     started them."""
 
     def __init__(self) -> None:
-        self._known: OrderedDict[Hashable, tuple[Issued, ...]] = OrderedDict()
+        self._known: OrderedDict[Hashable, tuple[Issued, ...] | _Changed] = OrderedDict()
 
     def clear(self) -> None:
         """A new program: its fns are others."""
         self._known.clear()
 
     def known(self, kind: Hashable) -> tuple[Issued, ...] | None:
-        """The collectives of `kind`, or None where they aren't known."""
+        """The collectives of `kind` (none, for a call that starts none), or None where they aren't known."""
         entries = self._known.get(kind)
-        return entries if entries else None
+        return entries if isinstance(entries, tuple) else None
 
     @contextmanager
     def call(self, kind: Hashable, device: torch.device, before_flag: Callable[[], None]) -> Iterator[None]:
@@ -103,16 +113,23 @@ class Ledger:
         if collectives.world() == 1:
             yield
             return
-        noted = CallCollectives()
+        careful = self.known(kind) is None
+        flags = partial(_careful_flags, device, before_flag)
+        noted = CallCollectives(partial(flags, False) if careful else None)
         was, collectives.issued = collectives.issued, noted
         try:
             yield
+            if careful:  # peers of a worker that raised in the call may be waiting here
+                flags(False)
         except StepSkipped:
             raise
         except Exception as exc:
             collectives.issued = was
             if noted.open == 0 and not isinstance(exc, dist.DistError):  # its own, not a collective's
-                self._finish(kind, noted.entries, device, before_flag)
+                if careful:
+                    _join_careful(flags)
+                else:
+                    self._finish(kind, noted.entries, device, before_flag)
             raise  # the worker answers its error (and marks the shared sums failed: harmless once joined)
         else:
             self._keep(kind, tuple(noted.entries))
@@ -120,8 +137,8 @@ class Ledger:
             collectives.issued = was
 
     def _keep(self, kind: Hashable, entries: tuple[Issued, ...]) -> None:
-        before = self._known.get(kind)
-        self._known[kind] = entries if before is None or before == entries else _CHANGED
+        before = self._known.get(kind, entries)
+        self._known[kind] = entries if before == entries else _CHANGED
         self._known.move_to_end(kind)
         if len(self._known) > KINDS_KEPT:
             self._known.popitem(last=False)
@@ -148,3 +165,17 @@ class Ledger:
         # No flag after the error: it came after the call's last update, which every worker made (as
         # one device, which updated before raising); the peers end the call as it was.
         return False
+
+
+def _careful_flags(device: torch.device, before_flag: Callable[[], None], failed: bool) -> None:
+    """One of a careful call's sums of failure flags: after the controller's word on a step sent
+    ahead, as before an update, so that every worker, failed or not, makes the same choice there."""
+    before_flag()
+    collectives.sum_flags(device, failed, CAREFUL_WHERE)
+
+
+def _join_careful(flags: Callable[[bool], None]) -> None:
+    """A careful call's worker that raised an error of its own: its 1 in the next sum of flags makes
+    every worker skip the call there (or the controller's word on the step before does)."""
+    with suppress(Exception):  # StepSkipped, as meant; or a peer gone, a timeout: the pool reports the call
+        flags(True)

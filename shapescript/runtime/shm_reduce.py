@@ -20,10 +20,11 @@ pieces, one collective each. Each counter is written by one worker only and only
 
 A worker that raises an error of its own in a call joins the call's remaining sums with zeros where
 it knows them (runtime/ledger.py), up to the sum of the workers' failure flags before the update
-(collectives.agree_to_update), at which every worker skips the step. Where it doesn't know them (the
-first call of its kind), it writes, in a third counter, the first collective it will never reach
-(`fail`); a peer waiting for it there raises StepSkipped rather than wait until the collective
-timeout. After such a call the controller has every worker start again from the same counts
+(collectives.agree_to_update), at which every worker skips the step; where it doesn't know them
+(the first call of its kind), it joins the next of the careful call's sums of flags. Either way it
+then writes, in a third counter, the first collective it will never reach (`fail`); a peer waiting
+for it there (a call where it couldn't join: a collective failed) raises StepSkipped rather than
+wait until the collective timeout. After such a call the controller has every worker start again from the same counts
 (`resync`, through Gloo).
 
 Why this is safe as plain Python: the counters are 8-byte aligned stores and loads, and x86-64 keeps

@@ -5,6 +5,7 @@ devices="cpu", whose dropout masks are the whole batch's as the workers' are."""
 
 from __future__ import annotations
 
+import pickle
 import textwrap
 from typing import Any
 
@@ -71,3 +72,72 @@ def test_a_loops_steps_go_as_one_message_and_train_as_one_device(devices: str,
     for (noisy, plain), (one_noisy, one_plain) in zip(losses, one_losses):
         assert noisy == pytest.approx(one_noisy, abs=1e-5) and plain == pytest.approx(one_plain, abs=1e-5)
     torch.testing.assert_close(w, one_w, atol=1e-5, rtol=1e-5)
+
+
+HEADS_PROGRAM = textwrap.dedent("""\
+    devices cpu
+        split H
+
+    dim D = 6
+    dim H = 6
+    dim C = 3
+
+    data Ex:
+        x: [D]
+        y: [] Index[C]
+
+    model Net:
+        param w: [D H] = normal(std=0.5)
+        param v: [H C] = normal(std=0.5)
+
+    fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(softmax(batch.x @ m.w, over=H) @ m.v, batch.y, over=C)
+
+    fn step(mut m: Net, mut opt: AdamW[Net], batch: [b] Ex) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        update(mut m, mut opt, g)
+        return l
+
+    fn fit(mut m: Net, mut opt: AdamW[Net], data: Dataset[Ex], log: Sink):
+        for batch in data |> shuffle(seed=1) |> batches(64):
+            write(log, logs(loss=step(mut m, mut opt, batch)))
+    """)
+
+
+@pytest.mark.parametrize("devices", ["cpu[0 1]", "cpu[0 1 2]"])
+def test_a_loop_under_split_h_sends_each_worker_a_reference_to_the_whole_batch_not_the_dataset(
+        devices: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split H, every worker takes each batch whole: it loads it from the dataset it was sent once.
+    (The batch object itself went before, with the dataset inside, pickled at every step.)"""
+    g = torch.Generator().manual_seed(5)
+    rows = 4000 + 37  # the last batch, of 5, is smaller
+    dataset = ss.TensorDataset(x=torch.randn(rows, 6, generator=g), y=torch.randint(0, 3, (rows,), generator=g))
+
+    def fit(prog: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
+        m = prog.Net.init(seed=0)
+        opt = ss.adamw(m, lr=0.05)
+        sink = ss.sinks.memory()
+        prog.fit(m, opt, dataset, sink)
+        return [r["loss"] for r in sink.records], m.state_dict()
+
+    one_losses, one_state = fit(ss.load(HEADS_PROGRAM, devices="cpu", name="heads.ss"))
+    prog = ss.load(HEADS_PROGRAM, devices=devices, name="heads.ss")
+    try:
+        pool = prog.workers()
+        sent: list[Any] = []
+        submit, call = pool.submit, pool.call
+        monkeypatch.setattr(pool, "submit", lambda handler, args, *rest: (sent.append(args), submit(handler, args, *rest))[1])
+        monkeypatch.setattr(pool, "call", lambda handler, args, *rest, **kw: (sent.append(args), call(handler, args, *rest, **kw))[1])
+        losses, state = fit(prog)
+    finally:
+        prog.stop()
+    # each step's message: one for every worker, or one a worker (the heads of a split argument)
+    steps = [m for args in sent for m in (args if isinstance(args, list) else [args])
+             if isinstance(m, tuple) and m and m[0] == "step"]
+    assert len(steps) >= len(one_losses) == 64
+    batches = [m[1][2] for m in steps]
+    assert all(b[0] == "batchref" and b[3] == 0 for b in batches), batches[:3]
+    assert sorted({b[4] for b in batches}) == [5, 64]
+    assert max(len(pickle.dumps(m)) for m in steps) < 2000  # the dataset is 110 kB
+    assert losses == pytest.approx(one_losses, abs=1e-5)
+    for name, value in one_state.items():
+        torch.testing.assert_close(state[name], value, atol=1e-5, rtol=1e-5)

@@ -216,3 +216,41 @@ def test_a_loop_whose_steps_are_sent_ahead_stops_at_the_step_one_worker_refuses(
     first = float(prog.step(m1, opt1, {k: v[:BATCH] for k, v in data.items()}))
     assert [r["loss"] for r in sink.records] == pytest.approx([first], abs=1e-5)
     assert_state(state(m, opt), state(m1, opt1))
+
+
+def test_the_first_call_of_its_kind_that_one_worker_refuses_changes_nothing(program: tuple[str, Any]) -> None:
+    """No worker has seen the collectives of a call of this batch size (a kind of its own): the call
+    is careful (runtime/ledger.py), and the one that fails, the next good one of that kind (careful
+    still: the failed one taught the ledger nothing) and a second bad one (now known) change nothing."""
+    layout, prog = program
+    size = BATCH + 3
+    m = prog.Net.init(seed=0)
+    opt = ss.adamw(m, lr=0.1)
+    before = state(m, opt)
+    assert_refused(prog.step, m, opt, examples(size, size - 1, seed=6))
+    assert_state(state(m, opt), before)
+    good = examples(size, seed=7)
+    loss = float(prog.step(m, opt, good))
+    assert_refused(prog.step, m, opt, examples(size, 0, seed=6))
+    one = ss.load(source(layout), devices="cpu", name="guard.ss")  # the reference: the good call alone
+    m1 = one.Net.init(seed=0)
+    opt1 = ss.adamw(m1, lr=0.1)
+    assert loss == pytest.approx(float(one.step(m1, opt1, good)), abs=1e-5)
+    assert_state(state(m, opt), state(m1, opt1))
+
+
+def test_a_loop_stops_at_its_smaller_last_batch_that_one_worker_refuses(program: tuple[str, Any]) -> None:
+    """The last batch of an epoch, smaller than the others, is a kind no worker has seen."""
+    layout, prog = program
+    n = 2 * BATCH + 4
+    data = examples(n, n - 1, seed=8)
+    m = prog.Net.init(seed=0)
+    opt = ss.adamw(m, lr=0.1)
+    sink = ss.sinks.memory()
+    assert_refused(prog.fit, m, opt, ss.TensorDataset(**data), sink)
+    one = ss.load(source(layout), devices="cpu", name="guard.ss")
+    m1 = one.Net.init(seed=0)
+    opt1 = ss.adamw(m1, lr=0.1)
+    first = [float(one.step(m1, opt1, {k: v[s:s + BATCH] for k, v in data.items()})) for s in (0, BATCH)]
+    assert [r["loss"] for r in sink.records] == pytest.approx(first, abs=1e-5)
+    assert_state(state(m, opt), state(m1, opt1))
