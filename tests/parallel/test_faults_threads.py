@@ -261,7 +261,9 @@ def test_an_error_on_one_worker_reaches_the_controller_at_once(programs: tuple[s
     assert pool.alive and pool.pids == pids
     torch.testing.assert_close(prog.total({"x": good}), one.total({"x": good}))
 
-    # through Gloo, a collective no one can leave: every worker is stopped at once
+    # through Gloo, in the first call of its kind (fresh workers: their ledgers know no call), the
+    # call is careful: worker 1 joins the sum of flags before the all-reduce worker 0 waits at, and
+    # the workers stay up (runtime/ledger.py)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SHAPESCRIPT_SHM_REDUCE", "off")
         prog.stop()
@@ -271,15 +273,17 @@ def test_an_error_on_one_worker_reaches_the_controller_at_once(programs: tuple[s
         finally:
             ss.collective_timeout(None)
     pids = pool.pids
+    t0 = time.monotonic()
     with pytest.raises(ss.DomainError) as info:
         prog.total({"x": only})
     assert time.monotonic() - t0 < 20
     assert str(info.value) == one_device_error(only)
     notes = "\n".join(info.value.__notes__)
-    assert "worker 0 went on and waited for the others at faulty.ss:11:" in notes
-    assert "every worker was stopped at once, and what was on the devices is gone" in notes
     assert "worker 1's traceback (cpu:1)" in notes and "ss_faulty_extern.py" in notes
-    assert not pool.alive and gone(pids)  # released
+    assert pool.alive and pool.pids == pids
+    torch.testing.assert_close(prog.total({"x": good}), one.total({"x": good}))
+    prog.stop()  # this pool isn't the module's (LIVE)
+    assert gone(pids)
 
 
 def test_workers_all_stopped_give_a_worker_error_at_the_timeout(pool5: WorkerPool) -> None:
