@@ -35,6 +35,17 @@ LIN_STEP = textwrap.dedent("""\
         return l
     """)
 
+# A net with an H axis (after dims D, H, C and an Ex): under `split H` its softmax along H gathers
+# the scores whole and cuts them again (its gradient is reduce-scattered), and its last matmul sums
+# the devices' parts.
+HEADS_NET = textwrap.dedent("""\
+    model Net:
+        param w: [D H] = normal(std=0.5)
+        param v: [H C] = normal(std=0.5)
+
+    fn scores(m: Net, x: [b D]) -> [b C] = softmax(x @ m.w, over=H) @ m.v
+    """)
+
 # A small program on several devices: a linear classifier, its step and a loop over a dataset.
 LINEAR = LIN_HEADER + textwrap.dedent("""\
 

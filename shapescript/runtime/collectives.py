@@ -220,21 +220,22 @@ def agree_to_update(device: torch.device, failed: bool = False) -> None:
     while a recorded step is captured, where nothing may wait for the host (runtime/recorded.py)."""
     if world() == 1 or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return
-    _sum_flags(device, failed, lambda shared: collective(Op.FLAG, 1, torch.int64, UPDATE_WHERE, shared))
+    _sum_flags(device, failed, UPDATE_WHERE, noted=True)
 
 
 def sum_flags(device: torch.device, failed: bool, where: str) -> None:
     """The same sum of the workers' failure flags as `agree_to_update`'s, not noted in the call's
     collectives: a careful call runs one before each collective and at its end (runtime/ledger.py).
     Raises StepSkipped where the sum is nonzero."""
-    _sum_flags(device, failed, lambda shared: waiting_at(where))
+    _sum_flags(device, failed, where, noted=False)
 
 
-def _sum_flags(device: torch.device, failed: bool,
-               around: Callable[[bool], AbstractContextManager[object] | collective]) -> None:
+def _sum_flags(device: torch.device, failed: bool, where: str, noted: bool) -> None:
+    """Noted: a collective of the call's (the ledger's Op.FLAG, which a failed worker joins too);
+    else only where a stuck worker waits."""
     flag = torch.full((1,), int(failed), dtype=torch.int64, device=device)
     shared = shm is not None and shm.can_sum(flag)
-    with around(shared):
+    with collective(Op.FLAG, 1, torch.int64, where, shared) if noted else waiting_at(where):
         _sum(flag, shared)
     if int(flag.item()):
         raise StepSkipped("another worker raised an error of its own in this call")

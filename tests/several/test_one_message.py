@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import shapescript as ss
-from programs import LIN_HEADER, LIN_LOSS
+from programs import HEADS_NET, LIN_HEADER, LIN_LOSS
 
 # A loop whose step takes a Mode (dropout), and one whose step doesn't (sent ahead, pipelined).
 PROGRAM = LIN_HEADER + "\n" + LIN_LOSS + textwrap.dedent("""\
@@ -36,6 +36,15 @@ PROGRAM = LIN_HEADER + "\n" + LIN_LOSS + textwrap.dedent("""\
     """)
 
 
+def sent_messages(pool: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What the controller gives the pool to send from now on: each submit's and call's arguments."""
+    sent: list[Any] = []
+    submit, call = pool.submit, pool.call
+    monkeypatch.setattr(pool, "submit", lambda handler, args, *rest: (sent.append(args), submit(handler, args, *rest))[1])
+    monkeypatch.setattr(pool, "call", lambda handler, args, *rest, **kw: (sent.append(args), call(handler, args, *rest, **kw))[1])
+    return sent
+
+
 def data(n: int) -> ss.TensorDataset:
     g = torch.Generator().manual_seed(3)
     return ss.TensorDataset(x=torch.randn(n, 4, generator=g), y=torch.randint(0, 3, (n,), generator=g))
@@ -56,11 +65,7 @@ def test_a_loops_steps_go_as_one_message_and_train_as_one_device(devices: str,
     one_losses, one_w = trained(ss.load(PROGRAM, devices="cpu", name="one.ss"))
     prog = ss.load(PROGRAM, devices=devices, name="one.ss")
     try:
-        pool = prog.workers()
-        sent: list[Any] = []
-        submit, call = pool.submit, pool.call
-        monkeypatch.setattr(pool, "submit", lambda handler, args, *rest: (sent.append(args), submit(handler, args, *rest))[1])
-        monkeypatch.setattr(pool, "call", lambda handler, args, *rest, **kw: (sent.append(args), call(handler, args, *rest, **kw))[1])
+        sent = sent_messages(prog.workers(), monkeypatch)
         losses, w = trained(prog)
     finally:
         prog.stop()
@@ -86,11 +91,9 @@ HEADS_PROGRAM = textwrap.dedent("""\
         x: [D]
         y: [] Index[C]
 
-    model Net:
-        param w: [D H] = normal(std=0.5)
-        param v: [H C] = normal(std=0.5)
+    """) + HEADS_NET + textwrap.dedent("""\
 
-    fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(softmax(batch.x @ m.w, over=H) @ m.v, batch.y, over=C)
+    fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
 
     fn step(mut m: Net, mut opt: AdamW[Net], batch: [b] Ex) -> []:
         l, g = value_and_grad(loss, m, batch)
@@ -122,11 +125,7 @@ def test_a_loop_under_split_h_sends_each_worker_a_reference_to_the_whole_batch_n
     one_losses, one_state = fit(ss.load(HEADS_PROGRAM, devices="cpu", name="heads.ss"))
     prog = ss.load(HEADS_PROGRAM, devices=devices, name="heads.ss")
     try:
-        pool = prog.workers()
-        sent: list[Any] = []
-        submit, call = pool.submit, pool.call
-        monkeypatch.setattr(pool, "submit", lambda handler, args, *rest: (sent.append(args), submit(handler, args, *rest))[1])
-        monkeypatch.setattr(pool, "call", lambda handler, args, *rest, **kw: (sent.append(args), call(handler, args, *rest, **kw))[1])
+        sent = sent_messages(prog.workers(), monkeypatch)
         losses, state = fit(prog)
     finally:
         prog.stop()

@@ -24,6 +24,7 @@ import torch
 import shapescript as ss
 from shapescript.runtime import shm_reduce
 
+from programs import HEADS_NET
 from support import importable, loaded_with_timeout
 
 DEVICES = ["cpu", "cpu[0 1]", "cpu[0 1 2]"]
@@ -51,13 +52,6 @@ LIN = textwrap.dedent("""\
         param w: [D C] = normal(std=0.1)
 
     fn scores(m: Net, x: [b D]) -> [b C] = x @ m.w
-    """)
-HEADS = textwrap.dedent("""\
-    model Net:
-        param w: [D H] = normal(std=0.5)
-        param v: [H C] = normal(std=0.5)
-
-    fn scores(m: Net, x: [b D]) -> [b C] = softmax(x @ m.w, over=H) @ m.v
     """)
 
 STEPS = textwrap.dedent("""\
@@ -87,7 +81,7 @@ STEPS = textwrap.dedent("""\
 LAYOUTS: dict[str, tuple[str, str, str, dict[str, str]]] = {
     "gloo": ("", LIN, "guard", {shm_reduce.ENV: "off"}),  # every all-reduce through Gloo
     "shard params": ("    shard params\n", LIN, "guard", {}),  # Gloo's all-gathers beside shared memory's sums
-    "split H": ("    split H\n", HEADS, "guard_heads", {}),
+    "split H": ("    split H\n", HEADS_NET, "guard_heads", {}),
 }
 
 # Split along the batch, a worker meets a bad value in its own rows alone. Split along H, every device
