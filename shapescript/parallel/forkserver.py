@@ -55,7 +55,11 @@ from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
-from shapescript.parallel.processes import UNKNOWN_EXIT, WorkerProcess, proc_state
+from shapescript.parallel import spin
+from shapescript.parallel.pipeline import PIPELINE_ENV
+from shapescript.parallel.processes import TIMEOUT_ENV, UNKNOWN_EXIT, WorkerProcess, proc_state
+from shapescript.parallel.timeline import TIMELINE_ENV
+from shapescript.runtime import products, shm_reduce
 from shapescript.runtime.leftovers import write_whole
 
 ENV = "SHAPESCRIPT_FORK_SERVER"
@@ -66,11 +70,17 @@ PER_POOL = ("PYTHONPATH", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # as it is forked. pytest sets PYTEST_CURRENT_TEST for every test, so under pytest a key holding it
 # started a fresh server (an import of torch: seconds of CPU) for each test that made a pool; a shell
 # sets PWD, OLDPWD and `_` for each command.
-NOT_READ_AT_IMPORT = ("PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "_")
+# Our own settings that are read as they are used (a pool's start, a call), not as modules import,
+# belong here too: a test that sets one for a pool, or a pipeline off and on, would otherwise start a
+# fresh server, whose first pool's workers each import torch._dynamo for themselves (`_preload`).
+NOT_READ_AT_IMPORT = ("PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "_", PIPELINE_ENV, TIMELINE_ENV, TIMEOUT_ENV,
+                      spin.ENV, products.ENV, shm_reduce.ENV)
 READY_TIMEOUT = 300.0  # seconds the server has to import torch before the pool starts workers itself
 # Once ready, the server waits this long without a request before importing more (`_preload`): not in
-# the way of the first pool's forks, which come at once, nor of its workers' start, over by then.
-PRELOAD_WHEN_IDLE_S = 3.0
+# the way of the first pool's forks, which come at once (the first call after `ss.load`). Not longer:
+# a server that forks a pool every few seconds (a test suite, a notebook's restarts) was never idle
+# for 3 s, and each of its pools' workers imported torch._dynamo for itself, 1.4 s each at once.
+PRELOAD_WHEN_IDLE_S = 0.5
 EXIT_GRACE = 1.0  # seconds the server has to report a worker's end, once the process is gone
 
 
