@@ -59,7 +59,7 @@ from shapescript.parallel import spin
 from shapescript.parallel.pipeline import PIPELINE_ENV
 from shapescript.parallel.processes import TIMEOUT_ENV, UNKNOWN_EXIT, WorkerProcess, proc_state
 from shapescript.parallel.timeline import TIMELINE_ENV
-from shapescript.runtime import products, shm_reduce
+from shapescript.runtime import shm_reduce
 from shapescript.runtime.leftovers import write_whole
 
 ENV = "SHAPESCRIPT_FORK_SERVER"
@@ -74,7 +74,7 @@ PER_POOL = ("PYTHONPATH", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # belong here too: a test that sets one for a pool, or a pipeline off and on, would otherwise start a
 # fresh server, whose first pool's workers each import torch._dynamo for themselves (`_preload`).
 NOT_READ_AT_IMPORT = ("PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "_", PIPELINE_ENV, TIMELINE_ENV, TIMEOUT_ENV,
-                      spin.ENV, products.ENV, shm_reduce.ENV)
+                      spin.ENV, shm_reduce.ENV)
 READY_TIMEOUT = 300.0  # seconds the server has to import torch before the pool starts workers itself
 # Once ready, the server waits this long without a request before importing more (`_preload`): not in
 # the way of the first pool's forks, which come at once (the first call after `ss.load`). Not longer:
