@@ -5,19 +5,66 @@
     m = prog.Mlp.init(seed=0)
     opt = ss.adamw(m, lr=1e-3)
     prog.run(m, opt, dataset, ss.sinks.stdout())
+
+The names below are imported when first used (PEP 562): `shapescript check` and `build`, the
+language server and anything else that only reads programs never import torch (3 s).
 """
 
-from shapescript import parallel, sinks
-from shapescript.api import Program, build, cluster, load
-from shapescript.parallel import collective_timeout
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from shapescript.errors import (CompileError, DeviceError, Diagnostic, DomainError, ShapeError, ShapeScriptError,
                                 SourceWarning, WorkerError)
-from shapescript.runtime.checkpoint import load as restore
-from shapescript.runtime.checkpoint import save
-from shapescript.runtime.data import Batch, TensorDataset
-from shapescript.runtime.model import Model
-from shapescript.runtime.modes import Eval, Mode, Train
-from shapescript.runtime.optim import Optimizer, adamw, sgd
+
+if TYPE_CHECKING:
+    from shapescript import parallel, sinks
+    from shapescript.api import Program, cluster, load
+    from shapescript.parallel import collective_timeout
+    from shapescript.pipeline import build
+    from shapescript.runtime.checkpoint import load as restore
+    from shapescript.runtime.checkpoint import save
+    from shapescript.runtime.data import Batch, TensorDataset
+    from shapescript.runtime.model import Model
+    from shapescript.runtime.modes import Eval, Mode, Train
+    from shapescript.runtime.optim import Optimizer, adamw, sgd
+
+# Each name imported on first use: (module, its name there)
+_LATER = {
+    "Program": ("shapescript.api", "Program"), "cluster": ("shapescript.api", "cluster"),
+    "load": ("shapescript.api", "load"), "build": ("shapescript.pipeline", "build"),
+    "collective_timeout": ("shapescript.parallel", "collective_timeout"),
+    "restore": ("shapescript.runtime.checkpoint", "load"), "save": ("shapescript.runtime.checkpoint", "save"),
+    "Batch": ("shapescript.runtime.data", "Batch"), "TensorDataset": ("shapescript.runtime.data", "TensorDataset"),
+    "Model": ("shapescript.runtime.model", "Model"),
+    "Eval": ("shapescript.runtime.modes", "Eval"), "Mode": ("shapescript.runtime.modes", "Mode"),
+    "Train": ("shapescript.runtime.modes", "Train"),
+    "Optimizer": ("shapescript.runtime.optim", "Optimizer"), "adamw": ("shapescript.runtime.optim", "adamw"),
+    "sgd": ("shapescript.runtime.optim", "sgd"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LATER:
+        module, attribute = _LATER[name]
+        value = getattr(importlib.import_module(module), attribute)
+    elif not name.startswith("__"):  # a submodule, as `ss.sinks` or `ss.parallel`
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'shapescript' has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module 'shapescript' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = ["Batch", "CompileError", "DeviceError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer",
            "Program", "ShapeError", "ShapeScriptError", "SourceWarning", "TensorDataset", "Train", "WorkerError",

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import codecs
-import errno
 import linecache
-import numbers
 import os
 import threading
 import traceback
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from .check.program import Checked, FnInfo
-from .pipeline import check_source, python_module, python_modules
+from .pipeline import build, compile_program, parse_devices, python_modules, read_program, short_repr
 from .devices import DeviceSet
-from .errors import ClusterNeededError, CompileError, Diagnostic, ShapeScriptError, SourceWarning, Span
+from .errors import ClusterNeededError, ShapeScriptError, Span
 from .lower.codegen import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
@@ -31,119 +26,6 @@ from .runtime import calls, loops, recorded, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
 from .stale import current_models
-from .syntax import ast as A
-
-def parse_devices(text: str | DeviceSet) -> DeviceSet:
-    """`"cpu"`, `"cuda[0 1 2]"`, as a program's `devices` line spells them, read by the program's
-    own grammar and checks (one spelling, one set of rules). TypeError or ValueError otherwise."""
-    if isinstance(text, DeviceSet):
-        return text
-    if not isinstance(text, str):
-        raise TypeError(f"devices is a str, as 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', not {type(text).__name__}")
-    wrong = f"devices must be written as in a program, e.g. 'cpu', 'cpu[0 1]' or 'cuda[0 1 2]', not {text!r}"
-    if "\n" in text or "\r" in text or not text.strip():
-        raise ValueError(wrong)
-    try:
-        return check_source(f"devices {text.strip()}\n", "<devices>").device_set
-    except CompileError as e:
-        raise ValueError(f"{wrong}: {e.diagnostics[0].message}") from None
-
-
-def read_program(path_or_source: str | os.PathLike[str], name: str | None = None) -> tuple[str, str]:
-    """(source, file name): a path to a .ss file (a str ending in .ss, or a pathlib.Path), or the
-    program's text itself."""
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name is the program's name in messages, a str, not {type(name).__name__}")
-    if isinstance(path_or_source, os.PathLike) or (
-            isinstance(path_or_source, str) and "\n" not in path_or_source
-            and path_or_source.endswith(".ss")):
-        path = Path(path_or_source)
-        file = name or str(path)
-        if path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "a folder, not a .ss file", str(path))
-        return _text_of(path.read_bytes(), file), file  # a missing file: FileNotFoundError, naming it
-    if not isinstance(path_or_source, str):
-        hint = "; decode it first, as data.decode()" if isinstance(path_or_source, (bytes, bytearray)) else ""
-        raise TypeError(f"load takes a path (a str ending in .ss, or a pathlib.Path) or a program's text "
-                        f"(a str), not {type(path_or_source).__name__}{hint}")
-    file = name or "<string>"
-    return _text_of(path_or_source, file), file
-
-
-def _text_of(data: bytes | str, file: str) -> str:
-    """A program's text: UTF-8, with a byte-order mark at the start skipped (as Python reads source);
-    bytes that aren't UTF-8, and NUL, as in a binary file, are an E0101 naming the file and place."""
-    if isinstance(data, bytes):
-        body = data.removeprefix(codecs.BOM_UTF8)
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as e:
-            before = body[:e.start].decode("utf-8", "replace")
-            raise _not_text(f"byte 0x{body[e.start]:02x} is not UTF-8 text", before, file) from None
-    else:
-        text = data
-    text = text.removeprefix("\ufeff")
-    nul = text.find("\0")
-    if nul >= 0:
-        raise _not_text("a NUL byte (0x00), which is no part of a program's text", text[:nul], file)
-    return text
-
-
-def _not_text(message: str, before: str, file: str) -> CompileError:
-    line = before.count("\n") + 1
-    col = len(before) - (before.rfind("\n") + 1) + 1
-    return CompileError([Diagnostic("E0101", message, Span(file, line, col, line, col + 1), "",
-                                    ("a program is UTF-8 text; is this a binary file?",))])
-
-
-def _dim_sizes(dims: Mapping[str, int] | None) -> dict[str, int] | None:
-    """`dims=` checked: names, and positive whole sizes (a float, bool, str or tensor is refused, never
-    rounded or read)."""
-    if dims is None:
-        return None
-    if not isinstance(dims, Mapping):
-        raise TypeError(f"dims is a dict of dim names and sizes, as {{\"V\": 65}}, not {type(dims).__name__}")
-    sizes = {}
-    for key, size in dims.items():
-        if not isinstance(key, str):
-            raise TypeError(f"dims: a dim's name is a str, not {type(key).__name__} {_short(key)}")
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
-            raise TypeError(f"dims: the size of `{key}` must be a whole number (an int), not "
-                            f"{type(size).__name__} {_short(size)}")
-        if size <= 0:
-            raise ValueError(f"dims: the size of `{key}` must be positive, not {size}")
-        sizes[key] = int(size)
-    return sizes
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _warn_replaced_dims(checked: Checked, dims: dict[str, int]) -> None:
-    """Sizes given when loading replace those the program declares (examples/attention shrinks its
-    model so); say so, since the program's text no longer tells its sizes."""
-    replaced = [f"{item.name} = {dims[item.name]} (declared {item.value} at line {item.span.line})"
-                for item in checked.program.items
-                if isinstance(item, A.Dim) and item.value is not None and dims.get(item.name, item.value) != item.value]
-    if replaced:
-        warnings.warn(f"{checked.file}: sizes given when loading replace the program's: {', '.join(replaced)}",
-                      stacklevel=4)
-
-
-def compile_program(source: str, file: str, devices: DeviceSet | str | None = None,
-                    dims: Mapping[str, int] | None = None, python: bool = True) -> Checked:
-    if not isinstance(python, bool):  # "no" would be true: a refusal must be asked for plainly
-        raise TypeError(f"python= is True or False, not {type(python).__name__}")
-    sizes = _dim_sizes(dims)
-    checked = check_source(source, file, parse_devices(devices) if devices is not None else None, sizes, python)
-    for warning in checked.warnings:  # W0106: shown where Python shows warnings, the program still runs
-        warnings.warn(warning.render(source), SourceWarning, stacklevel=3)
-    if sizes:
-        _warn_replaced_dims(checked, sizes)
-    return checked
-
 
 def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dims: dict[str, int] | None = None,
          name: str | None = None, check_types: bool = False, *, python: bool = True) -> "Program":
@@ -380,7 +262,7 @@ class Function:
         if "background" in kwargs and "background" not in self._names:
             background = kwargs.pop("background")
             if not isinstance(background, bool):
-                raise TypeError(f"background is True or False, not {type(background).__name__} {_short(background)}")
+                raise TypeError(f"background is True or False, not {type(background).__name__} {short_repr(background)}")
             if background:
                 return self.start(*args, **kwargs)
         if not self._on_workers:
@@ -475,14 +357,6 @@ class Function:
 def _source_line(checked: Checked, span: Span) -> str:
     lines = checked.source.splitlines()
     return lines[span.line - 1].strip() if 0 < span.line <= len(lines) else ""
-
-
-def build(path_or_source: str | os.PathLike[str], standalone: bool = False, devices: str | None = None,
-          dims: dict[str, int] | None = None, target: Target | None = None) -> str:
-    """The Python source a program lowers to: for `target` (lower/targets.py), by default one
-    device's module (on several devices, what each worker runs)."""
-    source, file = read_program(path_or_source)
-    return python_module(compile_program(source, file, devices, dims), target, standalone=standalone)
 
 
 def cluster(address: object, runtime_env: dict[str, Any] | None = None) -> Any:

@@ -115,7 +115,7 @@ def dim_sizes(pairs: list[str]) -> dict[str, int]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .api import compile_program, read_program
+    from .pipeline import compile_program, read_program
 
     source, file = read_program(Path(args.file))
     checked = compile_program(source, file, args.devices, dim_sizes(args.dim))
@@ -124,7 +124,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .api import build
+    from .pipeline import build
     from .runtime.leftovers import write_whole
 
     text = build(Path(args.file), standalone=args.standalone, devices=args.devices, dims=dim_sizes(args.dim))
@@ -174,7 +174,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_comms(args: argparse.Namespace) -> int:
-    from .api import compile_program, read_program
+    from .pipeline import compile_program, read_program
     from .check.comms_text import report, to_json
 
     if args.batch is not None and args.batch <= 0:

@@ -3,7 +3,7 @@
 A leaf module (the standard library only), so that every stage can name devices: the checker
 records a program's `devices` line as a DeviceSet, and the worker pool starts one process per
 device of one, without either importing the other. Text such as `cuda[0 1 2]` is read by the
-language's own grammar (api.parse_devices).
+language's own grammar (pipeline.parse_devices).
 """
 
 from __future__ import annotations
