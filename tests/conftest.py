@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,56 @@ def no_stray_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# The tests that run workers on a simulated Ray cluster (tests/ray_support.py): tests/cluster, and the
+# notebook's %shapescript cluster (run just before them). They share one cluster of 2 nodes on this
+# machine's loopback: a start costs about 15 s of the 2 CPUs. It stops as soon as the last of them has
+# run, so that the rest of the suite runs without it: its processes would take the CPUs' time, and
+# ss.cluster would send every later program's workers to it.
+CLUSTER_FOLDER = Path(__file__).resolve().parent / "cluster"
+CLUSTER_KERNEL = Path(__file__).resolve().parent / "notebook" / "test_cluster_kernel.py"
+_running: list[Any] = []
+
+
+def _on_the_cluster(item: pytest.Item) -> bool:
+    return item.path == CLUSTER_KERNEL or CLUSTER_FOLDER in item.path.parents
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """The simulated cluster (ray.cluster_utils.Cluster), this process connected to it (ss.cluster).
+    Skips the test without Ray (`pip install 'shapescript[ray]'`)."""
+    from ray_support import SimulatedCluster
+    simulated = SimulatedCluster()
+    _running.append(simulated)
+    try:
+        yield simulated.cluster
+    finally:
+        simulated.stop()
+        if simulated in _running:
+            _running.remove(simulated)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The notebook's cluster test runs just before tests/cluster, on the same cluster (which, before
+    tests/cluster's lost node, still has its 2 nodes alive)."""
+    kernel = [item for item in items if item.path == CLUSTER_KERNEL]
+    rest = [item for item in items if item.path != CLUSTER_KERNEL]
+    first = next((k for k, item in enumerate(rest) if CLUSTER_FOLDER in item.path.parents), None)
+    if kernel and first is not None:
+        items[:] = rest[:first] + kernel + rest[first:]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test on the cluster (a session fixture otherwise lives until the whole suite
+    ends), the cluster stops."""
+    yield
+    if _running and _on_the_cluster(item) and not any(_on_the_cluster(later) for later in _after(item)):
+        _running.pop().stop()
+
+
+def _after(item: pytest.Item) -> list[pytest.Item]:
+    items = item.session.items
+    return items[items.index(item) + 1:] if item in items else []

@@ -1,7 +1,7 @@
 """What the tests that run workers on a simulated Ray cluster share (tests/cluster, and the notebook's
-tests/notebook/test_cluster_kernel.py): the cluster of 2 nodes on this machine's loopback, the README
-MLP trained on some devices, a comparison of two runs, and a look at what of ours is left on the
-cluster. Importing it skips the test module when Ray isn't installed."""
+tests/notebook/test_cluster_kernel.py): the cluster of 2 nodes on this machine's loopback (one, shared
+by all of them: tests/conftest.py's `ray_cluster`), the README MLP trained on some devices, a
+comparison of two runs, and a look at what of ours is left on the cluster. Importing it skips the test module when Ray isn't installed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A controller attached through Ray Client (`ss.cluster("ray://host:port")`), as a notebook on a laptop
 that reaches only the head's client port: its workers can't connect to it, so their messages go through
 Ray (parallel/ray_relay.py). Here the client server runs on the loopback, in front of the simulated
-cluster (conftest.py), and the controller is a process of its own (one process is either Ray's driver or
+cluster (tests/conftest.py), and the controller is a process of its own (one process is either Ray's driver or
 its client, not both); it opens no listening socket, and computes what one device computes."""
 
 from __future__ import annotations

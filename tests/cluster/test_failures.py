@@ -1,4 +1,4 @@
-"""Failures of workers that are Ray actors (issue 16 item 4), on the simulated cluster (conftest.py):
+"""Failures of workers that are Ray actors (issue 16 item 4), on the simulated cluster (tests/conftest.py):
 a killed worker or a lost node is a WorkerError at once naming the host, the device and Ray's death
 cause; a stuck collective's table says where each worker on each host was; and stop, an interrupt,
 or the controller's end (normal or killed) leave no actor, placement group or worker process."""
@@ -101,7 +101,7 @@ def test_a_killed_worker_then_a_lost_node_are_reported_at_once_and_a_new_program
     finally:
         prog.stop()
     eventually_nothing_left()
-    # The cluster takes the node for dead once its health checks fail (conftest.py: within seconds);
+    # The cluster takes the node for dead once its health checks fail (tests/ray_support.py: within seconds);
     # until then it could place a new program's workers there.
     deadline = time.monotonic() + 30
     while any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node.node_id):

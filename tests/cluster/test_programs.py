@@ -1,4 +1,4 @@
-"""Everything a program does, on the simulated cluster (conftest.py) as on one host: the attention
+"""Everything a program does, on the simulated cluster (tests/conftest.py) as on one host: the attention
 example, `split H` with `shard params`, checkpoints saved on two hosts and loaded on one, the
 models' handles, the workers' own loading, and extern fns: their modules reach the workers through
 the controller's sys.path on this loopback cluster, or Ray's runtime_env, and a module no worker

@@ -1,5 +1,5 @@
 """A program's workers as Ray actors (parallel/ray_workers.py), on a simulated cluster of 2 nodes on
-this machine's loopback (conftest.py): the same results as one device, nothing listening beyond the
+this machine's loopback (tests/conftest.py): the same results as one device, nothing listening beyond the
 loopback, nothing left on the cluster after a stop. Failures: test_failures.py."""
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ restart of the kernel leaves no live actor or placement group of ours on the clu
 does `%shapescript cluster off`, after which the workers run here. Users' mistakes (a misspelt
 address, nothing there, no Ray) are one line each.
 
-This process starts the cluster and looks at it through its own Ray connection (not ss.cluster).
-Skipped without Ray (`pip install 'shapescript[ray]'`).
+The cluster is tests/cluster's (tests/conftest.py's `ray_cluster`: this test runs just before
+those), and this process looks at it through its own connection (as ss.cluster, which trains
+nothing here). Skipped without Ray (`pip install 'shapescript[ray]'`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ import pytest
 import torch
 
 import shapescript as ss
-from ray_support import SimulatedCluster, eventually_nothing_left, ours_on_the_cluster, ray  # skips without Ray
-from shapescript.parallel import cluster as clusters
+from ray_support import eventually_nothing_left, ours_on_the_cluster  # skips without Ray
 from shapescript.parallel.ray_workers import GROUP_PREFIX
 from test_kernel import MLP, Kernel, Run, cell, children
 
@@ -30,21 +30,6 @@ BATCHES = (f"g = torch.Generator().manual_seed(0)\n"
            f"batches = [{{'img': torch.randn({ROWS}, 784, generator=g), "
            f"'label': torch.randint(0, 10, ({ROWS},), generator=g)}} for _ in range({STEPS})]\n")
 GONE_WITHIN = 15.0  # seconds for the restarted kernel's actors and placement group to be gone
-
-
-@pytest.fixture
-def ray_cluster() -> Iterator[Any]:
-    """Two nodes of 2 CPUs each (tests/ray_support.py), this process a plain Ray driver connected to
-    them, to look; its RAY_TMPDIR, which the kernel inherits, is restored and removed after. Whatever
-    an earlier test of the same pytest process left connected (tests/cluster's cluster stops after its
-    last test) is let go first."""
-    clusters.disconnect()
-    ray.shutdown()
-    simulated = SimulatedCluster(current=False)
-    try:
-        yield simulated.cluster
-    finally:
-        simulated.stop()
 
 
 @pytest.fixture
