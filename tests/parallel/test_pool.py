@@ -26,7 +26,7 @@ from shapescript.errors import ShapeError, WorkerError
 from shapescript.parallel import pool as pool_mod
 from shapescript.parallel import worker as worker_mod
 from shapescript.parallel.handlers import listening_sockets
-from shapescript.parallel.pool import WorkerPool, collective_timeout, current_collective_timeout
+from shapescript.parallel.pool import STOP_GRACE, WorkerPool, collective_timeout, current_collective_timeout
 from support import fork_server_pids, importable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -362,7 +362,7 @@ def test_stop_is_graceful(spares: Spares) -> None:
     assert folder is not None
     t0 = time.perf_counter()
     pool.stop()
-    assert time.perf_counter() - t0 < 2.5  # the workers left on the stop message, not on SIGTERM (3 s)
+    assert time.perf_counter() - t0 < STOP_GRACE  # the workers left on the stop message, not on SIGTERM after it
     assert_no_workers_left(pids)
     assert not os.path.exists(folder)
     with pytest.raises(WorkerError, match="were stopped; start new ones"):
