@@ -93,8 +93,7 @@ class _Writes:
         with self.lock:
             while self.queue and not _waits(self.queue[0][1]):
                 sink, record = self.queue.popleft()
-                sinks.write(sink, sinks.Logs(**{k: v.value if type(v) is Pending else v
-                                                for k, v in record.values.items()}))
+                sinks.write(sink, _answered(record))
 
     def drop_failed(self) -> None:
         """A step failed: what was queued before it is written, what came after it never happened."""
@@ -151,6 +150,11 @@ def _waits(record: sinks.Logs) -> bool:
     return any(type(v) is Pending and not v.done for v in record.values.values())
 
 
+def _answered(record: sinks.Logs) -> sinks.Logs:
+    """The record with each pending value's answer in its place (all have come)."""
+    return sinks.Logs(**{k: v.value if type(v) is Pending else v for k, v in record.values.items()})
+
+
 def write(sink: Any, record: sinks.Logs) -> None:
     """The controller's `write`: at once, unless a value in the record, or a record before it, is
     still pending. A sink that isn't `passive` (one of the user's, which may read the models) gets
@@ -164,8 +168,8 @@ def write(sink: Any, record: sinks.Logs) -> None:
                 if type(value) is Pending and not value.done:
                     value.settle()
         writes.flush()  # the values may have come meanwhile, from another thread's call
-    else:
-        sinks.write(sink, record)
+    else:  # a step's result whose answer another call read meanwhile (`l = step(..)`, `forward(..)`, then
+        sinks.write(sink, _answered(record) if isinstance(record, sinks.Logs) else record)  # `logs(loss=l)`)
     writes.recorded(record)
 
 

@@ -170,6 +170,40 @@ def test_a_loop_gives_what_one_device_gives(devices: str, monkeypatch: pytest.Mo
             torch.testing.assert_close(several[1], one[1], atol=1e-5, rtol=0)
 
 
+# A step's result logged after another call on the workers, which reads every answer outstanding
+# first (issue 37, item 2): `logs` once got the pending result itself, a TypeError at the first batch.
+LOGGED_AFTER = LINEAR.replace("        write(log, logs(loss=step(mut m, mut opt, batch)))\n", """\
+        l = step(mut m, mut opt, batch)
+        p = loss(m, batch) * 2.0
+        write(log, logs(loss=l, after=p))
+""")
+assert LOGGED_AFTER != LINEAR
+
+
+@pytest.mark.slow
+def test_a_result_logged_after_another_call_is_its_value() -> None:
+    assert "step.later(m, opt, batch)" in ss.load(LOGGED_AFTER, devices="cpu[0 1]", name="fit.ss").python_source
+    g = torch.Generator().manual_seed(3)
+    data = ss.TensorDataset(x=torch.randn(30, 4, generator=g), y=torch.randint(0, 3, (30,), generator=g))
+    results = {}
+    for devices in ("cpu", "cpu[0 1]", "cpu[0 1 2]"):
+        prog = ss.load(LOGGED_AFTER, devices=devices, name="fit.ss")
+        try:
+            m = prog.Lin.init(seed=0)
+            sink = ss.sinks.memory()
+            prog.fit(m, ss.adamw(m, lr=0.1), data, sink)
+            results[devices] = sink.records, m.state_dict()["w"].detach().clone()
+        finally:
+            prog.stop()
+    records, w = results["cpu"]
+    assert len(records) == 4 and all(isinstance(r["loss"], float) for r in records)
+    for devices in ("cpu[0 1]", "cpu[0 1 2]"):
+        assert len(results[devices][0]) == len(records)
+        for key in ("loss", "after"):
+            assert [r[key] for r in results[devices][0]] == pytest.approx([r[key] for r in records], abs=1e-5)
+        torch.testing.assert_close(results[devices][1], w, atol=1e-5, rtol=0)
+
+
 @pytest.mark.slow
 def test_a_failing_step_ends_the_loop_where_one_device_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from sample_data import RowsBadAt
