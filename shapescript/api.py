@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
 import threading
@@ -255,6 +256,10 @@ class Function:
         self._quick: Callable[[Sequence[Any]], list[Any] | None] | None = None
         self._names = [p.name for p in fn.params]
         self._on_workers = isinstance(self._py, RemoteFunction)  # placed on the devices, called in the workers
+        # What `help(prog.f)`, `prog.f?` and editors show: the .ss signature, not (*args, **kwargs)
+        self.__signature__, self._header = _signature_of(fn, with_background="background" not in self._names)
+        self.__doc__ = (f"{self._header}\n\nAt {program.checked.file}, line {fn.span.line}. Its arguments: tensors, batches "
+                        f"as dicts, models, datasets; `background=True` runs it in a thread of its own.")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call it; with `background=True` (unless the fn has a parameter of that name: then use
@@ -349,9 +354,33 @@ class Function:
         return [values[n] for n in names]
 
     def __repr__(self) -> str:
-        sig = ", ".join(("mut " if p.mut else "") + f"{p.name}: {p.ty.show()}" for p in self.info.params)
-        ret = "" if self.info.ret.show() == "nothing" else f" -> {self.info.ret.show()}"
-        return f"<fn {self.name}({sig}){ret} at {self.info.span}, runs {self.program.checked.placement(self.name).where}>"
+        return f"<{self._header} at {self.info.span}, runs {self.program.checked.placement(self.name).where}>"
+
+
+class _TypeText:
+    """A parameter's .ss type as a signature shows it: `batch: [b] Digit`, not a quoted string."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _signature_of(fn: FnInfo, with_background: bool) -> tuple[inspect.Signature, str]:
+    """A fn's Python signature, each parameter annotated with its checked type (`mut` with it), and
+    its header as in .ss: `fn train_step(mut m: Mlp, batch: [b] Digit) -> []`."""
+    types = [p.ty.show() for p in fn.params]
+    returns = fn.ret.show()
+    params = [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                annotation=_TypeText(("mut " if p.mut else "") + t)) for p, t in zip(fn.params, types)]
+    if with_background:
+        params.append(inspect.Parameter("background", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool))
+    nothing = returns == "nothing"
+    signature = inspect.Signature(params, return_annotation=inspect.Signature.empty if nothing else _TypeText(returns))
+    written = ", ".join(("mut " if p.mut else "") + f"{p.name}: {t}" for p, t in zip(fn.params, types))
+    kind = {"extern": "extern fn", "python": "python fn"}.get(fn.kind, "fn")
+    return signature, f"{kind} {fn.name}({written})" + ("" if nothing else f" -> {returns}")
 
 
 def _source_line(checked: Checked, span: Span) -> str:

@@ -65,6 +65,27 @@ def test_members_are_attributes(prog) -> None:
     assert "runs workers" in repr(prog.step) and "mut m: Lin" in repr(prog.step)
 
 
+def test_a_fn_shows_its_ss_signature_to_help_and_to_ipython(prog) -> None:
+    """`prog.step?` and help() show the .ss parameters and types, not `(*args, **kwargs)` (issue 37,
+    item 9); calling by those names works."""
+    import inspect
+    from IPython.core.oinspect import Inspector
+    signature = inspect.signature(prog.step)
+    assert list(signature.parameters) == ["m", "opt", "batch", "background"]
+    assert str(signature) == "(m: mut Lin, opt: mut Sgd[Lin], batch: [b] Ex, *, background: bool = False) -> []"
+    assert str(inspect.signature(prog.ones_matrix)) == "(*, background: bool = False) -> [D C]"
+    assert prog.step.__doc__.splitlines()[0] == "fn step(mut m: Lin, mut opt: Sgd[Lin], batch: [b] Ex) -> []"
+    line = next(k for k, text in enumerate(PROGRAM.splitlines(), 1) if text.startswith("fn step("))
+    assert f"At lin.ss, line {line}." in prog.step.__doc__
+    assert prog.ones_matrix.__doc__.startswith("python fn ones_matrix() -> [D C]\n")
+    shown = Inspector(theme_name="nocolor").info(prog.logits, "logits")
+    assert shown["definition"] == "logits(m: Lin, x: [b D], *, background: bool = False) -> [b C]"
+    assert shown["docstring"].startswith("fn logits(m: Lin, x: [b D]) -> [b C]")
+    m = prog.Lin.init(seed=0)
+    x = torch.ones(2, 4)
+    torch.testing.assert_close(prog.logits(x=x, m=m), x @ m.w)  # by the names the signature shows
+
+
 def test_mut_arguments_change_in_place(prog) -> None:
     m = prog.Lin.init(seed=0)
     before = m.w.detach().clone()
