@@ -25,6 +25,7 @@ from .cells import Cell
 from .device_table import batch_option
 from .models import model_html
 from ..errors import CompileError, ShapeScriptError, terminal_lines, terminal_text
+from ..parallel.interrupts import StepInterrupt
 from . import on_cluster, progress
 from .report import CellCompileError, NotebookError
 from .session import PROGRAM_VARIABLE, Session
@@ -223,15 +224,17 @@ def _stop_on_shutdown_request(ip: InteractiveShell, session: Session) -> None:
 
 
 def _short_runtime_errors(ip: InteractiveShell, session: Session) -> None:
-    """A ShapeScript error raised by a Python cell's call (a ShapeError for a wrong argument) shows
-    as its message in the cells' terms instead of a traceback through the package's frames: the
-    exception gets a `_render_traceback_` for that one showing. `%tb`, which shows the same
-    exception again (sys.last_value), then shows the whole traceback."""
+    """A ShapeScript error raised by a Python cell's call (a ShapeError for a wrong argument), and
+    an interrupt that waited for the workers' step (StepInterrupt), show as the message in the
+    cells' terms instead of a traceback through the package's frames: the exception gets a
+    `_render_traceback_` for that one showing. `%tb`, which shows the same exception again
+    (sys.last_value), then shows the whole traceback."""
     show = ip.showtraceback
 
     def shorter(exc_tuple: Any = None, *args: Any, **kwargs: Any) -> Any:
         error = (exc_tuple or sys.exc_info())[1]
-        if (not isinstance(error, ShapeScriptError) or isinstance(error, CompileError)
+        ours = isinstance(error, StepInterrupt) or isinstance(error, ShapeScriptError)
+        if (not ours or isinstance(error, CompileError)
                 or hasattr(error, "_render_traceback_") or getattr(error, "_shapescript_shown", False)):
             return show(exc_tuple, *args, **kwargs)
         error._shapescript_shown = True  # type: ignore[attr-defined]  # the next showing, %tb's, is whole

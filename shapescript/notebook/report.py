@@ -122,7 +122,7 @@ _WORKER_TRACEBACK = re.compile(r"worker \d+'s traceback")  # a note of pool.py's
 FULL_TRACEBACK = "The whole traceback, with ShapeScript's own frames: %tb"
 
 
-def runtime_error_lines(error: ShapeScriptError, draft: Draft, program_name: str,
+def runtime_error_lines(error: BaseException, draft: Draft, program_name: str,
                         calls: Sequence[tuple[str, Span]] = ()) -> list[str]:
     """What a run-time error of the notebook's program shows instead of its traceback: `Type: message`
     with each `notebook.ss:12:5` said as "cell [3], line 2", the first such line's text (with a caret
@@ -138,8 +138,12 @@ def runtime_error_lines(error: ShapeScriptError, draft: Draft, program_name: str
         places.append((hit[0].cell, hit[1], int(m.group(2))))
         return f"{hit[0].cell.label}, line {hit[1]}"
 
-    message = pattern.sub(mention, f"{type(error).__name__}: {error}")
-    notes = [pattern.sub(mention, n) for n in getattr(error, "__notes__", ()) if not _WORKER_TRACEBACK.match(n)]
+    notes = [n for n in getattr(error, "__notes__", ()) if not _WORKER_TRACEBACK.match(n)]
+    said = str(error)
+    if not said and notes:  # an interrupt's message is its note: what became of the step and the models
+        said = notes.pop(0)
+    message = pattern.sub(mention, f"{type(error).__name__}: {said}")
+    notes = [pattern.sub(mention, n) for n in notes]
     lines = message.split("\n")
     shown: set[tuple[Cell, int]] = set()
     if places:

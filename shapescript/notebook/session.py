@@ -194,7 +194,7 @@ class Session:
             out.append(f"{number:>{width}} | {text}".rstrip())
         return "\n".join(out)
 
-    def error_lines(self, error: ShapeScriptError) -> list[str]:
+    def error_lines(self, error: BaseException) -> list[str]:
         """A run-time error as the notebook shows it: its places in the program ("notebook.ss:12:5")
         said as the cells and their lines, as `source()` maps them."""
         calls = self.program.locate(error) if self.program is not None else []  # its generated frames

@@ -333,6 +333,32 @@ def test_an_interrupt_stops_a_loop_at_a_step_and_the_model_trains_on(fresh: Kern
     fresh.ok("step(m, opt, batch)\nassert not torch.equal(m.w, w)")  # it trains on
 
 
+def test_an_interrupt_that_waited_for_the_step_is_its_message_and_tb_has_the_rest(fresh: Kernel) -> None:
+    """One Ctrl-C during a call on the workers shows what became of the step and the models, in a few
+    lines with the cell's line (issue 37, item 4), not 40-60 lines through the package ending in an
+    empty `StepInterrupt: `; %tb then shows the whole traceback."""
+    import threading
+
+    fresh.ok(cell(LINEAR_STEP))
+    fresh.ok("m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)")
+    timer = threading.Timer(2.0, fresh.manager.interrupt_kernel)
+    timer.start()
+    try:
+        run = fresh.run("x = 1\nss_program.workers().call('sleep', (4,), where='a long step')", timeout=60)
+    finally:
+        timer.cancel()
+    assert run.status == "error" and run.error["ename"] == "StepInterrupt", run.traceback
+    lines = run.traceback.splitlines()
+    assert lines[0].startswith("StepInterrupt: Interrupted after a long step ended on every worker") and \
+        len(lines) <= 6, run.traceback
+    assert "the models and optimizer state" in run.traceback and "File " not in run.traceback
+    assert lines[-1] == "The whole traceback, with ShapeScript's own frames: %tb"
+    whole = fresh.run("%tb")
+    shown = whole.stdout + whole.traceback
+    assert "pool.py" in shown and "Interrupted after a long step ended" in shown, shown
+    fresh.ok("step(m, opt, {'x': torch.randn(6, 3), 'y': torch.arange(6) % 2})")  # the workers go on
+
+
 def test_a_second_quick_interrupt_stops_the_workers_and_says_so(fresh: Kernel) -> None:
     import threading
 
