@@ -138,10 +138,11 @@ def test_workers_that_no_longer_agree_are_stopped(counting: Path) -> None:
 
 # -- programs: the same records, models and errors as one device ------------------------------------
 
-def fit_on(devices: str, data: object, pipeline: str, monkeypatch: pytest.MonkeyPatch) -> tuple:
-    """LINEAR's `fit` over `data`: its records, the model after it, and the error it raised."""
+def fit_on(devices: str, data: object, pipeline: str, monkeypatch: pytest.MonkeyPatch, source: str = LINEAR) -> tuple:
+    """LINEAR's `fit` (or `source`'s) over `data`: its records' losses, the model after it, the error
+    it raised, and the records."""
     monkeypatch.setenv("SHAPESCRIPT_PIPELINE", pipeline)
-    prog = ss.load(LINEAR, devices=devices, name="fit.ss")
+    prog = ss.load(source, devices=devices, name="fit.ss")
     try:
         m = prog.Lin.init(seed=0)
         sink = ss.sinks.memory()
@@ -150,7 +151,7 @@ def fit_on(devices: str, data: object, pipeline: str, monkeypatch: pytest.Monkey
             prog.fit(m, ss.adamw(m, lr=0.1), data, sink)
         except ss.ShapeScriptError as e:
             error = f"{type(e).__name__}: {e}"
-        return [r["loss"] for r in sink.records], m.state_dict()["w"].detach().clone(), error
+        return [r["loss"] for r in sink.records], m.state_dict()["w"].detach().clone(), error, sink.records
     finally:
         prog.stop()
 
@@ -181,27 +182,17 @@ assert LOGGED_AFTER != LINEAR
 
 
 @pytest.mark.slow
-def test_a_result_logged_after_another_call_is_its_value() -> None:
+def test_a_result_logged_after_another_call_is_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "step.later(m, opt, batch)" in ss.load(LOGGED_AFTER, devices="cpu[0 1]", name="fit.ss").python_source
     g = torch.Generator().manual_seed(3)
     data = ss.TensorDataset(x=torch.randn(30, 4, generator=g), y=torch.randint(0, 3, (30,), generator=g))
-    results = {}
-    for devices in ("cpu", "cpu[0 1]", "cpu[0 1 2]"):
-        prog = ss.load(LOGGED_AFTER, devices=devices, name="fit.ss")
-        try:
-            m = prog.Lin.init(seed=0)
-            sink = ss.sinks.memory()
-            prog.fit(m, ss.adamw(m, lr=0.1), data, sink)
-            results[devices] = sink.records, m.state_dict()["w"].detach().clone()
-        finally:
-            prog.stop()
-    records, w = results["cpu"]
-    assert len(records) == 4 and all(isinstance(r["loss"], float) for r in records)
+    one = fit_on("cpu", data, "on", monkeypatch, LOGGED_AFTER)
+    assert one[2] is None and len(one[0]) == 4 and all(isinstance(loss, float) for loss in one[0])
     for devices in ("cpu[0 1]", "cpu[0 1 2]"):
-        assert len(results[devices][0]) == len(records)
-        for key in ("loss", "after"):
-            assert [r[key] for r in results[devices][0]] == pytest.approx([r[key] for r in records], abs=1e-5)
-        torch.testing.assert_close(results[devices][1], w, atol=1e-5, rtol=0)
+        several = fit_on(devices, data, "on", monkeypatch, LOGGED_AFTER)
+        assert several[2] is None and several[0] == pytest.approx(one[0], abs=1e-5)
+        assert [r["after"] for r in several[3]] == pytest.approx([r["after"] for r in one[3]], abs=1e-5)
+        torch.testing.assert_close(several[1], one[1], atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow
