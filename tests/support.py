@@ -91,7 +91,7 @@ def interrupted_twice(pool: Any) -> BaseException:
     """A 30 s step with a second Ctrl-C soon after the first: the plain KeyboardInterrupt (not a
     StepInterrupt) raised at once, which is asserted."""
     from shapescript.parallel.interrupts import SECOND_INTERRUPT_S, StepInterrupt
-    thread = interrupt_after(0.4, 0.4 + SECOND_INTERRUPT_S / 3)
+    thread = interrupt_after(0.4, 0.4 + SECOND_INTERRUPT_S / 2)  # after a double click's time (DOUBLE_CLICK_S)
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt) as info:
         pool.call("sleep", (30.0,), where=LONG_STEP)

@@ -1,13 +1,16 @@
 """Ctrl-C (the notebook's interrupt) during a call on the workers: the first one lets the step that
 is running finish on every worker and then stops the program at that step boundary, so the models
 and optimizer state on the workers stay, as a step leaves them; a second one within a few seconds
-stops at once, and the workers with it, since what they hold is then half-changed.
+stops at once, and the workers with it, since what they hold is then half-changed. The first says
+so at once, on stderr; a second within DOUBLE_CLICK_S of it is a double click, ignored, and says so.
 
 On one device the same holds by construction: an optimizer step defers Ctrl-C to its end
 (runtime/optim.py)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +20,68 @@ from shapescript.errors import WorkerError
 from shapescript.runtime import sigint
 
 SECOND_INTERRUPT_S = 3.0  # a second Ctrl-C within this many seconds of the first stops the workers
+DOUBLE_CLICK_S = 0.8  # but one this soon after the first is the same press (a double click on ■): ignored
+
+# What the first Ctrl-C does, and a double click, said at once (the step may run for minutes yet).
+FIRST_SAID = (f"Interrupting: the step that is running finishes on every worker first, and the models "
+              f"stay as it leaves them. Interrupt again within {SECOND_INTERRUPT_S:g} s to stop the workers "
+              f"now, losing the models on them.\n")
+DOUBLE_SAID = ("A second interrupt right after the first was taken for a double click and ignored: the step "
+               "still finishes. Interrupt again to stop the workers now.\n")
+
+
+class _Announcer:
+    """Writes FIRST_SAID or DOUBLE_SAID to stderr from a thread of its own. The signal handler only
+    writes a byte to a pipe (safe in a handler): the stream's lock may be held by the very code the
+    signal interrupted, and taking it in the handler would wait forever."""
+
+    MESSAGES = {1: FIRST_SAID, 2: DOUBLE_SAID}
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._pid = 0
+
+    def ready(self) -> None:
+        """Start the thread, once per process (a forked child has the pipe but not the thread)."""
+        if self._pid == os.getpid():
+            return
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._fd, self._pid = write, os.getpid()
+        threading.Thread(target=self._say, args=(read,), name="shapescript-interrupts", daemon=True).start()
+
+    def __call__(self, message: int) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            try:
+                os.write(self._fd, bytes([message]))
+            except OSError:  # the pipe is full: a message is waiting to be said already
+                pass
+
+    def _say(self, read: int) -> None:
+        while True:
+            code = os.read(read, 1)
+            if not code:
+                return
+            try:
+                sys.stderr.write(self.MESSAGES[code[0]])
+                sys.stderr.flush()
+            except (OSError, ValueError, AttributeError):  # no stderr, or it was closed
+                pass
+
+
+announce = _Announcer()
+
+
+def _pressed(first: float | None, now: float) -> bool:
+    """A Ctrl-C at `now`, after a first at `first` (None: it is the first): True to stop at once (the
+    second, soon after the first); else it is said what it does."""
+    if first is None or now - first > SECOND_INTERRUPT_S:
+        announce(1)
+        return False
+    if now - first < DOUBLE_CLICK_S:
+        announce(2)
+        return False
+    return True
 
 
 class StepInterrupt(KeyboardInterrupt):
@@ -25,16 +90,19 @@ class StepInterrupt(KeyboardInterrupt):
 
 class NotedInterrupts:
     """A Ctrl-C holder (runtime/sigint.py) that notes when the first came (None: none yet) and
-    raises KeyboardInterrupt at a second within SECOND_INTERRUPT_S."""
+    raises KeyboardInterrupt at a second within SECOND_INTERRUPT_S (not within DOUBLE_CLICK_S),
+    saying at once what each does."""
 
     def __init__(self) -> None:
         self.first: float | None = None
+        announce.ready()
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
-        if self.first is not None and now - self.first <= SECOND_INTERRUPT_S:
+        if _pressed(self.first, now):
             raise KeyboardInterrupt  # the second: stop now
-        self.first = now
+        if self.first is None or now - self.first > SECOND_INTERRUPT_S:
+            self.first = now
 
 
 _early: float | None = None  # when a Ctrl-C came while a call was being prepared (see preparing_a_call)
@@ -43,9 +111,10 @@ _early: float | None = None  # when a Ctrl-C came while a call was being prepare
 def _note_early(signum: int, frame: FrameType | None) -> None:
     global _early
     now = time.monotonic()
-    if _early is not None and now - _early <= SECOND_INTERRUPT_S:
+    if _pressed(_early, now):
         raise KeyboardInterrupt  # the second: stop now (nothing of this call has reached the workers)
-    _early = now
+    if _early is None or now - _early > SECOND_INTERRUPT_S:
+        _early = now
 
 
 class preparing_a_call:  # noqa: N801 (used as a function: `with preparing_a_call(where, devices):`)
@@ -63,6 +132,7 @@ class preparing_a_call:  # noqa: N801 (used as a function: `with preparing_a_cal
         self._where, self._devices = where, devices
 
     def __enter__(self) -> None:
+        announce.ready()
         self._token = sigint.hold_ctrl_c(_note_early)
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:

@@ -81,3 +81,33 @@ def test_an_interrupt_while_the_arguments_are_checked_waits_for_the_step(
         assert float(step(m, opt, batch)) > 0 and not torch.equal(m.w1, after)  # and training goes on
     finally:
         prog.stop()
+
+
+def test_each_press_is_said_at_once_and_a_double_click_is_ignored(capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first Ctrl-C says what it does, on stderr, while the step still runs; a second within
+    DOUBLE_CLICK_S is the same press, ignored and said so; one later stops (issue 37, item 3). The
+    handler itself only writes to a pipe: the saying is a thread's."""
+    from types import SimpleNamespace
+
+    from shapescript.parallel import interrupts
+    clock = [100.0]
+    monkeypatch.setattr(interrupts, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    seen = interrupts.NotedInterrupts()
+    seen(signal.SIGINT, None)
+    clock[0] += interrupts.DOUBLE_CLICK_S / 2
+    seen(signal.SIGINT, None)  # ignored
+    assert seen.first == 100.0
+    clock[0] += interrupts.DOUBLE_CLICK_S
+    with pytest.raises(KeyboardInterrupt):
+        seen(signal.SIGINT, None)
+    deadline = time.monotonic() + 10
+    said = ""
+    while said != interrupts.FIRST_SAID + interrupts.DOUBLE_SAID and time.monotonic() < deadline:
+        time.sleep(0.01)
+        said += capsys.readouterr().err
+    assert said == interrupts.FIRST_SAID + interrupts.DOUBLE_SAID
+    later = interrupts.NotedInterrupts()  # long after: a first press again
+    clock[0] += interrupts.SECOND_INTERRUPT_S + 1
+    later(signal.SIGINT, None)
+    assert later.first == clock[0]

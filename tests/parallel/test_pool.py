@@ -339,7 +339,8 @@ def test_ctrl_c_twice_stops_the_workers(spares: Spares) -> None:
     tests/parallel/test_interrupts.py)."""
     pool = spares.take()
     pids = pool.pids
-    timers = [later(delay, os.kill, os.getpid(), signal.SIGINT) for delay in (0.5, 1.0)]
+    # 1.5 s apart: a second press, not a double click (DOUBLE_CLICK_S)
+    timers = [later(delay, os.kill, os.getpid(), signal.SIGINT) for delay in (0.5, 2.0)]
     try:
         with pytest.raises(KeyboardInterrupt) as info:
             pool.call("sleep", (60,), where=WHERE)
