@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeAlias
 
+from ..runtime import sigint
 from ..runtime.sinks import Sink, Value, _text
 from . import markup as M
 from . import progress
@@ -214,7 +215,8 @@ class LiveSink(Sink):
 
     def _draw(self) -> None:
         if self.widget is not None:
-            self.widget.value = self.html()
+            with sigint.held_back():  # no Ctrl-C inside the widget library (see progress.Bars)
+                self.widget.value = self.html()
 
     def html(self) -> str:
         return charts_html(list(self.records), self.log)  # a copy: a timer may draw while the program writes
@@ -230,7 +232,8 @@ class LiveSink(Sink):
 
     def _update(self, live: bool) -> None:
         from IPython.display import update_display
-        update_display(self._shown(live), display_id=self.display_id)
+        with sigint.held_back():
+            update_display(self._shown(live), display_id=self.display_id)
         self._final = not live
 
     def show(self) -> None:
@@ -239,7 +242,8 @@ class LiveSink(Sink):
             raise RuntimeError("live: the charts need a Jupyter kernel with ipywidgets; here the sink prints "
                                f"every {self.every}-th record instead")
         from IPython.display import display
-        display(self._shown(), display_id=self.display_id)
+        with sigint.held_back():
+            display(self._shown(), display_id=self.display_id)
         self.shown = True
         self.redraw()
 

@@ -26,6 +26,8 @@ Elsewhere the bars are tqdm.auto's, lines of text.
 
 from __future__ import annotations
 
+import contextvars
+import queue
 import sys
 import threading
 import uuid
@@ -34,7 +36,7 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Any
 
-from ..runtime import loops
+from ..runtime import loops, sigint, steps
 from . import markup as M
 
 # Makes a tqdm-like bar: factory(total=..., desc=..., unit=...) with update(n), reset(total=...),
@@ -46,8 +48,9 @@ class _Loop:
     """One loop's bar within a call, how many passes it has started, and, between passes, how the
     last one ended (its text and HTML), so that the time a later save reads is the pass's own."""
 
-    def __init__(self, bar: Any) -> None:
-        self.bar, self.passes, self.running = bar, 1, True
+    def __init__(self) -> None:
+        self.bar: Any = None  # made by the bars' first operation for this loop
+        self.passes, self.running = 1, True
         self.ended: tuple[str, str] | None = None
 
     def text(self) -> str:
@@ -70,32 +73,95 @@ def _timing(meter: str) -> str:
     return meter[meter.rfind("["):] if meter.endswith("]") and "[" in meter else ""
 
 
+class _Aside:
+    """A background run's bar operations, done in order by a thread of their own: the run takes
+    each step holding the step lock (runtime/steps.py), and must not wait on the bars meanwhile
+    (tqdm's lock, the kernel's messages), or a reader of `m.w1` would wait on them too. The thread
+    runs in the run's context, so the bars go to the cell that started the run. The first error of
+    an operation ends the showing (kept in `error`); the run goes on."""
+
+    END_WAIT_S = 2.0  # how long the run's end waits for the last operations (the bars' final state)
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self._ops: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._work,), daemon=True,
+                                        name="shapescript-bars")
+        self._thread.start()
+
+    def post(self, op: Callable[[], None]) -> None:
+        self._ops.put(op)
+
+    def end(self) -> None:
+        self._ops.put(None)
+        self._thread.join(self.END_WAIT_S)
+
+    def _work(self) -> None:
+        while (op := self._ops.get()) is not None:
+            if self.error is None:
+                try:
+                    op()
+                except Exception as e:  # noqa: BLE001 (a bar is a nicety: the run must not fail for it)
+                    self.error = e
+
+
 class Bars:
     """The bars of one call: one per loop, keyed by the loop's place in the code. Made by a
-    tqdm-like `factory`, whose bars show themselves."""
+    tqdm-like `factory`, whose bars show themselves.
+
+    Every call into the bar library goes through `_ui`: in the thread that gets signals, with Ctrl-C
+    held back until it returns (tqdm takes a lock of its own around most of what it does, and a
+    KeyboardInterrupt inside would leave it taken: every later bar, the background run's too, would
+    wait for it forever); in a background run, on a thread of its own (`_Aside`)."""
 
     def __init__(self, factory: BarFactory) -> None:
         self.factory = factory
         self.loops: dict[Hashable, _Loop] = {}
         self.runs: list[_Loop] = []  # every loop's bar, in the order made; all close with the call
+        self._aside: _Aside | None = None
+
+    def set_aside(self) -> None:
+        """Do the bars' work on a thread of their own (see _Aside)."""
+        self._aside = _Aside()
+
+    def _ui(self, op: Callable[[], None]) -> None:
+        if self._aside is not None:
+            self._aside.post(op)
+            return
+        with sigint.held_back():
+            op()
 
     def loop(self, place: Hashable | None, count: int, what: str) -> _Loop:
         """The bar for a pass of the loop at `place`: its own bar again, reset, after its first pass;
         a new one for a loop first seen (or already running, as in a recursive call)."""
         seen = self.loops.get(place) if place is not None else None
         if seen is None or seen.running:
-            seen = _Loop(self.factory(total=count, desc=f"{what} batches", unit="batch"))
-            self.runs.append(seen)
+            made = _Loop()
+            self.runs.append(made)
             if place is not None:
-                self.loops.setdefault(place, seen)
-            self.added(seen)
-            return seen
+                self.loops.setdefault(place, made)
+
+            def make() -> None:
+                made.bar = self.factory(total=count, desc=f"{what} batches", unit="batch")
+                self.added(made)
+            self._ui(make)
+            return made
         seen.passes += 1
-        seen.running, seen.ended = True, None
-        seen.bar.reset(total=count)
-        seen.bar.set_description_str(f"{what} batches, pass {seen.passes}", refresh=False)
-        seen.bar.refresh()
+        seen.running = True
+        desc = f"{what} batches, pass {seen.passes}"
+
+        def again() -> None:
+            seen.ended = None
+            seen.bar.reset(total=count)
+            seen.bar.set_description_str(desc, refresh=False)
+            seen.bar.refresh()
+        self._ui(again)
         return seen
+
+    def step(self, loop: _Loop) -> None:
+        """The loop has finished with a batch."""
+        self._ui(lambda: loop.bar.update(1))
 
     def added(self, loop: _Loop) -> None:
         """A new bar (the notebook's puts it beside the others)."""
@@ -103,14 +169,24 @@ class Bars:
     def pass_ended(self, loop: _Loop) -> None:
         """A pass is over (done, broken off or failed): its bar shows where it stopped."""
         loop.running = False
-        loop.bar.refresh()  # tqdm redraws at most every 0.1 s; the last batches may not show yet
-        loop.ended = (loop.text(), loop.html())
-        self.save()
+
+        def show() -> None:
+            loop.bar.refresh()  # tqdm redraws at most every 0.1 s; the last batches may not show yet
+            loop.ended = (loop.text(), loop.html())
+            self.save()
+        self._ui(show)
 
     def close(self) -> None:
-        for loop in self.runs:
-            loop.bar.close()
-        self.save(final=True)
+        def close() -> None:
+            for loop in self.runs:
+                loop.bar.close()
+            self.save(final=True)
+            # and let go of them here, so that their __del__ (which closes them again) runs with Ctrl-C
+            # held back too: Python drops a KeyboardInterrupt raised in a __del__
+            self.loops, self.runs = {}, []
+        self._ui(close)
+        if self._aside is not None:
+            self._aside.end()
 
     def save(self, final: bool = False) -> None:
         """Write the bars' state where a saved notebook keeps it (the notebook's bars do); `final`:
@@ -259,7 +335,7 @@ def with_bar(batches: Iterator[Any], count: int, what: str, bars: Bars, place: H
     try:
         for batch in batches:
             yield batch
-            loop.bar.update(1)
+            bars.step(loop)
     finally:
         bars.pass_ended(loop)
         if own:
@@ -277,6 +353,8 @@ def _hook(make: Callable[[], Bars]) -> Callable[[Iterator[Any], int, str], Itera
             return with_bar(batches, count, what, make(), place, own=True)
         if calls.bars is None:
             calls.bars = make()
+            if steps.current() is not None:  # a background run's: it must not wait on them
+                calls.bars.set_aside()
         return with_bar(batches, count, what, calls.bars, place)
     return progress
 

@@ -76,3 +76,43 @@ def deliver_ctrl_c(frame: FrameType | None) -> None:
     handler = current.replaced if type(current) is _Router else current
     if callable(handler):
         handler(signal.SIGINT, frame)
+
+
+class Presses:
+    """A holder that counts the Ctrl-Cs it gets, to pass them on later (`deliver`)."""
+
+    __slots__ = ("count", "frame")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.frame: FrameType | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        self.frame = frame
+
+    def deliver(self) -> None:
+        """Pass each Ctrl-C noted on, now, to whoever gets SIGINT now (Python's own handler raises
+        KeyboardInterrupt at the first)."""
+        count, self.count = self.count, 0
+        for _ in range(count):
+            handler = _current_handler(signal.SIGINT)
+            if callable(handler):
+                handler(signal.SIGINT, self.frame)
+
+
+class held_back:  # noqa: N801 (used as a function: `with held_back(): ...`)
+    """Ctrl-C held back for a block that must not be cut short: code that takes a lock and gives it
+    back (tqdm's, a widget library's) would leave it taken if KeyboardInterrupt came between the two,
+    and every later user of the lock would wait forever. A Ctrl-C that comes meanwhile is passed on
+    as the block ends, as if it came then. Costs two global assignments where nothing comes."""
+
+    __slots__ = ("_presses", "_token")
+
+    def __enter__(self) -> None:
+        self._presses = Presses()
+        self._token = hold_ctrl_c(self._presses)
+
+    def __exit__(self, *exc: object) -> None:
+        release_ctrl_c(self._token)
+        self._presses.deliver()

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from . import sigint
+
 # Held by a background run's thread while a step runs; re-entrant, so the run's own calls (which
 # take it like anyone's) go through.
 STEP_LOCK = threading.RLock()
@@ -83,17 +85,35 @@ class StepControl:
 class _BetweenSteps:
     """STEP_LOCK, counting who waits for it, so that a run lets them in at its next boundary (a
     lock's release wakes a waiter, but the thread that released it would most often take it again
-    first, starving the rest)."""
+    first, starving the rest).
+
+    Taken so that Ctrl-C can't leave it held: a KeyboardInterrupt raised in `__enter__` after the
+    lock was taken would leave it taken for good (no `__exit__` runs), and the background run would
+    wait for it forever. So Ctrl-C is held back while the lock is waited for (a press gives up the
+    wait, without the lock, and is passed on), and let through again as the last thing `__enter__`
+    does, after which CPython checks for signals only inside the `with` block."""
 
     def __enter__(self) -> None:
         global _waiting
         with _count_lock:
             _waiting += 1
         try:
-            STEP_LOCK.acquire()
+            while True:
+                presses = sigint.Presses()
+                token = sigint.hold_ctrl_c(presses)
+                taken, poll = False, -1 if token is False else _PRESS_POLL_S  # False: no signals here
+                while not (taken or presses.count):
+                    taken = STEP_LOCK.acquire(timeout=poll)
+                if taken and not presses.count:
+                    break
+                if taken:
+                    STEP_LOCK.release()
+                sigint.release_ctrl_c(token)
+                presses.deliver()  # Python's handler raises KeyboardInterrupt; a holder's may go on
         finally:
             with _count_lock:
                 _waiting -= 1
+        sigint.release_ctrl_c(token)
 
     def __exit__(self, *exc: object) -> None:
         STEP_LOCK.release()
@@ -101,6 +121,7 @@ class _BetweenSteps:
 
 _BETWEEN_STEPS = _BetweenSteps()
 _waiting = 0  # threads waiting for STEP_LOCK in between_steps
+_PRESS_POLL_S = 0.05  # how soon a Ctrl-C while waiting for STEP_LOCK gives up the wait
 LET_IN_S = 1.0  # the longest a run waits at a boundary for the others to take their turn
 
 

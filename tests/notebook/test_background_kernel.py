@@ -1,13 +1,17 @@
 """Training in the background through a real kernel (issue 14, item 4's Done-when): a cell starts
 `fit(..., background=True)` on cpu[0 1] and returns at once; the next cells read the model and
-`%shapescript status` while it trains, then stop it at a step boundary; the model trains on."""
+`%shapescript status` while it trains, then stop it at a step boundary; the model trains on. And
+after Ctrl-C landed all over the notebook's progress bars (issue 37, item 1), a run still trains."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 
 from test_kernel import LINEAR_STEP, Kernel, cell, kernel  # noqa: F401  (kernel: the module's fixture)
+
+INTERRUPT_POINTS = Path(__file__).with_name("interrupt_points.py")
 
 FIT = """
 fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
@@ -58,3 +62,31 @@ def test_a_background_run_leaves_the_kernel_free_and_stops_at_a_step(kernel: Ker
     # The model is as the last step left it: a step in the foreground changes it, from there.
     kernel.ok("before = m.w\nstep(m, opt, {'x': torch.randn(4, 3), 'y': torch.arange(4) % 2})\n"
               "assert not torch.equal(before, m.w)")
+
+
+@pytest.mark.slow
+def test_ctrl_c_anywhere_in_the_notebooks_bars_leaves_no_lock_taken(kernel: Kernel) -> None:
+    """Each cell lands one Ctrl-C at a line of tqdm's or the widgets' code as a loop's bar is made,
+    moved on or closed, on cpu[0 1] (interrupt_points.py); tqdm's lock must then be free. Then a
+    background run trains while a field is read. On 875fb62 a Ctrl-C in tqdm's lock code left the
+    lock taken, and the background run, holding the step lock, waited for it for good."""
+    kernel.ok("%shapescript reset")
+    kernel.ok(cell(LINEAR_STEP + FIT))
+    kernel.ok(f"exec(open({str(INTERRUPT_POINTS)!r}).read())\n"
+              "from tqdm.notebook import tqdm\n"
+              "LIBRARIES = ['tqdm', 'ipywidgets', 'comm']\n"
+              "m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)\n"
+              "data = ss.TensorDataset(x=torch.randn(18, 3), y=torch.arange(18) % 2)\n"
+              "def go():\n    fit(m, opt, data, ss.sinks.memory())\n"
+              "go()")  # once untraced: some things happen only the first time
+    run = kernel.ok("run = lines_run(go, LIBRARIES)\nprint(json.dumps(run))").value()
+    assert any(name == "acquire" for name, _ in run)
+    tried = kernel.ok("print(json.dumps(points(run, most=30)))").value()
+    for point in tried:
+        seen = kernel.ok(f"came, raised = interrupted_at({point}, go, LIBRARIES)\n"
+                         "print(json.dumps([came, type(raised).__name__, lock_free(tqdm.get_lock())]))").value()
+        assert seen[2], f"Ctrl-C at {point} of the bars' code left tqdm's lock taken"
+        assert seen[:2] == [True, "KeyboardInterrupt"] or seen[:2] == [True, "StepInterrupt"], f"at {point}: {seen}"
+    ran = kernel.ok("h = fit(m, opt, data, ss.sinks.memory(), background=True)\nw = m.w\nh.wait(timeout=60)\n"
+                    "print(json.dumps([h.state, h.steps, list(w.shape)]))", timeout=90).value()
+    assert ran == ["finished", 3, [3, 2]]
