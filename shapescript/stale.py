@@ -189,6 +189,17 @@ def current_models(program: Any, guards: tuple[Any, ...]) -> tuple[Any, ...]:
                  if isinstance(g, KindGuard) and g.kind in ("model", "optimizer") else g for g in guards)
 
 
+def read_refusal(spec: ModelSpec, member: str, program: Any) -> str | None:
+    """Why reading `member` of a model of spec `spec` is refused in `program`, whose type of that
+    name has other shapes now (None: it hasn't): the words a call's refusal has."""
+    changed = staleness(spec, program)
+    if changed is None:
+        return None
+    name = changed.model
+    return (f"reading `{member}`: this {name} was {changed.made()}, so its fields have the old shapes; make it "
+            f"again ({name}.init(seed=...)) or restore a checkpoint (its old values: .state_dict())")
+
+
 # -- a notebook cell's notes -----------------------------------------------------------------------
 
 def stale_notes(program: Any, values: Mapping[str, Any], is_model: Callable[[Any], bool],

@@ -28,7 +28,7 @@ from ..errors import CompileError, ShapeScriptError, terminal_lines, terminal_te
 from ..parallel.interrupts import StepInterrupt
 from . import on_cluster, progress
 from .report import CellCompileError, NotebookError
-from .session import PROGRAM_VARIABLE, Session
+from .session import CELL_DISCARD, PROGRAM_VARIABLE, Discard, Session
 from .timeline import view_for
 from .widgets import in_kernel, show_device_table
 from .workers import give_back_freed_memory
@@ -38,13 +38,18 @@ USAGE = f"""\
 %%shapescript              compile the cell into the notebook's program; its models, data types and
                            functions become names in the notebook, the Program is `{PROGRAM_VARIABLE}`
 %%shapescript --batch N    the same, its placement table showing the shares of a batch of N
+%%shapescript --discard    the same, even if a new devices line stops workers that hold models
 %shapescript comms         the placement and communication table (--batch N: the shares of a batch of N)
-%shapescript devices D     run the program on D: cpu, cuda, cpu[0 1], cuda[0 1 2] (without D: show them)
+%shapescript devices D     run the program on D: cpu, cuda, cpu[0 1], cuda[0 1 2] (without D: show them);
+                           refused while the workers hold models or optimizers, unless --discard
 %shapescript cluster A     run the workers on the Ray cluster at A: auto, ray://host:port or host:port
-                           (without A: show it, its nodes and their resources; `off`: back to this machine)
+                           (without A: show it, its nodes and their resources; `off`: back to this machine;
+                           --discard as for devices)
 %shapescript status        the workers: device, pid, memory, and the models and optimizers they hold
 %shapescript timeline      where each worker's time goes in the calls on the workers, live
-%shapescript stop          stop the workers (they start again when needed)
+%shapescript stop          stop the workers, losing the models and optimizers on them: refused while
+                           there are some, unless --discard (they start again when needed). To stop a
+                           run in the background and keep its models: h.stop(), on its handle
 %shapescript source        the notebook's whole program, with the line numbers run-time errors give
 %shapescript reset         forget every definition and stop the workers
 %shapescript explain CODE  the error index's entry for a code, e.g. E0304
@@ -64,19 +69,23 @@ class ShapeScriptMagics(Magics):
         """ShapeScript in the notebook; `%shapescript help` lists the commands."""
         self.session.user_ns = self.shell.user_ns  # the shell's namespace, should %reset have replaced it
         if cell is not None:
-            batch = _batch_option(line, "%%shapescript", " (set the devices with a `devices` line in the cell, "
+            discard, options = _discard_option(line)
+            batch = _batch_option(options, "%%shapescript", " (set the devices with a `devices` line in the cell, "
                                   "or with %shapescript devices cpu[0 1])")
             source = Cell(self._cell_label(), f"%%shapescript {line.strip()}".rstrip() + f"\n{cell}", first_line=2)
-            _print(self._run(lambda: self.session.run_cell(source)))
+            _print(self._run(lambda: self.session.run_cell(source, Discard(discard, CELL_DISCARD))))
             self._show_placement(batch)
             return
         command, _, rest = line.strip().partition(" ")
         rest = rest.strip()
+        discard, without = _discard_option(rest)
         if command == "devices":
-            self._devices(rest)
+            self._devices(without, discard)
         elif command == "cluster":
-            self._cluster(rest)
-        elif command in ("status", "stop", "source", "reset") and not rest:
+            self._cluster(without, discard)
+        elif command == "stop" and not without:
+            _print(self._run(lambda: self.session.stop(discard)))
+        elif command in ("status", "source", "reset") and not rest:
             self._simple(command)
         elif command == "explain" and rest:
             try:
@@ -94,7 +103,7 @@ class ShapeScriptMagics(Magics):
         else:
             raise UsageError(f"unknown %shapescript command {line.strip()!r}; the commands are:\n{USAGE}")
 
-    def _devices(self, text: str) -> None:
+    def _devices(self, text: str, discard: bool) -> None:
         if not text:
             program = self.session.program
             print(f"The program runs on {program.devices}." if program is not None else
@@ -104,19 +113,19 @@ class ShapeScriptMagics(Magics):
             parse_devices(text)  # a bad spelling is a usage error, before anything changes
         except ValueError as e:
             raise UsageError(terminal_text(str(e))) from None
-        _print(self._run(lambda: self.session.set_devices(text)))
+        _print(self._run(lambda: self.session.set_devices(text, discard)))
         self._show_placement()
 
-    def _cluster(self, address: str) -> None:
-        """`%shapescript cluster [ADDRESS | off]` (on_cluster.py)."""
+    def _cluster(self, address: str, discard: bool) -> None:
+        """`%shapescript cluster [ADDRESS | off] [--discard]` (on_cluster.py)."""
         if not address:
             display(on_cluster.view())
             return
         try:
             if address == "off":
-                _print(on_cluster.disconnect(self.session))
+                _print(self._run(lambda: on_cluster.disconnect(self.session, discard)))
             else:
-                _print(on_cluster.connect(self.session, address))
+                _print(self._run(lambda: on_cluster.connect(self.session, address, discard)))
         except on_cluster.AddressError as e:
             raise UsageError(str(e)) from None
 
@@ -150,7 +159,7 @@ class ShapeScriptMagics(Magics):
         elif command == "source":
             _print([self.session.source()])
         else:
-            _print(self._run(self.session.stop if command == "stop" else self.session.reset))
+            _print(self._run(self.session.reset))
 
     @staticmethod
     def _run(action: Callable[[], T]) -> T:
@@ -171,6 +180,12 @@ class ShapeScriptMagics(Magics):
         result = getattr(self.shell.displayhook, "exec_result", None)
         count = getattr(result, "execution_count", None)
         return f"cell [{count}]" if count is not None else "the cell"
+
+
+def _discard_option(args: str) -> tuple[bool, str]:
+    """Whether a magic's arguments say `--discard`, and the rest of them."""
+    words = args.split()
+    return "--discard" in words, " ".join(w for w in words if w != "--discard")
 
 
 def _batch_option(args: str, magic: str, more: str = "") -> int | None:

@@ -19,7 +19,7 @@ from ..api import cluster as use_cluster
 from ..errors import ShapeScriptError
 from ..parallel import cluster as clusters
 from .report import NotebookError, Rich, render_rows
-from .session import Session
+from .session import Discard, Session
 
 FORMS = "`auto`, `ray://host:port` (Ray Client) or `host:port` (the head's GCS address)"
 _NOT_RESOURCES = ("node:", "accelerator_type:")  # Ray's bookkeeping entries among a node's resources
@@ -36,10 +36,11 @@ def check_address(text: str) -> None:
         raise AddressError(f"%shapescript cluster: {text!r} isn't a cluster's address; an address is {FORMS}")
 
 
-def connect(session: Session, address: str) -> list[str]:
+def connect(session: Session, address: str, discard: bool = False) -> list[str]:
     """`%shapescript cluster ADDRESS`: connect, then move the running workers there. Raises
     AddressError for a bad spelling, NotebookError when Ray is missing or the cluster can't be
-    reached; the workers stop only once the address is known to answer."""
+    reached, or (changing nothing) when the workers hold models and `discard` is False; the workers
+    stop only once the address is known to answer."""
     check_address(address)
     try:
         clusters.ray_module()  # a RayNotInstalledError says how to install it
@@ -49,7 +50,8 @@ def connect(session: Session, address: str) -> list[str]:
     if why is not None:
         raise NotebookError(f"couldn't connect to the Ray cluster at {address}: {why}. Is it running there? "
                             f"(`ray status` on its head says)")
-    notes = session.stop_workers(f"the workers move to the Ray cluster at {address}")
+    notes = session.stop_workers(f"the workers move to the Ray cluster at {address}",
+                                 Discard(discard, f"`%shapescript cluster {address} --discard`"))
     try:
         use_cluster(address)
     except ShapeScriptError as exc:  # WorkerError: ray.init refused it
@@ -64,12 +66,12 @@ def connect(session: Session, address: str) -> list[str]:
     return [*notes, said, *session.start_workers(session.program)]
 
 
-def disconnect(session: Session) -> list[str]:
+def disconnect(session: Session, discard: bool = False) -> list[str]:
     """`%shapescript cluster off`: stop the workers on the cluster, then run them on this machine."""
     on = clusters.current()
     if on is None:
         return ["No cluster: the workers already run on this machine."]
-    notes = session.stop_workers("back to this machine's workers")
+    notes = session.stop_workers("back to this machine's workers", Discard(discard, "`%shapescript cluster off --discard`"))
     use_cluster(None)
     return [*notes, f"Disconnected from {on}: the workers run on this machine again.",
             *session.start_workers(session.program)]

@@ -9,23 +9,36 @@ that fails; only then does it move the workers, replace the program and rebind t
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from collections.abc import MutableMapping
 from typing import Any
 
 from ..api import Program, load, parse_devices
 from ..codes import explain
-from ..errors import CompileError, ShapeScriptError, SourceWarning
+from ..errors import CompileError, ShapeError, ShapeScriptError, SourceWarning
+from ..parallel.pool import WorkerPool
 from ..parallel.remote import RemoteModel
 from ..runtime.model import Model
-from ..stale import name_holders, stale_notes
+from ..runtime import model as model_module
+from ..runtime.model import ModelSpec
+from ..stale import name_holders, read_refusal, stale_notes
 from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
 from .report import CellCompileError, Located, NotebookError, Rich, locate, locate_all, runtime_error_lines
-from .workers import describe_loss, measured_memory, pool_of, status_table
+from .workers import ask_workers, describe_loss, held_objects, measured_memory, pool_of, status_table
 
 PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program
 PROGRAM_VARIABLE = "ss_program"  # the notebook's name for the Program
+CELL_DISCARD = "`%%shapescript --discard` as the cell's first line"
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Whether a change may stop workers that hold models or optimizers (`yes`), and, where it may
+    not, how the person says it may (`how`, for the message that refuses it)."""
+    yes: bool
+    how: str
 _MISSING = object()
 
 
@@ -41,12 +54,19 @@ class Session:
         self.items: dict[str, Chunk] = {}  # the latest text of each item, by name, in first-defined order
         self.program: Program | None = None
         self.bound: dict[str, Any] = {}  # the names this session bound, and to what
+        # every model type's spec of every program the cells made, by id (held, so no id is reused),
+        # and those found to fit the current program: a read of a model whose type a later cell
+        # reshaped is refused, as a call is (runtime/model.py's read_check)
+        self._specs: dict[int, ModelSpec] = {}
+        self._fitting: dict[int, ModelSpec] = {}
+        model_module.read_check = self._check_read
 
     # -- changing the program --------------------------------------------------------------------
 
-    def run_cell(self, cell: Cell) -> list[str]:
+    def run_cell(self, cell: Cell, discard: Discard | None = None) -> list[str]:
         """Compile the program with `cell`'s items; notes to show. Raises CellCompileError and
-        changes nothing if the program doesn't compile."""
+        changes nothing if the program doesn't compile, and NotebookError if it would stop workers
+        that hold models or optimizers, unless `discard` says they may go."""
         try:
             chunks = split_cell(cell)
         except CompileError as e:  # a syntax error: its spans are already the cell's own lines
@@ -63,38 +83,63 @@ class Session:
         # This cell's warnings (W0106); an earlier cell's were shown when it ran.
         located = [locate(w, draft, PROGRAM_NAME) for w in program.checked.warnings]
         said = [x.text(draft.source) for x in located if x.cell is cell]
-        return said + self._commit(program, items, {c.key for c in chunks})
+        return said + self._commit(program, items, {c.key for c in chunks}, discard or Discard(False, CELL_DISCARD))
 
-    def set_devices(self, text: str) -> list[str]:
+    def set_devices(self, text: str, discard: bool = False) -> list[str]:
         """`%shapescript devices cpu[0 1]`: the program's devices line becomes this one. ValueError
-        if `text` isn't a devices spelling."""
+        if `text` isn't a devices spelling; NotebookError, changing nothing, if that would stop
+        workers holding models or optimizers, unless `discard`."""
         devices = parse_devices(text)
-        return self.run_cell(Cell("%shapescript devices", f"devices {devices}"))
+        return self.run_cell(Cell("%shapescript devices", f"devices {devices}"),
+                             Discard(discard, f"`%shapescript devices {devices} --discard`"))
 
-    def _commit(self, program: Program, items: dict[str, Chunk], defined: set[str]) -> list[str]:
+    def _commit(self, program: Program, items: dict[str, Chunk], defined: set[str], discard: Discard) -> list[str]:
         changed = changed_keys(self.items, items)
         kinds = {k: c.kind for k, c in (*self.items.items(), *items.items())}
-        notes = self._move_workers(program, keep_datasets=not any(kinds[k] in ("data", "dim") for k in changed))
+        notes = self._move_workers(program, keep_datasets=not any(kinds[k] in ("data", "dim") for k in changed),
+                                   discard=discard)
         notes += self._stale_models(changed, kinds)
         # models whose type a changed dim (or sub-model) reshaped: said now, refused at their next call
         notes += stale_notes(program, dict(self.user_ns), _is_model, skip={k for k in changed if kinds[k] == "model"},
                              before=self.program)
         name_holders(program, self._holders_of)
         self.items, self.program = items, program
+        self._specs.update((id(v), v) for k, v in program.namespace.items() if k.endswith("_spec")
+                           and isinstance(v, ModelSpec))
+        self._fitting = {}
         self._bind(program, defined)
         return notes
 
-    def _move_workers(self, program: Program, keep_datasets: bool) -> list[str]:
+    def _move_workers(self, program: Program, keep_datasets: bool, discard: Discard) -> list[str]:
         """The old program's workers go to the new one if the devices are the same; otherwise they
-        stop (saying what dies with them) and, on several devices, new ones start."""
+        stop (saying what dies with them; refused if that is a model, unless `discard`) and, on
+        several devices, new ones start."""
         if self.program is not None and program.adopt_workers(self.program, keep_datasets):
             return []
-        notes = self.stop_workers(f"the program now runs on {program.devices}")
+        notes = self.stop_workers(f"the program now runs on {program.devices}", discard)
         return notes + self.start_workers(program)
 
-    def stop_workers(self, why: str) -> list[str]:
-        """Stop the workers, saying what goes with them (nothing to say if none run)."""
-        return [self._stop_workers(why)] if pool_of(self.program) is not None else []
+    def stop_workers(self, why: str, discard: Discard) -> list[str]:
+        """Stop the workers, saying what goes with them (nothing to say if none run). NotebookError,
+        and nothing stops, if they hold models or optimizers and `discard` doesn't let them go."""
+        pool = pool_of(self.program)
+        if pool is None:
+            return []
+        if not discard.yes:
+            self._refuse_to_lose(pool, discard.how)
+        return [self._stop_workers(why)]
+
+    def _refuse_to_lose(self, pool: WorkerPool, how: str) -> None:
+        """NotebookError if the workers hold a model or an optimizer (datasets are sent again)."""
+        answers = ask_workers(pool, where="what stopping the workers would lose")
+        held = held_objects(pool, self.user_ns, answers, getattr(self.program, "datasets", None))
+        live = [h for h in held if h.what.endswith((" model", " optimizer"))]
+        if live:
+            raise NotebookError(
+                f"The workers on {pool.devices} hold {', '.join(map(str, live))}: stopping them would lose "
+                f"{'it' if len(live) == 1 else 'them'}, so nothing has changed. Save what you need first "
+                f"(ss.save(path, m, opt)), then {how} stops them anyway. (To stop a run in the background "
+                f"and keep its models, use its handle: h.stop().)")
 
     @staticmethod
     def start_workers(program: Program | None) -> list[str]:
@@ -119,6 +164,17 @@ class Session:
                 notes.append(f"model {name} changed: {', '.join(holders)} {were} made from its old definition; "
                              f"make new models with {name}.init(seed=...).")
         return notes
+
+    def _check_read(self, spec: ModelSpec, member: str) -> None:
+        """A ShapeError if `spec` is one of the cells' model types and the current program's type of
+        that name has other shapes now."""
+        program = self.program
+        if program is None or id(spec) not in self._specs or id(spec) in self._fitting:
+            return
+        refused = read_refusal(spec, member, program)
+        if refused is not None:
+            raise ShapeError(refused)
+        self._fitting[id(spec)] = spec
 
     def _holders_of(self, value: Any) -> list[str]:
         """The notebook's variables that hold `value`."""
@@ -148,11 +204,13 @@ class Session:
     def status(self) -> Rich:
         return status_table(self.program, self.user_ns)
 
-    def stop(self) -> list[str]:
-        """Stop the workers, saying what they held."""
+    def stop(self, discard: bool = False) -> list[str]:
+        """Stop the workers, saying what they held; refused while they hold models or optimizers,
+        unless `discard`."""
         if pool_of(self.program) is None:
             return ["No workers are running."]
-        return [self._stop_workers("%shapescript stop"), "They start again when the program next needs them."]
+        notes = self.stop_workers("%shapescript stop", Discard(discard, "`%shapescript stop --discard`"))
+        return notes + ["They start again when the program next needs them."]
 
     def reset(self) -> list[str]:
         """Forget every definition and stop the workers."""

@@ -28,6 +28,7 @@ from shapescript.parallel.loading import OWN_SHARE, RemoteBatch, RemoteBatches
 from shapescript.parallel.shared import SharedRows, share_rows
 from shapescript.runtime.data import Batch, batch_fields, trusted_batch
 from shapescript.runtime.modes import Mode
+from shapescript.runtime import model as model_module
 from shapescript.runtime.model import ModelSpec, SubSpec, members_text, param_names, refuse_change
 
 _handles = itertools.count(1)
@@ -146,6 +147,8 @@ def read_member(root: RemoteModel, spec: ModelSpec, path: str, name: str) -> Any
     if member is None:
         raise AttributeError(f"model {spec.name} has no member `{name}`")
     dotted = path + member_name
+    if model_module.read_check is not None:
+        model_module.read_check(spec, dotted)
     if isinstance(member, SubSpec) and member.count is not None:
         return tuple(RemoteSubModel(root, member.model, f"{dotted}.{k}.") for k in range(member.count))
     if isinstance(member, SubSpec):

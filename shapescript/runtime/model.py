@@ -331,10 +331,18 @@ def model_class(spec: ModelSpec) -> type[Model]:
     return type(spec.name, (Model,), {m.name: _member_property(m.name) for m in spec.members})
 
 
+# Asked, when set, before a member of a model is read from Python (`m.w`, `m.enc`): read_check(spec,
+# member) raises to refuse the read. A notebook refuses a model whose type a later cell reshaped
+# (notebook/session.py), as a call refuses it.
+read_check: Callable[[ModelSpec, str], None] | None = None
+
+
 def _member_property(name: str) -> property:
     live = live_name(name)
 
     def read(self: Model) -> Any:
+        if read_check is not None:
+            read_check(self.spec, name)
         value = self.__dict__[live]
         if not isinstance(value, torch.Tensor):
             return value

@@ -299,7 +299,7 @@ def test_stop_and_the_kernels_end_leave_no_worker(tmp_path: Path) -> None:
         # They watch the kernel's process: they end with it even if it is killed outright.
         assert all(psutil.Process(w).cmdline()[-2:] == ["--parent", str(pid)] for w in workers)
         assert all(str(w) in k.ok("%shapescript status").plain[0] for w in workers)
-        assert "Stopping the workers on cpu[0 1]" in k.ok("%shapescript stop").stdout
+        assert "Stopping the workers on cpu[0 1]" in k.ok("%shapescript stop --discard").stdout
         assert gone(workers) and children(pid) == before | servers  # the fork server stays for the next
         k.ok(workers_up)  # they start again when needed
         workers = children(pid) - before - servers
@@ -389,3 +389,47 @@ def test_a_second_quick_interrupt_stops_the_workers_and_says_so(fresh: Kernel) -
     stale = fresh.run("m.w")
     assert stale.status == "error" and "workers that have stopped" in stale.traceback
     assert fresh.ok("print(json.dumps(list(Lin.init(seed=0).w.shape)))").value() == [3, 2]  # new workers
+
+
+@pytest.mark.slow
+def test_stopping_or_moving_workers_that_hold_models_is_refused_without_discard(fresh: Kernel) -> None:
+    """`%shapescript stop`, `%shapescript devices ...` and a cell with a new devices line would lose
+    the models and optimizers on the workers: each is refused, naming them, and nothing changes,
+    until told `--discard` (issue 37, item 6). On 875fb62 each went ahead."""
+    fresh.ok(cell(LINEAR_STEP))
+    fresh.ok("m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)\n"
+             "step(m, opt, {'x': torch.randn(4, 3), 'y': torch.arange(4) % 2})\nbefore = m.w")
+    for line, how in (("%shapescript stop", "`%shapescript stop --discard`"),
+                      ("%shapescript devices cpu[0 1 2]", "`%shapescript devices cpu[0 1 2] --discard`"),
+                      (cell(LINEAR_STEP.replace("cpu[0 1]", "cpu[0 1 2]")), "`%%shapescript --discard`")):
+        refused = fresh.run(line)
+        assert refused.status == "error", line
+        said = refused.traceback
+        assert "The workers on cpu[0 1] hold m (Lin model, 24 bytes per device), opt (AdamW[Lin] optimizer" in said
+        assert how in said and "h.stop()" in said and "Traceback" not in said, said
+        kept = fresh.ok("print(json.dumps([str(ss_program.devices), torch.equal(m.w, before)]))").value()
+        assert kept == ["cpu[0 1]", True], line
+    moved = fresh.ok("%shapescript devices cpu[0 1 2] --discard")
+    assert "gone with them: m (Lin model), opt (AdamW[Lin] optimizer)" in moved.stdout
+    assert "this Lin was on workers that have stopped" in fresh.run("m.w").traceback
+    fresh.ok("m = Lin.init(seed=1)")
+    assert "Stopping the workers on cpu[0 1 2]" in fresh.ok("%shapescript stop --discard").stdout
+
+
+@pytest.mark.slow
+def test_reading_a_field_of_a_model_a_later_cell_reshaped_is_refused_as_a_call_is(fresh: Kernel) -> None:
+    """A cell that changes a dim leaves the notebook's models of the old shapes: a call with one is
+    refused (a ShapeError), and reading a field is refused the same way, not given silently in its
+    old shape (issue 37, item 6); its old values stay readable through state_dict()."""
+    fresh.ok(cell(LINEAR_STEP))
+    fresh.ok("m = Lin.init(seed=0)")
+    fresh.ok(cell("dim D = 4"))
+    call = fresh.run("step(m, ss.adamw(m, lr=0.1), {'x': torch.randn(4, 4), 'y': torch.arange(4) % 2})")
+    read = fresh.run("m.w")
+    for refused in (call, read):
+        assert refused.error is not None and refused.error["ename"] == "ShapeError", refused.traceback
+        assert "was made with D = 3, but D is now 4" in refused.traceback
+        assert "make it again (Lin.init(seed=...)) or restore a checkpoint" in refused.traceback
+    assert "reading `w`" in read.traceback
+    assert fresh.ok("print(json.dumps(list(m.state_dict()['w'].shape)))").value() == [3, 2]
+    fresh.ok("m = Lin.init(seed=0)\nassert m.w.shape == (4, 2)")
