@@ -255,3 +255,16 @@ class CompileError(ShapeScriptError):
     @property
     def codes(self) -> list[str]:
         return [d.code for d in self.diagnostics]
+
+
+# The program's functions a worker's error came through there, outermost first, as (name, .ss line,
+# column): put on the error the controller raises (parallel/failures.py), read by the notebook.
+_WORKER_PLACES = "_shapescript_worker_places"
+
+
+def note_worker_places(exc: BaseException, places: list[tuple[str, int, int]]) -> None:
+    setattr(exc, _WORKER_PLACES, [tuple(p) for p in places])
+
+
+def worker_places(exc: BaseException) -> list[tuple[str, int, int]]:
+    return list(getattr(exc, _WORKER_PLACES, ()))

@@ -259,8 +259,19 @@ def _short_runtime_errors(ip: InteractiveShell, session: Session) -> None:
             return show(exc_tuple, *args, **kwargs)
         finally:
             del error._render_traceback_  # type: ignore[attr-defined]
+            _say_in_cells(error, session.in_cells)  # for %tb too
 
     ip.showtraceback = shorter  # type: ignore[method-assign]
+
+
+def _say_in_cells(error: BaseException, in_cells: Callable[[str], str]) -> None:
+    """The error's message and notes with the program's places said as the cells' lines, for the
+    whole traceback that `%tb` shows of it."""
+    if error.args and isinstance(error.args[0], str):
+        error.args = (in_cells(error.args[0]), *error.args[1:])
+    notes = getattr(error, "__notes__", None)
+    if isinstance(notes, list):
+        notes[:] = [in_cells(n) if isinstance(n, str) else n for n in notes]
 
 
 def _show_models(ip: InteractiveShell) -> None:

@@ -122,28 +122,45 @@ _WORKER_TRACEBACK = re.compile(r"worker \d+'s traceback")  # a note of pool.py's
 FULL_TRACEBACK = "The whole traceback, with ShapeScript's own frames: %tb"
 
 
-def runtime_error_lines(error: BaseException, draft: Draft, program_name: str,
-                        calls: Sequence[tuple[str, Span]] = ()) -> list[str]:
-    """What a run-time error of the notebook's program shows instead of its traceback: `Type: message`
-    with each `notebook.ss:12:5` said as "cell [3], line 2", the first such line's text (with a caret
-    at its column), the program's functions it passed through (`calls`, innermost first), the notes
-    that aren't a worker's traceback, and how to see the whole traceback."""
-    pattern = re.compile(re.escape(program_name) + r":(\d+):(\d+)")
-    places: list[tuple[Cell, int, int]] = []
+class CellPlaces:
+    """Says each of a program's places in a text ("notebook.ss:12:5") as the cell and its line
+    ("cell [3], line 2"), as the cells showed them; `said` collects each place said (cell, line,
+    column), in order."""
 
-    def mention(m: re.Match[str]) -> str:
-        hit = draft.locate(int(m.group(1)))
+    def __init__(self, draft: Draft, program_name: str) -> None:
+        self.draft = draft
+        self.pattern = re.compile(re.escape(program_name) + r":(\d+):(\d+)")
+        self.said: list[tuple[Cell, int, int]] = []
+
+    def __call__(self, text: str) -> str:
+        return self.pattern.sub(self._mention, text)
+
+    def _mention(self, m: re.Match[str]) -> str:
+        hit = self.draft.locate(int(m.group(1)))
         if hit is None:
             return m.group(0)
-        places.append((hit[0].cell, hit[1], int(m.group(2))))
+        self.said.append((hit[0].cell, hit[1], int(m.group(2))))
         return f"{hit[0].cell.label}, line {hit[1]}"
 
+
+def runtime_error_lines(error: BaseException, draft: Draft, program_name: str,
+                        calls: Sequence[tuple[str, Span]] = (), failed_at: Span | None = None) -> list[str]:
+    """What a run-time error of the notebook's program shows instead of its traceback: `Type: message`
+    with each `notebook.ss:12:5` said as "cell [3], line 2", the text of the line that failed with a
+    caret at its column (`failed_at` where known, as a worker's innermost call; else the message's
+    first place), the program's functions it passed through (`calls`, innermost first), the notes
+    that aren't a worker's traceback, and how to see the whole traceback."""
+    in_cells = CellPlaces(draft, program_name)
     notes = [n for n in getattr(error, "__notes__", ()) if not _WORKER_TRACEBACK.match(n)]
     said = str(error)
     if not said and notes:  # an interrupt's message is its note: what became of the step and the models
         said = notes.pop(0)
-    message = pattern.sub(mention, f"{type(error).__name__}: {said}")
-    notes = [pattern.sub(mention, n) for n in notes]
+    message = in_cells(f"{type(error).__name__}: {said}")
+    places = in_cells.said[:1]
+    notes = [in_cells(n) for n in notes]
+    hit = draft.locate(failed_at.line) if failed_at is not None else None
+    if hit is not None and failed_at is not None:
+        places = [(hit[0].cell, hit[1], failed_at.col)]
     lines = message.split("\n")
     shown: set[tuple[Cell, int]] = set()
     if places:

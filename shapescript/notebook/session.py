@@ -15,7 +15,7 @@ from typing import Any
 
 from ..api import Program, load, parse_devices
 from ..codes import explain
-from ..errors import CompileError, ShapeError, ShapeScriptError, SourceWarning
+from ..errors import CompileError, ShapeError, ShapeScriptError, SourceWarning, Span, worker_places
 from ..parallel.pool import WorkerPool
 from ..parallel.remote import RemoteModel
 from ..runtime.model import Model
@@ -25,7 +25,8 @@ from ..stale import name_holders, read_refusal, stale_notes
 from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
-from .report import CellCompileError, Located, NotebookError, Rich, locate, locate_all, runtime_error_lines
+from .report import (CellCompileError, CellPlaces, Located, NotebookError, Rich, locate, locate_all,
+                     runtime_error_lines)
 from .workers import ask_workers, describe_loss, held_objects, measured_memory, pool_of, status_table
 
 PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program
@@ -202,7 +203,8 @@ class Session:
     # -- the workers and the rest ----------------------------------------------------------------
 
     def status(self) -> Rich:
-        return status_table(self.program, self.user_ns)
+        table = status_table(self.program, self.user_ns)
+        return Rich(self.in_cells(table.text), self.in_cells(table.html))
 
     def stop(self, discard: bool = False) -> list[str]:
         """Stop the workers, saying what they held; refused while they hold models or optimizers,
@@ -255,8 +257,21 @@ class Session:
     def error_lines(self, error: BaseException) -> list[str]:
         """A run-time error as the notebook shows it: its places in the program ("notebook.ss:12:5")
         said as the cells and their lines, as `source()` maps them."""
-        calls = self.program.locate(error) if self.program is not None else []  # its generated frames
-        return runtime_error_lines(error, Draft.join(self.items.values()), PROGRAM_NAME, calls)
+        program = self.program
+        calls = program.locate(error) if program is not None else []  # its generated frames
+        failed_at = None
+        if program is not None:
+            calls += [(name, Span(program.checked.file, line, col, line, col + 1))  # and a worker's
+                      for name, line, col in worker_places(error)]
+            # the caret: the line that failed, in the innermost fn of the program's own (an extern
+            # fn's frame is at its declaration, and the Python it calls failed)
+            ours = [span for name, span in calls if (info := program.checked.fns.get(name)) and info.kind == "fn"]
+            failed_at = ours[-1] if ours else None
+        return runtime_error_lines(error, Draft.join(self.items.values()), PROGRAM_NAME, calls, failed_at)
+
+    def in_cells(self, text: str) -> str:
+        """`text` with each place of the program ("notebook.ss:12:5") said as the cell and its line."""
+        return CellPlaces(Draft.join(self.items.values()), PROGRAM_NAME)(text)
 
     def device_table_view(self, batch: int | None = None) -> DeviceTableView | None:
         """The program's DeviceTable with its text and each line's cell, with the shares of a batch of

@@ -100,8 +100,9 @@ class TimelineView:
     program's pool's), `idle()` why there is none; after that, it shows whichever pool's timeline
     took the latest call."""
 
-    def __init__(self, source: Callable[[], T.Timeline | None], idle: Callable[[], str], fps: float = 4.0) -> None:
-        self.source, self.idle = source, idle
+    def __init__(self, source: Callable[[], T.Timeline | None], idle: Callable[[], str], fps: float = 4.0,
+                 in_cells: Callable[[str], str] = lambda text: text) -> None:
+        self.source, self.idle, self.in_cells = source, idle, in_cells  # in_cells: the program's places as the cells
         self.timeline: T.Timeline | None = None
         self.idle_text = ""
         widgets = ipywidgets()
@@ -121,7 +122,7 @@ class TimelineView:
         T.LISTENERS.append(listener)
 
     def html(self) -> str:
-        return timeline_html(self.timeline, self.idle_text)
+        return self.in_cells(timeline_html(self.timeline, self.idle_text))
 
     def redraw(self) -> None:
         if self.widget is not None:
@@ -133,7 +134,8 @@ class TimelineView:
         self.idle_text = self.idle()
         self.redraw()
         timeline = self.timeline
-        text = str(timeline.table(MEAN_OF)) if timeline is not None and timeline.steps else self.idle_text
+        text = (str(timeline.table(MEAN_OF).said_by(self.in_cells)) if timeline is not None and timeline.steps
+                else self.idle_text)
         return Shown(self.widget, text, self.html())
 
 
@@ -155,5 +157,6 @@ def view_for(session: Any) -> TimelineView:
             bars = " The bars appear with the first call on them." if program.several else ""
             return program.timeline().message + bars
 
-        view = _VIEWS[session] = TimelineView(source, idle)
+        in_cells = getattr(session, "in_cells", None)  # a Session's; a stand-in may have none
+        view = _VIEWS[session] = TimelineView(source, idle, **({"in_cells": in_cells} if in_cells else {}))
     return view

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from shapescript.errors import ShapeScriptError, WorkerError
+from shapescript.errors import ShapeScriptError, WorkerError, note_worker_places
 from shapescript.parallel.processes import TIMEOUT_ENV, WorkerProcess, ranks_text
 from shapescript.parallel.worker import WAITING, describe_status
 
@@ -150,4 +150,5 @@ class FailureReports:
             exc.add_note(note)
         if payload["traceback"]:
             exc.add_note(f"worker {w.rank}'s traceback ({w.label}):\n{payload['traceback']}")
+        note_worker_places(exc, payload.get("places", []))
         raise exc

@@ -312,6 +312,14 @@ class TimelineTable:
 
     def __init__(self, steps: list[Step], devices: str, message: str = "") -> None:
         self.steps, self.devices, self.message = steps, devices, message
+        self.say: Callable[[str], str] = lambda text: text  # how its titles and headers say the program's places
+
+    def said_by(self, say: Callable[[str], str]) -> "TimelineTable":
+        """The same table, saying the program's places ("notebook.ss:12:5") as `say` does (a notebook's
+        cells), before its columns are lined up."""
+        table = TimelineTable(self.steps, self.devices, self.message)
+        table.say = say
+        return table
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -331,7 +339,8 @@ class TimelineTable:
         by_fn: dict[str, list[Step]] = {}
         for step in reversed(self.steps):
             by_fn.setdefault(step.where, []).append(step)
-        return [_section(where, steps, self.devices) for where, steps in by_fn.items()]
+        said = [_section(where, steps, self.devices) for where, steps in by_fn.items()]
+        return [Section(self.say(s.title), tuple(map(self.say, s.header)), s.cells, s.slowest) for s in said]
 
     def __str__(self) -> str:
         if self.message:

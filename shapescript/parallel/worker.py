@@ -317,6 +317,21 @@ def _from_a_collective(exc: BaseException) -> bool:
         os.path.join("torch", "distributed") in tb.tb_frame.f_code.co_filename
 
 
+def program_places(exc: BaseException) -> list[tuple[str, int, int]]:
+    """The program's functions an error came through on this worker, outermost first, each as its
+    name and the .ss line and column its generated frame was at (the module's SS_LINES): so that
+    the notebook can point at the call that failed, not at the function called from Python."""
+    found = []
+    tb = exc.__traceback__
+    while tb is not None:
+        lines = tb.tb_frame.f_globals.get("SS_LINES")
+        if isinstance(lines, dict) and tb.tb_lineno in lines:
+            line, col = lines[tb.tb_lineno]
+            found.append((tb.tb_frame.f_code.co_name, line, col))
+        tb = tb.tb_next
+    return found
+
+
 def error_payload(exc: BaseException, state: WorkerState | None) -> dict[str, Any]:
     """An exception as a reply: its class name, text, traceback, where the worker was, whether it
     failed in a collective, and the exception itself when it's ours and can be pickled."""
@@ -333,6 +348,7 @@ def error_payload(exc: BaseException, state: WorkerState | None) -> dict[str, An
         "status": state.describe() if state is not None else "starting",
         "collective": state is not None and state.kind == WAITING and _from_a_collective(exc),
         "pickled": pickled,
+        "places": program_places(exc),
     }
 
 

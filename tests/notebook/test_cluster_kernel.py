@@ -112,7 +112,10 @@ def test_a_notebook_trains_on_the_cluster_and_a_restart_leaves_nothing(
     kernel.ok(cell("devices cpu[0 1]\n\n" + MLP))
     kernel.ok("m = Mlp.init(seed=0)")  # waits for the workers
     assert len(ours_on_the_cluster()[0]) == 2
-    left = kernel.ok("%shapescript cluster off").stdout
+    refused = kernel.run("%shapescript cluster off")  # m is on them: only with --discard (issue 37, item 6)
+    assert refused.status == "error" and "`%shapescript cluster off --discard`" in refused.traceback
+    assert len(ours_on_the_cluster()[0]) == 2
+    left = kernel.ok("%shapescript cluster off --discard").stdout
     assert ("Stopping the workers on cpu[0 1] (back to this machine's workers); gone with them: m (Mlp model)."
             in left), left
     assert f"Disconnected from the Ray cluster at {address}: the workers run on this machine again." in left

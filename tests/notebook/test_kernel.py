@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -242,7 +243,7 @@ def test_handles_survive_cells_on_two_devices(fresh: Kernel) -> None:
             f"opt (AdamW[Mlp] optimizer, {state:,} bytes ({state / 2**20:.2f} MiB) per device).") in status
     assert "cpu:0" in status and "cpu:1" in status
     # Other devices: the old workers stop, saying what goes with them, and the handles say so too.
-    moved = fresh.ok("%shapescript devices cpu")
+    moved = fresh.ok("%shapescript devices cpu --discard")
     assert "gone with them: m (Mlp model), opt (AdamW[Mlp] optimizer)" in moved.stdout
     stale = fresh.run("m.w1")
     assert stale.status == "error" and "workers that have stopped" in stale.traceback
@@ -433,3 +434,40 @@ def test_reading_a_field_of_a_model_a_later_cell_reshaped_is_refused_as_a_call_i
     assert "reading `w`" in read.traceback
     assert fresh.ok("print(json.dumps(list(m.state_dict()['w'].shape)))").value() == [3, 2]
     fresh.ok("m = Lin.init(seed=0)\nassert m.w.shape == (4, 2)")
+
+
+@pytest.mark.slow
+def test_every_place_a_person_reads_is_a_cell_and_its_line(fresh: Kernel) -> None:
+    """The timeline, the status, a worker's error and its whole traceback (%tb) say "cell [k], line n",
+    as compile errors do, not notebook.ss:L:C; the caret of a worker's error is at the line that
+    failed, not at the header of the function called from Python (issue 37, item 5)."""
+    program = LINEAR_STEP + textwrap.dedent("""\
+        fn bad(m: Lin, x: [b D]) -> [b C]:
+            y = x @ m.w
+            return log_softmax(y, over=C) + unencodable(y)
+        extern fn unencodable(x: [b C]) -> [b C] = "json.dumps"
+        """)
+    fresh.ok(cell(program))
+
+    def line_of(text: str) -> int:  # in the cell, whose first line is %%shapescript
+        return program.split("\n").index(text) + 2
+    header = line_of("fn bad(m: Lin, x: [b D]) -> [b C]:")
+    failing = header + 2
+    fresh.ok("m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)\n"
+             "step(m, opt, {'x': torch.randn(4, 3), 'y': torch.arange(4) % 2})")
+    timeline = fresh.ok("%shapescript timeline").plain[-1]
+    status = fresh.ok("%shapescript status").plain[-1]
+    step_line = line_of("fn step(mut m: Lin, mut opt: AdamW[Lin], batch: [b] Ex) -> []:")
+    said_as = re.search(r"`step` \(cell \[(\d+)\], line (\d+)\)", timeline)
+    assert said_as is not None and int(said_as[2]) == step_line, timeline
+    number = said_as[1]
+    for shown in (timeline, status):
+        assert f"`step` (cell [{number}], line {step_line})" in shown and "notebook.ss" not in shown, shown
+    error = fresh.run("bad(m, torch.randn(4, 3))")
+    said = error.traceback
+    assert f"while running `bad` (cell [{number}], line {header})" in said
+    assert f"--> cell [{number}], line {failing}\n" in said and f"{failing} |     return log_softmax" in said, said
+    tb = fresh.run("%tb")
+    whole = ANSI.sub("", tb.stdout + tb.traceback)
+    assert f"while running `bad` (cell [{number}], line {header})" in whole and "failures.py" in whole, whole
+    assert "notebook.ss:" not in whole
