@@ -23,7 +23,7 @@ from ..api import Program
 from ..background import running
 from ..errors import ShapeScriptError
 from ..parallel.loading import Datasets
-from ..parallel.memory import WorkerMemory
+from ..parallel.memory import CUDA_PEAK, WorkerMemory
 from ..parallel.pool import WorkerPool
 from ..parallel.processes import STOPPED_BY_CONTROLLER
 from ..parallel.remote import RemoteModel, RemoteOptimizer
@@ -222,12 +222,21 @@ def short_bytes(n: int | None) -> str:
     return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}" if value >= 10 else f"{value:.2f} {unit}"
 
 
+def added_cell(m: WorkerMemory) -> str:
+    """The last call's "activations and the rest". On a CPU the peak is the process's resident
+    memory, which grows only when a call needs more than the process holds already: 0 there means
+    the call reused memory freed before it, not that it needed none, and says so."""
+    if m.last is None:
+        return "-"
+    return "0 (reused)" if m.how != CUDA_PEAK and m.last.added == 0 else short_bytes(m.last.added)
+
+
 def _memory_cells(m: WorkerMemory | None) -> list[str]:
     if m is None:
         return ["?"] * len(MEMORY_HEADER)
     call = m.last
     return [short_bytes(m.params), short_bytes(m.optimizer_state),
-            *((short_bytes(call.before), short_bytes(call.peak), short_bytes(call.added)) if call else ["-"] * 3)]
+            *((short_bytes(call.before), short_bytes(call.peak), added_cell(m)) if call else ["-"] * 3)]
 
 
 def _memory_notes(measured: list[WorkerMemory]) -> list[str]:
@@ -237,8 +246,10 @@ def _memory_notes(measured: list[WorkerMemory]) -> list[str]:
     last = measured[0].last
     if last is None:
         return ["No call has run on the workers yet: their memory is measured around each one."]
+    reused = ("; 0 (reused): the call's memory came from what the process already held (its resident memory "
+              "grows only for more)") if measured[0].how != CUDA_PEAK else ""
     return [f"Memory measured on each worker around its last call, {last.what}: peak is {measured[0].how}; "
-            "activations and the rest = peak - before; no gradients are held between calls "
+            f"activations and the rest = peak - before{reused}; no gradients are held between calls "
             "(value_and_grad's live within a step and count in its peak)."]
 
 

@@ -116,8 +116,9 @@ def test_status_and_device_table_show_the_measured_figures() -> None:
                                                      "activations and the rest"]
         for w in workers:
             assert w.last is not None
+            added = "0 (reused)" if w.last.added == 0 else short_bytes(w.last.added)  # on CPU, RSS's growth
             cells = [short_bytes(w.params), short_bytes(w.optimizer_state), short_bytes(w.last.before),
-                     short_bytes(w.last.peak), short_bytes(w.last.added)]
+                     short_bytes(w.last.peak), added]
             row = next(line for line in status.splitlines() if line.startswith(f"{w.rank} "))
             assert re.split(r"\s{2,}", row)[-5:] == cells, (row, cells)
         assert "794 KiB" in status and "`train_step` (notebook.ss:" in status and "clear_refs" in status
@@ -132,3 +133,19 @@ def test_status_and_device_table_show_the_measured_figures() -> None:
         assert DeviceTableView(view.table, view.source).text() == static_text  # the static table is unchanged
     finally:
         session.shutdown()
+
+
+def test_a_cpu_call_that_needed_no_more_resident_memory_says_it_reused_some() -> None:
+    """On a CPU, "activations and the rest" is the growth of the resident memory, 0 whenever the call
+    reused memory freed before it: the table says "0 (reused)", not "0 bytes" as if it needed none
+    (issue 37, item 9); on cuda, whose allocator counts tensors, 0 is 0."""
+    from shapescript.notebook.workers import added_cell
+    from shapescript.parallel.memory import CUDA_PEAK, CallPeak
+    reused, grew = CallPeak("`step`", before=2**20, peak=2**20), CallPeak("`step`", before=2**20, peak=3 * 2**20)
+
+    def on(how: str, call: CallPeak) -> WorkerMemory:
+        return WorkerMemory(rank=0, device="cpu:0", how=how, now=2**20, params=0, optimizer_state=0,
+                            last=call, largest=call)
+    assert added_cell(on(CPU_PEAK, reused)) == "0 (reused)"
+    assert added_cell(on(CPU_PEAK, grew)) == short_bytes(2 * 2**20)
+    assert added_cell(on(CUDA_PEAK, reused)) == short_bytes(0)
