@@ -43,7 +43,11 @@ def bars_svg(step: T.Step) -> str:
     """One `<svg>`: a bar per worker (a `<g class="ss-timeline-bar">` of `<rect>`s, each with its
     part's name and milliseconds as a tooltip), the slowest's name marked, and a legend."""
     colors = _transfer_colors(step)
-    slowest, scale = step.slowest(), (WIDTH - NAME) / max(step.wall, 1e-9)
+    # A worker's parts add up to the controller's time of the call, unless the worker's own time was
+    # longer (a call sent ahead of the reply before it: its messages are then "negative", drawn as
+    # nothing): the longest bar, not the call's time, sets the scale, so no bar runs off the drawing.
+    longest = max((sum(max(0.0, s) for _, s, _ in _segments(p, colors)) for p in step.parts()), default=0.0)
+    slowest, scale = step.slowest(), (WIDTH - NAME) / max(step.wall, longest, 1e-9)
     legend = [(n, COLORS[n]) for n in ("data", "compute")] + list(colors.items()) + \
              [(n, COLORS[n]) for n in ("waiting", "messages")]
     rows = []

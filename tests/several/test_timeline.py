@@ -324,3 +324,22 @@ def test_the_throttle_draws_at_most_once_an_interval_and_always_the_last() -> No
     assert 3 <= len(drawn) <= 6, drawn
     assert all(b - a >= 0.09 for a, b in zip(drawn, drawn[1:]))
     assert drawn[-1] >= last_poke - 0.1  # the pokes at the end were drawn
+
+
+def test_no_bar_runs_off_the_drawing_when_a_workers_own_time_is_longer_than_the_call() -> None:
+    """A call sent ahead of the reply before it can take a worker longer than the controller's time
+    of it (its messages come out negative, drawn as nothing): the bars are scaled to the longest, so
+    each fits the drawing (issue 37, item 9: a bar ran off it in notebook 02)."""
+    import re as re_
+    from shapescript.notebook.timeline import NAME, WIDTH, bars_svg
+    from shapescript.parallel.timeline import Step, WorkerTiming
+    step = Step(1, "`step` (x.ss:3:4)", wall=0.010,
+                workers=(WorkerTiming(0.016, 0.001, (("x.ss:2:5", "all-reduce", 0.002),)),
+                         WorkerTiming(0.008, 0.001, (("x.ss:2:5", "all-reduce", 0.004),))),
+                devices=("cpu:0", "cpu:1"))
+    rect = re_.compile(r'<rect x="([\d.]+)" y="\d+" width="([\d.]+)"')
+    bars = [[(float(x), float(w)) for x, w in rect.findall(bar)]
+            for bar in re_.findall(r'<g class="ss-timeline-bar".*?</g>', bars_svg(step))]
+    ends = [rects[-1][0] + rects[-1][1] for rects in bars]
+    assert len(bars) == 2 and all(rects[0][0] == NAME for rects in bars)
+    assert max(ends) == pytest.approx(WIDTH, abs=0.2)  # the longest bar fills the drawing, and no more
