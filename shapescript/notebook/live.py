@@ -31,6 +31,7 @@ WIDTH, HEIGHT, PAD = 360, 130, 4  # each chart's size in pixels, and the room le
 LEFT, TOP, BOTTOM = 46, 22, HEIGHT - 18  # the plot's edges: room for the value range, the title, the steps
 MAX_POINTS = 2000  # a longer run's line keeps every k-th record so that a redraw stays cheap
 SMALL = 'font-size="10" fill="gray"'
+_SIZE = f'width="100%" viewBox="0 0 {WIDTH} {HEIGHT}" style="min-width:{WIDTH}px;display:block"'
 
 # `log=`: which keys' charts have a logarithmic y axis: none, all (True), or those named.
 LogScale: TypeAlias = bool | str | Sequence[str]
@@ -60,12 +61,30 @@ def _axis_number(value: float) -> str:
     return f"{value:.3g}"
 
 
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """The exponential moving average TensorBoard draws for its smoothing `weight` (0: none), with
+    the start's bias taken out, so that the first points aren't pulled towards 0."""
+    out, average = [], 0.0
+    for k, value in enumerate(values, 1):
+        average = average * weight + (1 - weight) * value
+        out.append(average / (1 - weight ** k) if weight else value)
+    return out
+
+
+def _room_for(labels: list[str]) -> int:
+    """The left margin that fits the y axis's labels (10 px type is about 6 px a character)."""
+    return max(LEFT, 6 * max(map(len, labels)) + 8)
+
+
 def svg_chart(key: str, points: list[tuple[int, float]], last: Value | None = None,
-              most: int = MAX_POINTS, log: bool = False) -> str:
+              most: int = MAX_POINTS, log: bool = False, smooth: float = 0.0) -> str:
     """One `<svg>` with a `<polyline>` of (step, value) points, one per record (up to `most`),
     scaled to fit between a left axis labelled with the values' range and a bottom axis labelled
     with the first and last steps; the key and its last value above. With `log`, the y axis is
-    logarithmic, and values that aren't positive are left out of the line (a note says how many)."""
+    logarithmic, and values that aren't positive are left out of the line (a note says how many).
+    With `smooth` (0 to 1, as TensorBoard's), a second line, `ss-smooth`, draws their moving average
+    over the points, which are then faint. Its width is the cell's, up to twice WIDTH: the drawing
+    scales with it."""
     dropped = 0
     if log:
         kept = [(s, v) for s, v in points if v > 0]
@@ -77,10 +96,12 @@ def svg_chart(key: str, points: list[tuple[int, float]], last: Value | None = No
              + (f'<text class="ss-scale" x="{WIDTH - PAD}" y="14" text-anchor="end" {SMALL}>{M.esc(scale)}</text>'
                 if log else ""))
     if not shown:
-        return (f'<svg class="ss-chart" width="{WIDTH}" height="{HEIGHT}">{title}<text x="{PAD}" y="{TOP + 16}" '
+        return (f'<svg class="ss-chart" {_SIZE}>{title}<text x="{PAD}" y="{TOP + 16}" '
                 f'{SMALL}>(nothing to draw yet)</text></svg>')
     steps = [s for s, _ in shown]
     values = [v for _, v in shown]
+    low, high = _axis_number(min(values)), _axis_number(max(values))
+    left = _room_for([low, high])
     height = (lambda v: math.log10(v)) if log else (lambda v: v)
     lo, hi = height(min(values)), height(max(values))
     if hi == lo:  # a flat line sits in the middle
@@ -88,23 +109,26 @@ def svg_chart(key: str, points: list[tuple[int, float]], last: Value | None = No
     x0, x1 = steps[0], max(steps[-1], steps[0] + 1)
 
     def xy(step: int, value: float) -> str:
-        x = LEFT + (step - x0) / (x1 - x0) * (WIDTH - PAD - LEFT)
+        x = left + (step - x0) / (x1 - x0) * (WIDTH - PAD - left)
         y = BOTTOM - (height(value) - lo) / (hi - lo) * (BOTTOM - TOP)
         return f"{x:.1f},{y:.1f}"
 
     line = " ".join(xy(s, v) for s, v in shown)
-    axes = (f'<path class="ss-axes" d="M{LEFT},{TOP} V{BOTTOM} H{WIDTH - PAD}" fill="none" '
+    axes = (f'<path class="ss-axes" d="M{left},{TOP} V{BOTTOM} H{WIDTH - PAD}" fill="none" '
             f'stroke="rgba(127,127,127,0.8)"/>')
-    y_range = (f'<text class="ss-y-max" x="{LEFT - 3}" y="{TOP + 8}" text-anchor="end" {SMALL}>'
-               f'{_axis_number(max(values))}</text>'
-               f'<text class="ss-y-min" x="{LEFT - 3}" y="{BOTTOM}" text-anchor="end" {SMALL}>'
-               f'{_axis_number(min(values))}</text>')
-    x_range = (f'<text class="ss-x-first" x="{LEFT}" y="{HEIGHT - 4}" {SMALL}>step {steps[0]}</text>'
+    y_range = (f'<text class="ss-y-max" x="{left - 3}" y="{TOP + 8}" text-anchor="end" {SMALL}>{high}</text>'
+               f'<text class="ss-y-min" x="{left - 3}" y="{BOTTOM}" text-anchor="end" {SMALL}>{low}</text>')
+    x_range = (f'<text class="ss-x-first" x="{left}" y="{HEIGHT - 4}" {SMALL}>step {steps[0]}</text>'
                f'<text class="ss-x-last" x="{WIDTH - PAD}" y="{HEIGHT - 4}" text-anchor="end" {SMALL}>'
                f'step {steps[-1]}</text>')
-    return (f'<svg class="ss-chart" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">'
-            f'{title}{axes}{y_range}{x_range}'
-            f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{line}"/></svg>')
+    faint = ' stroke-opacity="0.3"' if smooth else ""
+    lines = f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5"{faint} points="{line}"/>'
+    if smooth:  # the average of the values drawn (on a log scale, of their logarithms: TensorBoard's too)
+        averaged = smoothed([height(v) for v in values], smooth)
+        unlog = (lambda h: 10 ** h) if log else (lambda h: h)
+        lines += (f'<polyline class="ss-smooth" fill="none" stroke="#1f77b4" stroke-width="2" points="'
+                  + " ".join(xy(s, unlog(h)) for s, h in zip(steps, averaged)) + '"/>')
+    return f'<svg class="ss-chart" {_SIZE}>{title}{axes}{y_range}{x_range}{lines}</svg>'
 
 
 def _latest(records: list[dict[str, Value]], keys: Iterable[str]) -> dict[str, Value]:
@@ -115,15 +139,18 @@ def _logged(log: LogScale, key: str) -> bool:
     return log if isinstance(log, bool) else key == log if isinstance(log, str) else key in log
 
 
-def charts_html(records: list[dict[str, Value]], log: LogScale = False) -> str:
-    """Every key's chart, side by side, wrapping; `log` says which have a logarithmic y axis."""
+def charts_html(records: list[dict[str, Value]], log: LogScale = False, smooth: float = 0.0) -> str:
+    """Every key's chart, side by side, wrapping, each at least WIDTH wide and sharing the cell's
+    width; `log` says which have a logarithmic y axis, `smooth` how much their lines are smoothed."""
     if not records:
         return M.note("No records yet: the charts start with the first write(log, logs(...)).")
     series = numbers(records)
     if not series:
         return M.note(f"{len(records)} records, none with a number to draw.")
     latest = _latest(records, series)
-    charts = "".join(svg_chart(k, pts, latest[k], log=_logged(log, k)) for k, pts in series.items())
+    charts = "".join(f'<div style="flex:1 1 {WIDTH}px;max-width:{2 * WIDTH}px">'
+                     f'{svg_chart(k, pts, latest[k], log=_logged(log, k), smooth=smooth)}</div>'
+                     for k, pts in series.items())
     return f'<div class="ss-live" style="display:flex;flex-wrap:wrap;gap:8px">{charts}</div>'
 
 
@@ -151,7 +178,7 @@ class LiveSink(Sink):
 
     passive = True  # it draws what it is given, and reads nothing of the program
 
-    def __init__(self, every: int = 10, fps: float = 10.0, log: LogScale = False) -> None:
+    def __init__(self, every: int = 10, fps: float = 10.0, log: LogScale = False, smooth: float = 0.0) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"live: every must be a positive int (print every N-th record), got {every!r}")
@@ -162,7 +189,10 @@ class LiveSink(Sink):
             raise TypeError(f"live: log is True, False or the keys to draw on a log scale (as log=('loss',)), "
                             f"got {log!r}")
         self.records: list[dict[str, Value]] = []
-        self.every, self.interval, self.log = every, 1.0 / fps, log
+        if isinstance(smooth, bool) or not isinstance(smooth, (int, float)) or not 0 <= smooth < 1:
+            raise ValueError(f"live: smooth is a weight from 0 (none) up to, not including, 1, as TensorBoard's "
+                             f"smoothing, got {smooth!r}")
+        self.every, self.interval, self.log, self.smooth = every, 1.0 / fps, log, float(smooth)
         self.widget = _widget_html()  # None: no notebook, print instead
         self.shown = False
         self.display_id = f"ss-live-{uuid.uuid4().hex}"  # every output showing the charts, updated together
@@ -219,7 +249,7 @@ class LiveSink(Sink):
                 self.widget.value = self.html()
 
     def html(self) -> str:
-        return charts_html(list(self.records), self.log)  # a copy: a timer may draw while the program writes
+        return charts_html(list(self.records), self.log, self.smooth)  # a copy: a timer may draw while the program writes
 
     def text(self) -> str:
         return charts_text(list(self.records))
@@ -228,7 +258,7 @@ class LiveSink(Sink):
         """The widget (unless not `live`) with the charts as SVG and text beside it."""
         from .widgets import Shown
         records = list(self.records)
-        return Shown(self.widget if live else None, charts_text(records), charts_html(records, self.log))
+        return Shown(self.widget if live else None, charts_text(records), charts_html(records, self.log, self.smooth))
 
     def _update(self, live: bool) -> None:
         from IPython.display import update_display

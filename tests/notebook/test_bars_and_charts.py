@@ -243,3 +243,33 @@ def test_the_live_charts_final_state_goes_into_their_output_when_the_call_ends(
     sink.close()  # closing draws the last record and saves it, then it is done
     assert len(shown) == 4 and WIDGET_VIEW not in shown[-1][2]._repr_mimebundle_() and not sink._throttle.pending
     assert len(points(svgs(shown[-1][2]._repr_mimebundle_()["text/html"])[0])) == len(losses) + 1
+
+
+def test_a_chart_follows_the_cells_width_labels_its_range_whole_and_smooths_if_asked() -> None:
+    """Issue 37, item 9: a chart was a fixed 360×130 whose y-min label was cut off at the left."""
+    values = [-0.000123456 * k for k in range(1, 30)] + [-1234.5]  # long labels at both ends of the range
+    svg = svg_chart("loss", list(enumerate(values, 1)))
+    assert 'width="100%"' in svg and f'viewBox="0 0 {live.WIDTH} {live.HEIGHT}"' in svg
+    for cls in ("ss-y-min", "ss-y-max"):
+        found = re.search(rf'<text class="{cls}" x="([\d.]+)"[^>]*>([^<]*)</text>', svg)
+        assert found is not None
+        assert float(found[1]) - 6 * len(found[2]) >= 0, found.groups()  # 10 px type: about 6 px a character
+    left, _, _, _ = axes(svg)
+    assert min(x for x, _ in points(svg)) == left  # the line starts at the axis, wherever that is now
+    assert "ss-smooth" not in svg
+
+    weight = 0.6
+    noisy = [1.0 + (-1) ** k * 0.5 + 0.01 * k for k in range(40)]
+    smooth_svg = svg_chart("loss", list(enumerate(noisy, 1)), smooth=weight)
+    found = re.search(r'<polyline class="ss-smooth"[^>]* points="([^"]*)"', smooth_svg)
+    assert found is not None and 'stroke-opacity="0.3"' in smooth_svg  # the values faint beneath
+    drawn = [float(p.split(",")[1]) for p in found[1].split()]
+    raw = [y for _, y in points(smooth_svg)]
+    # The same y scale: a value's y is linear in it. The average, as a weighted sum of what came before.
+    lo_y, hi_y = max(raw), min(raw)
+    lo, hi = min(noisy), max(noisy)
+    expected = [sum(weight ** (k - i) * (1 - weight) * noisy[i] for i in range(k + 1)) / (1 - weight ** (k + 1))
+                for k in range(len(noisy))]
+    assert [lo_y + (e - lo) / (hi - lo) * (hi_y - lo_y) for e in expected] == pytest.approx(drawn, abs=0.06)
+    with pytest.raises(ValueError, match="smooth is a weight"):
+        ss.sinks.live(smooth=1.0)
