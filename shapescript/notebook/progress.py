@@ -334,7 +334,12 @@ def with_bar(batches: Iterator[Any], count: int, what: str, bars: Bars, place: H
     loop = bars.loop(place, count, what)
     try:
         for batch in batches:
-            yield batch
+            try:
+                yield batch
+            except GeneratorExit:  # closed by a background run stopped at a step boundary: its step ended
+                if (run := steps.current()) is not None and run.stopped:
+                    bars.step(loop)
+                raise
             bars.step(loop)
     finally:
         bars.pass_ended(loop)

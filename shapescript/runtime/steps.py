@@ -53,9 +53,11 @@ class StepControl:
         self.loop_name = ""  # its data type's name
         self.passes = 0  # passes of loops over batches begun
         self.stop_asked = False
+        self.stopped = False  # stopped at a step boundary: the last batch's step had ended
 
     def boundary(self) -> None:
         if self.stop_asked:
+            self.stopped = True
             raise RunStopped()
 
     def steps_of(self, batches: Iterator[Any], count: int, what: str) -> Iterator[Any]:

@@ -273,3 +273,26 @@ def test_a_chart_follows_the_cells_width_labels_its_range_whole_and_smooths_if_a
     assert [lo_y + (e - lo) / (hi - lo) * (hi_y - lo_y) for e in expected] == pytest.approx(drawn, abs=0.06)
     with pytest.raises(ValueError, match="smooth is a weight"):
         ss.sinks.live(smooth=1.0)
+
+
+def test_a_background_run_stopped_at_a_step_shows_the_steps_its_handle_counts(prog: ss.Program, bars: list[Bar]) -> None:
+    """The bar of a run stopped by `h.stop()` counts the last step too, as the handle does (issue 37,
+    item 9: a stopped run's bar said 5474 while its handle said 5475). The sink holds the run at its
+    third record until the stop has been asked for, so the run stops right after that step."""
+    import threading
+    third, go_on = threading.Event(), threading.Event()
+
+    class Held(ss.sinks.Sink):
+        def _emit(self, step: int, values: dict[str, Any]) -> None:
+            if step == 3:
+                third.set()
+                assert go_on.wait(30)
+    m = prog.Lin.init(seed=0)
+    run = prog.fit(m, ss.adamw(m, lr=0.1), dataset(40), Held(), background=True)
+    assert third.wait(30)
+    run.stop(wait=False)
+    go_on.set()
+    run.wait(timeout=30)
+    assert run.state == "stopped" and run.steps == 3
+    [bar] = bars
+    assert (bar.n, bar.closed) == (run.steps, True)
