@@ -80,10 +80,11 @@ def device_table_widget(table: Any) -> Any:
 
 
 def show_device_table(view: DeviceTableView) -> Shown:
-    """What the magic displays after a cell on several devices: the widget where it can be drawn,
-    always with the report's text and the HTML table."""
-    widget = device_table_widget(view) if in_kernel() and ipywidgets() is not None else None
-    return Shown(widget, view.text(), view.html())
+    """What the magic displays after a cell on several devices: the table's HTML in a closed
+    `<details>` panel, and the report's text for a terminal. No ipywidget: a notebook saved without
+    the widgets' state (JupyterLab's default) and opened again would show "Error displaying widget:
+    model not found" in its place, while HTML shows the same wherever the notebook is opened."""
+    return Shown(None, view.text(), view.html())
 
 
 # -- a model --------------------------------------------------------------------------------------
