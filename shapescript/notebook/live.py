@@ -30,7 +30,7 @@ from .throttle import Throttle
 WIDTH, HEIGHT, PAD = 360, 130, 4  # each chart's size in pixels, and the room left at its edges
 LEFT, TOP, BOTTOM = 46, 22, HEIGHT - 18  # the plot's edges: room for the value range, the title, the steps
 MAX_POINTS = 2000  # a longer run's line keeps every k-th record so that a redraw stays cheap
-SMALL = 'font-size="10" fill="gray"'
+SMALL = f'font-size="10" {M.FAINT_FILL}'
 _SIZE = f'width="100%" viewBox="0 0 {WIDTH} {HEIGHT}" style="min-width:{WIDTH}px;display:block"'
 
 # `log=`: which keys' charts have a logarithmic y axis: none, all (True), or those named.
@@ -92,7 +92,7 @@ def svg_chart(key: str, points: list[tuple[int, float]], last: Value | None = No
     shown = _thin(points, most)
     head = f"{key}: {_text(last)}" if last is not None else key
     scale = "log scale" + (f", {dropped} value{'s' if dropped != 1 else ''} ≤ 0 left out" if dropped else "")
-    title = (f'<text x="{PAD}" y="14" font-size="12">{M.esc(head)}</text>'
+    title = (f'<text x="{PAD}" y="14" font-size="12" {M.TEXT_FILL}>{M.esc(head)}</text>'
              + (f'<text class="ss-scale" x="{WIDTH - PAD}" y="14" text-anchor="end" {SMALL}>{M.esc(scale)}</text>'
                 if log else ""))
     if not shown:

@@ -41,6 +41,13 @@ STYLE = ("<style>" + "".join(f"{_scoped(selectors)}{{{body}}}" for selectors, bo
          + ".ss-note{color:rgba(127,127,127,0.95);font-size:0.9em}</style>")
 
 
+# SVG text in JupyterLab's colours, so that it reads in its dark theme too (an SVG's text is black
+# unless told): the theme's variables, and where they aren't defined (nbconvert, a viewer) the colour
+# of the text around it.
+TEXT_FILL = 'style="fill:var(--jp-ui-font-color1, currentColor)"'
+FAINT_FILL = 'style="fill:var(--jp-ui-font-color2, gray)"'
+
+
 def esc(text: object) -> str:
     """`text` for HTML, its control characters written as escapes as a terminal shows them."""
     return html.escape(terminal_lines(str(text)))

@@ -62,12 +62,12 @@ def bars_svg(step: T.Step) -> str:
         mark = " ◀ slowest" if parts.rank == slowest else ""
         weight = ' font-weight="bold"' if mark else ""
         rows.append(f'<g class="ss-timeline-bar" data-worker="{parts.rank}"><text x="0" y="{y + BAR - 6}" '
-                    f'font-size="12"{weight}>{M.esc(parts.device + mark)}</text>{"".join(rects)}</g>')
+                    f'font-size="12"{weight} {M.TEXT_FILL}>{M.esc(parts.device + mark)}</text>{"".join(rects)}</g>')
     top = len(rows) * (BAR + GAP) + 4
     keys, x = [], 0
     for name, color in legend:
         keys.append(f'<rect x="{x}" y="{top}" width="10" height="10" fill="{color}"/>'
-                    f'<text x="{x + 14}" y="{top + 9}" font-size="11">{M.esc(name)}</text>')
+                    f'<text x="{x + 14}" y="{top + 9}" font-size="11" {M.TEXT_FILL}>{M.esc(name)}</text>')
         x += 24 + 7 * len(name)
     height, width = top + 16, max(WIDTH, x)
     return (f'<svg class="ss-timeline-bars" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'

@@ -157,6 +157,7 @@ def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
             page.screenshot(path=str(shot), full_page=False)
             assert shot.stat().st_size > 10_000
             _check_the_timeline(page)
+            _check_the_themes(page)
         finally:
             browser.close()
     left = lab.stop()
@@ -181,6 +182,51 @@ def _check_the_timeline(page) -> None:
     shot = ARTIFACTS / "timeline_widget.png"
     timeline.screenshot(path=str(shot))
     assert shot.stat().st_size > 5_000
+
+
+# The contrast of each text of our drawings (the timeline's bars, the live charts) with what is behind
+# it, as WCAG reckons it: its computed fill over the first background colour found above it.
+_CONTRAST_JS = """() => {
+    const rgba = text => (text.match(/[\\d.]+/g) || []).map(Number);
+    const background = el => {
+        for (; el; el = el.parentElement) {
+            const [r, g, b, a = 1] = rgba(getComputedStyle(el).backgroundColor);
+            if (a > 0) return [r, g, b];
+        }
+        return [255, 255, 255];
+    };
+    const luminance = rgb => {
+        const [r, g, b] = rgb.map(v => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    };
+    return [...document.querySelectorAll("svg.ss-timeline-bars text, svg.ss-chart text")].map(t => {
+        const under = background(t.parentElement);
+        const [r, g, b, a = 1] = rgba(getComputedStyle(t).fill);
+        const fill = [r, g, b].map((v, k) => v * a + under[k] * (1 - a));
+        const [hi, lo] = [luminance(fill), luminance(under)].sort((x, y) => y - x);
+        return {text: t.textContent, contrast: (hi + 0.05) / (lo + 0.05)};
+    });
+}"""
+
+
+def _check_the_themes(page) -> None:
+    """The drawings' text reads in JupyterLab's light theme and in its dark one, where SVG text left
+    black was black on black (issue 37, item 7): a contrast of at least 4.5 (WCAG's AA) for every
+    label, and a screenshot of the timeline in each theme."""
+    from playwright.sync_api import expect
+
+    for theme, light in (("JupyterLab Light", "true"), ("JupyterLab Dark", "false")):
+        if page.locator(f"body[data-jp-theme-light='{light}']").count() == 0:
+            page.get_by_role("menuitem", name="Settings", exact=True).click()
+            page.locator(".lm-Menu-item[data-type='submenu']", has_text="Theme").first.hover()
+            page.locator(".lm-Menu-item[data-command='apputils:change-theme']", has_text=theme).first.click()
+            expect(page.locator(f"body[data-jp-theme-light='{light}']")).to_have_count(1, timeout=30_000)
+            page.wait_for_timeout(500)  # the theme's stylesheet applied
+        labels = page.evaluate(_CONTRAST_JS)
+        assert labels and all(label["contrast"] >= 4.5 for label in labels), (theme, labels)
+        timeline = page.locator(".widget-html .ss-timeline").first
+        timeline.scroll_into_view_if_needed()
+        timeline.screenshot(path=str(ARTIFACTS / f"timeline_{'light' if light == 'true' else 'dark'}.png"))
 
 
 # Each of our tables on the page: whether JupyterLab's rendered-HTML rules reach it, and the computed

@@ -296,3 +296,19 @@ def test_a_background_run_stopped_at_a_step_shows_the_steps_its_handle_counts(pr
     assert run.state == "stopped" and run.steps == 3
     [bar] = bars
     assert (bar.n, bar.closed) == (run.steps, True)
+
+
+def test_every_text_of_the_charts_and_the_timeline_takes_the_themes_colour() -> None:
+    """SVG text is black unless told, which JupyterLab's dark theme drew black on black (issue 37,
+    item 7): each <text> of a chart and of the timeline's bars is coloured by one of JupyterLab's
+    font-colour variables, falling back where there is none. The browser test measures the contrast
+    in both themes."""
+    from shapescript.notebook.timeline import bars_svg
+    from shapescript.parallel.timeline import Step, WorkerTiming
+    step = Step(1, "`step` (x.ss:3:4)", wall=0.01, devices=("cpu:0", "cpu:1"),
+                workers=(WorkerTiming(0.008, 0.001, (("x.ss:2:5", "all-reduce", 0.002),)),) * 2)
+    drawings = [svg_chart("loss", [(1, 2.0), (2, 1.0)], 1.0, log=True, smooth=0.5), svg_chart("loss", []),
+                bars_svg(step)]
+    for svg in drawings:
+        texts = re.findall(r"<text [^>]*>", svg)
+        assert texts and all(re.search(r'style="fill:var\(--jp-ui-font-color[12], [a-zA-Z]+\)"', t) for t in texts), texts
