@@ -470,3 +470,26 @@ def test_every_place_a_person_reads_is_a_cell_and_its_line(fresh: Kernel) -> Non
     whole = ANSI.sub("", tb.stdout + tb.traceback)
     assert f"while running `bad` (cell [{number}], line {header})" in whole and "failures.py" in whole, whole
     assert "notebook.ss:" not in whole
+
+
+@pytest.mark.slow
+def test_a_steps_result_logged_after_another_call_is_logged_in_a_kernel(fresh: Kernel) -> None:
+    """The loop of issue 37, item 2, in a notebook on cpu[0 1]: `l = step(...)`, then another call,
+    then `write(log, logs(loss=l))`. On 875fb62 the first batch failed with `TypeError: logs: loss
+    has type Pending`; the losses logged must be the step's, as one device logs them."""
+    fit = textwrap.dedent("""\
+        fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
+            for batch in data |> batches(6):
+                l = step(mut m, mut opt, batch)
+                p = loss(m, batch) * 2.0
+                write(log, logs(loss=l, after=p))
+        """)
+    fresh.ok(cell(LINEAR_STEP + fit))
+    train = ("g = torch.Generator().manual_seed(0)\n"
+             "data = ss.TensorDataset(x=torch.randn(24, 3, generator=g), y=torch.arange(24) % 2)\n"
+             "m = Lin.init(seed=0)\nlog = ss.sinks.memory()\nfit(m, ss.adamw(m, lr=0.1), data, log)\n"
+             "print(json.dumps([[r['loss'], r['after']] for r in log.records]))")
+    several = fresh.ok(train).value()
+    fresh.ok("%shapescript devices cpu --discard")
+    one = fresh.ok(train).value()
+    assert len(several) == 4 and sum(several, []) == pytest.approx(sum(one, []), abs=1e-6)
