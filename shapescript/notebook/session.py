@@ -9,8 +9,8 @@ that fails; only then does it move the workers, replace the program and rebind t
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..api import Program, load, parse_devices
@@ -18,9 +18,8 @@ from ..codes import explain
 from ..errors import CompileError, ShapeError, ShapeScriptError, SourceWarning, Span, worker_places
 from ..parallel.pool import WorkerPool
 from ..parallel.remote import RemoteModel
-from ..runtime.model import Model
 from ..runtime import model as model_module
-from ..runtime.model import ModelSpec
+from ..runtime.model import Model, ModelSpec
 from ..stale import name_holders, read_refusal, stale_notes
 from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
@@ -40,6 +39,8 @@ class Discard:
     not, how the person says it may (`how`, for the message that refuses it)."""
     yes: bool
     how: str
+
+
 _MISSING = object()
 
 
