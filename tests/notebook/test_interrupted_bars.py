@@ -61,15 +61,19 @@ def test_ctrl_c_anywhere_in_tqdm_leaves_its_lock_free_and_a_background_run_train
     run = lines_run(fit, ["tqdm"])
     tried = points(run, most=60)
     assert any(name == "acquire" for name, _ in run)  # tqdm takes its lock in what we call
+    locking = {point for name, point in run if name in ("acquire", "release")}
+    missed = []
     for point in tried:
         came, raised = interrupted_at(point, fit, ["tqdm"])
         where = f"Ctrl-C at {point} of tqdm's code"
-        assert came, f"{where} never came"
+        if not came:  # a line tqdm runs by the clock (its redraws), which a loaded machine may change
+            missed.append(point)
+            continue
         assert isinstance(raised, KeyboardInterrupt), f"{where} was lost"  # held back, not dropped
         assert lock_free(tqdm.get_lock()), f"{where} left tqdm's lock taken"
         assert not steps.STEP_LOCK._is_owned(), where  # type: ignore[attr-defined]
         read_while_training(prog)
-    assert len(tried) > 40
+    assert len(tried) > 40 and not locking & set(missed) and len(missed) <= len(tried) // 5, missed
 
 
 def test_ctrl_c_while_waiting_for_a_step_gives_up_the_wait_without_the_lock(prog: ss.Program) -> None:
