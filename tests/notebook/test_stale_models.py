@@ -74,7 +74,9 @@ def test_a_dim_change_names_the_models_it_made_stale_and_refuses_them(nb: Notebo
     fresh = ns["Mlp"].init(seed=0)
     with pytest.raises(ShapeError, match=r"`opt` of `step`.*the Mlp of the optimizer passed \(in `opt`\).*Hd = 3"):
         ns["step"](fresh, ns["opt"], X)
-    assert torch.equal(ns["m"].w1, w1)  # the refusal changed nothing
+    assert torch.equal(ns["m"].state_dict()["w1"], w1)  # the refusal changed nothing
+    with pytest.raises(ShapeError, match=r"reading `w1`: this Mlp was made with Hd = 3, but Hd is now 8"):
+        ns["m"].w1  # noqa: B018  (a read is refused as the calls are: issue 37, item 6)
 
     # The model whose type didn't change keeps working, checked against torch on its own values.
     assert torch.allclose(ns["scaled"](ns["k"], X), X * ns["k"].s)
