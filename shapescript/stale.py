@@ -178,8 +178,7 @@ class CurrentModelGuard:
     def _message(self, changed: Staleness, model: Any, value: Any) -> str:
         name = changed.model
         what = f"the {name} passed" if value is model else f"the {name} of the optimizer passed"
-        return (f"{self.kind_guard.param}: {what}{_held_in(self.program, value)} was {changed.made()}; make it "
-                f"again ({name}.init(seed=...)) or restore a checkpoint")
+        return f"{self.kind_guard.param}: {what}{_held_in(self.program, value)} was {changed.made()}; {_remedy(name)}"
 
 
 def current_models(program: Any, guards: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -196,8 +195,13 @@ def read_refusal(spec: ModelSpec, member: str, program: Any) -> str | None:
     if changed is None:
         return None
     name = changed.model
-    return (f"reading `{member}`: this {name} was {changed.made()}, so its fields have the old shapes; make it "
-            f"again ({name}.init(seed=...)) or restore a checkpoint (its old values: .state_dict())")
+    return (f"reading `{member}`: this {name} was {changed.made()}, so its fields have the old shapes; "
+            f"{_remedy(name)} (its old values: .state_dict())")
+
+
+def _remedy(name: str) -> str:
+    """What a stale model's refusals (a call's, a read's) say to do."""
+    return f"make it again ({name}.init(seed=...)) or restore a checkpoint"
 
 
 # -- a notebook cell's notes -----------------------------------------------------------------------

@@ -99,14 +99,19 @@ def timeline_html(timeline: T.Timeline | None, idle: str) -> str:
             f"{timeline.table(MEAN_OF)._repr_html_()}</div>")
 
 
+def _as_written(text: str) -> str:
+    return text
+
+
 class TimelineView:
     """The live timeline of a notebook: `source()` gives the timeline to show at first (the current
     program's pool's), `idle()` why there is none; after that, it shows whichever pool's timeline
     took the latest call."""
 
     def __init__(self, source: Callable[[], T.Timeline | None], idle: Callable[[], str], fps: float = 4.0,
-                 in_cells: Callable[[str], str] = lambda text: text) -> None:
-        self.source, self.idle, self.in_cells = source, idle, in_cells  # in_cells: the program's places as the cells
+                 in_cells: Callable[[str], str] | None = None) -> None:
+        self.source, self.idle = source, idle
+        self.in_cells = in_cells or _as_written  # the program's places as the cells say them
         self.timeline: T.Timeline | None = None
         self.idle_text = ""
         widgets = ipywidgets()
@@ -161,6 +166,6 @@ def view_for(session: Any) -> TimelineView:
             bars = " The bars appear with the first call on them." if program.several else ""
             return program.timeline().message + bars
 
-        in_cells = getattr(session, "in_cells", None)  # a Session's; a stand-in may have none
-        view = _VIEWS[session] = TimelineView(source, idle, **({"in_cells": in_cells} if in_cells else {}))
+        in_cells = getattr(session, "in_cells", _as_written)  # a Session's; a stand-in may have none
+        view = _VIEWS[session] = TimelineView(source, idle, in_cells=in_cells)
     return view
