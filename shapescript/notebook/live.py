@@ -261,9 +261,9 @@ class LiveSink(Sink):
         return Shown(self.widget if live else None, charts_text(records), charts_html(records, self.log, self.smooth))
 
     def _update(self, live: bool) -> None:
-        from IPython.display import update_display
+        from .widgets import update_shown
         with sigint.held_back():
-            update_display(self._shown(live), display_id=self.display_id)
+            update_shown(self._shown(live), self.display_id)
         self._final = not live
 
     def show(self) -> None:

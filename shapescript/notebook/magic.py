@@ -93,7 +93,7 @@ class ShapeScriptMagics(Magics):
             except KeyError:
                 raise UsageError(f"no error code {rest!r}; codes look like E0304") from None
         elif command == "timeline" and not rest:
-            display(view_for(self.session).shown())
+            view_for(self.session).show()
         elif command == "progress" and rest in ("on", "off"):
             self._progress(rest == "on")
         elif command == "comms":

@@ -227,9 +227,9 @@ class NotebookBars(Bars):
         self.save()
 
     def save(self, final: bool = False) -> None:
-        from IPython.display import display, update_display
+        from IPython.display import display
 
-        from .widgets import Shown
+        from .widgets import Shown, update_shown
         if not self.runs:  # a loop that never started: nothing to show
             return
         shown = Shown(None if final else self.box, self.text(), self.html())
@@ -237,7 +237,7 @@ class NotebookBars(Bars):
             self.display_id = f"ss-bars-{uuid.uuid4().hex}"
             display(shown, display_id=self.display_id)
         else:
-            update_display(shown, display_id=self.display_id)
+            update_shown(shown, self.display_id)
 
 
 # -- calls from Python, and cells ----------------------------------------------------------------

@@ -3,14 +3,19 @@
 One stacked horizontal bar per worker for the latest call on the workers (of each of the last three
 functions called): computing, loading data, each collective's transfer (by .ss line), waiting for
 the other workers, and the controller's messages, scaled to the call's time, the slowest worker
-marked; below them the table of the means over the last calls. Inline SVG in an `ipywidgets.HTML`,
-redrawn after each call at most `fps` times a second (the last redraw comes from a timer, a moment
-after the last call), from a thread of its own, so a call never waits for a drawing. Where no widget
-can be drawn it is the table's text.
+marked; below them the table of the means over the last calls. Inline SVG in an output of its own
+(text/html, with the table's text beside it), redrawn by display updates after each call at most
+`fps` times a second (the last redraw comes from a timer, a moment after the last call), from a
+thread of its own, so a call never waits for a drawing.
+
+No ipywidget: an output holds what it last showed, so a notebook saved and opened again (without
+the widgets' state, JupyterLab's default), or turned into HTML, shows the timeline as it was, where
+a widget's view would say "Error displaying widget: model not found".
 """
 
 from __future__ import annotations
 
+import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +23,7 @@ from typing import Any
 from ..parallel import timeline as T
 from . import markup as M
 from .throttle import Throttle
-from .widgets import Shown, in_kernel, ipywidgets
+from .widgets import Shown, in_kernel, update_shown
 
 WIDTH, BAR, GAP, NAME = 640, 22, 8, 150  # pixels: the drawing, a bar's height, between bars, the names' column
 MEAN_OF = 20  # calls in the table below the bars
@@ -94,7 +99,7 @@ def timeline_html(timeline: T.Timeline | None, idle: str) -> str:
         head = (f"{step.where}, call #{step.number} on {timeline.devices}: {step.wall * 1000:.1f} ms on the "
                 f"controller; each bar is one worker's share of it")
         drawn.append(f'<div style="margin-top:0.4em">{M.esc(head)}</div>{bars_svg(step)}')
-    # line-height: ipywidgets' HTML widget sets a control's (28px), which would space the rows apart
+    # line-height: the rows of the table close together, as in a terminal
     return (f'<div class="ss-timeline" style="line-height:1.35">{M.STYLE}{"".join(drawn)}'
             f"{timeline.table(MEAN_OF)._repr_html_()}</div>")
 
@@ -114,8 +119,9 @@ class TimelineView:
         self.in_cells = in_cells or _as_written  # the program's places as the cells say them
         self.timeline: T.Timeline | None = None
         self.idle_text = ""
-        widgets = ipywidgets()
-        self.widget = widgets.HTML() if widgets is not None and in_kernel() else None
+        self.live = in_kernel()  # a frontend keeps the outputs and takes display updates
+        self.display_id = f"ss-timeline-{uuid.uuid4().hex}"  # every output showing the view, updated together
+        self.displayed = False  # whether an output shows it: only then do calls redraw it
         self.throttle = Throttle(self.redraw, 1.0 / fps)
         me = weakref.ref(self)  # the listener must not keep a forgotten view alive
 
@@ -125,7 +131,7 @@ class TimelineView:
                 T.LISTENERS.remove(listener)
                 return
             view.timeline = timeline
-            if view.widget is not None:
+            if view.displayed:
                 view.throttle.poke()
 
         T.LISTENERS.append(listener)
@@ -133,19 +139,36 @@ class TimelineView:
     def html(self) -> str:
         return self.in_cells(timeline_html(self.timeline, self.idle_text))
 
-    def redraw(self) -> None:
-        if self.widget is not None:
-            self.widget.value = self.html()
+    def text(self) -> str:
+        timeline = self.timeline
+        if timeline is None or not timeline.steps:
+            return self.idle_text
+        return str(timeline.table(MEAN_OF).said_by(self.in_cells))
 
     def shown(self) -> Shown:
-        """What `%shapescript timeline` displays: the live widget, with the table's text and HTML."""
+        """What `%shapescript timeline` shows: the current program's timeline (or why there is none),
+        as the bars and the table in HTML, and the table's text."""
         self.timeline = self.source() or self.timeline
         self.idle_text = self.idle()
-        self.redraw()
-        timeline = self.timeline
-        text = (str(timeline.table(MEAN_OF).said_by(self.in_cells)) if timeline is not None and timeline.steps
-                else self.idle_text)
-        return Shown(self.widget, text, self.html())
+        return self._drawing()
+
+    def _drawing(self) -> Shown:
+        return Shown(None, self.text(), self.html())
+
+    def redraw(self) -> None:
+        """Every output showing the view, drawn again (from the throttle's timer thread: Ctrl-C
+        comes to the main thread only, so no interrupt lands inside the kernel's messages)."""
+        update_shown(self._drawing(), self.display_id)
+
+    def show(self) -> None:
+        """`%shapescript timeline`: the view in the cell's output, which later calls redraw, as they
+        redraw every earlier cell's."""
+        from IPython.display import display
+        if not self.live:  # a terminal: the text, once
+            display(self.shown())
+            return
+        display(self.shown(), display_id=self.display_id)
+        self.displayed = True
 
 
 _VIEWS: weakref.WeakKeyDictionary[Any, TimelineView] = weakref.WeakKeyDictionary()

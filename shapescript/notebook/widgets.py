@@ -8,6 +8,7 @@ viewer shows those instead.
 
 from __future__ import annotations
 
+import contextvars
 import html
 import sys
 from types import ModuleType
@@ -65,6 +66,31 @@ class Shown:
         return data
 
 
+def update_shown(shown: Any, display_id: str) -> None:
+    """Redraw every output showing `display_id` with `shown`, sent as part of the request the kernel
+    runs now: from an empty context, ipykernel takes its current request as the message's parent,
+    not the one a background run's thread copied from the cell that started it. JupyterLab routes
+    an update by its display id alone, but nbclient (`nbconvert --execute`) reads only the running
+    cell's messages, and would drop the last drawing of a run a finished cell started."""
+    from IPython.display import update_display
+    contextvars.Context().run(update_display, shown, display_id=display_id)
+
+
+def with_html(widget: Any, text: str, html_text: str) -> Any:
+    """`widget`, whose display also carries `text` and `html_text`: what nbconvert and a notebook
+    viewer show where the widget's state wasn't saved (JupyterLab itself draws the widget's view,
+    or its "model not found", whatever else an output holds)."""
+    view = widget._repr_mimebundle_
+
+    def bundle(**options: Any) -> dict[str, Any]:
+        data = dict(view(**options) or {})
+        data.update({"text/plain": text, "text/html": html_text})
+        return data
+
+    widget._repr_mimebundle_ = bundle
+    return widget
+
+
 # -- the placement and communication table --------------------------------------------------------
 
 def device_table_widget(table: Any) -> Any:
@@ -76,7 +102,7 @@ def device_table_widget(table: Any) -> Any:
     body = widgets.HTML(value=M.STYLE + view.table_html())
     accordion = widgets.Accordion(children=[body], titles=(view.title(),))
     accordion.selected_index = None  # closed: a cell's output stays short until asked
-    return accordion
+    return with_html(accordion, view.text(), view.html())
 
 
 def show_device_table(view: DeviceTableView) -> Shown:
@@ -112,4 +138,4 @@ def model_widget(m: AnyModel) -> Any:
         values.value = f"<pre>{html.escape(text)}</pre>"
 
     button.on_click(show)
-    return widgets.VBox([table, widgets.HBox([choice, button]), values])
+    return with_html(widgets.VBox([table, widgets.HBox([choice, button]), values]), repr(m), model_html(m))

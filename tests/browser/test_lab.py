@@ -13,6 +13,7 @@ Needs the `test` extra (jupyterlab, playwright) and Debian's chromium (`apt-get 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -24,6 +25,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -85,6 +87,14 @@ class Lab:
         if not self.log.closed:
             self.log.flush()
         return Path(self.log.name).read_text()[-4000:]
+
+    def api(self, method: str, path: str) -> Any:
+        """The server's REST API: the JSON of `method` on /api/`path` (None where it answers nothing)."""
+        request = urllib.request.Request(f"{self.url}/api/{path}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            body = answer.read()
+        return json.loads(body) if body else None
 
     def descendants(self) -> list[psutil.Process]:
         try:
@@ -158,6 +168,7 @@ def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
             assert shot.stat().st_size > 10_000
             _check_the_timeline(page)
             _check_the_themes(page)
+            _check_reopened(page, lab)
         finally:
             browser.close()
     left = lab.stop()
@@ -165,11 +176,11 @@ def test_the_several_devices_notebook_runs_in_jupyterlab(lab: Lab) -> None:
 
 
 def _check_the_timeline(page) -> None:
-    """`%shapescript timeline`'s widget (an ipywidgets.HTML, not its HTML fallback): a bar per worker,
-    one marked slowest, the table of the calls' means; a screenshot of it."""
+    """`%shapescript timeline`'s drawing (HTML, redrawn by display updates): a bar per worker, one
+    marked slowest, the table of the calls' means; a screenshot of it."""
     from playwright.sync_api import expect
 
-    timeline = page.locator(".widget-html .ss-timeline").first
+    timeline = page.locator(".jp-OutputArea-output .ss-timeline").first
     drawings = timeline.locator("svg.ss-timeline-bars")  # the latest call of forward, and of train_step
     expect(drawings).to_have_count(2, timeout=30_000)
     for k in range(2):
@@ -224,9 +235,38 @@ def _check_the_themes(page) -> None:
             page.wait_for_timeout(500)  # the theme's stylesheet applied
         labels = page.evaluate(_CONTRAST_JS)
         assert labels and all(label["contrast"] >= 4.5 for label in labels), (theme, labels)
-        timeline = page.locator(".widget-html .ss-timeline").first
+        timeline = page.locator(".jp-OutputArea-output .ss-timeline").first
         timeline.scroll_into_view_if_needed()
         timeline.screenshot(path=str(ARTIFACTS / f"timeline_{'light' if light == 'true' else 'dark'}.png"))
+
+
+def _check_reopened(page, lab: Lab) -> None:  # noqa: ANN001
+    """Issue 37, item 8: the notebook saved (as JupyterLab saves it by default, without the widgets'
+    state), its kernel shut down, and opened again, in a fresh kernel: the table, the bar and the
+    timeline show as they ended, and nothing says "Error displaying widget"; a screenshot of it."""
+    from playwright.sync_api import expect
+
+    page.get_by_role("menuitem", name="File", exact=True).click()
+    page.locator(".lm-Menu-item[data-command='docmanager:save']").first.click()
+    deadline = time.monotonic() + 30
+    while "ss-timeline-bars" not in json.dumps(lab.api("GET", f"contents/{NOTEBOOK}")):
+        assert time.monotonic() < deadline, "the notebook wasn't saved with its timeline"
+        time.sleep(0.5)
+    for session in lab.api("GET", "sessions"):
+        lab.api("DELETE", f"sessions/{session['id']}")  # the kernel shut down, its widgets' models gone
+    page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    expect(page.get_by_text(re.compile(r"\| Idle$")).first).to_be_visible(timeout=120_000)  # a new kernel
+    timeline = page.locator(".jp-OutputArea-output .ss-timeline").first
+    expect(timeline.locator("svg.ss-timeline-bars")).to_have_count(2, timeout=30_000)
+    expect(page.locator(".jp-OutputArea .ss-bars progress").first).to_be_attached()
+    expect(page.locator("details table.ss-device-table").first).to_be_attached()
+    page.wait_for_timeout(3000)  # the widget manager gives up on a missing model after 2 s
+    assert page.get_by_text("Error displaying widget").count() == 0
+    timeline.scroll_into_view_if_needed()
+    shot = ARTIFACTS / "timeline_reopened.png"
+    timeline.screenshot(path=str(shot))
+    assert shot.stat().st_size > 5_000
 
 
 # Each of our tables on the page: whether JupyterLab's rendered-HTML rules reach it, and the computed

@@ -239,7 +239,13 @@ def test_the_training_notebook_shows_what_a_long_session_needs(ran: Callable[[st
     timeline = shown(cell_with(nb, "print(ss_program.timeline("))
     assert re.search(r"^cpu:0 ", timeline, re.M) and re.search(r"^cpu:1 ", timeline, re.M)
     assert timeline.count("<- slowest") == 1 and "notebook.ss:21:12 all-reduce" in timeline
-    assert WIDGET_VIEW in "".join(str(o.get("data", {})) for o in cell_with(nb, "%shapescript timeline").outputs)
+    # %shapescript timeline's output is HTML that later calls redraw (issue 37, item 8): saved, it
+    # shows a call made after the next cell printed the table, with a bar per worker.
+    [drawn] = cell_with(nb, "%shapescript timeline").outputs
+    assert WIDGET_VIEW not in drawn.data and 'class="ss-timeline-bars"' in drawn.data["text/html"]
+    assert re.findall(r'<g class="ss-timeline-bar" data-worker="(\d)">', drawn.data["text/html"])[:2] == ["0", "1"]
+    [printed_last] = numbers(r"\(the last: #(\d+)\)", timeline.split("\n\n")[0])
+    assert max(numbers(r"\(the last: #(\d+)\)", drawn.data["text/plain"])) > printed_last
     # In the background: read between steps, shown by status, stopped at a step boundary, resumed.
     moved = shown(cell_with(nb, "while h.steps < 5"))
     assert re.search(r"^running at step \d+; w1 has moved by [\d.]+$", moved, re.M), moved
@@ -257,3 +263,24 @@ def test_the_training_notebook_shows_what_a_long_session_needs(ran: Callable[[st
     assert re.search(r"^and the same step: True$", moved_to_three, re.M)
     stopped = shown(cell_with(nb, "%shapescript stop"))
     assert "m (Mlp model), opt (AdamW[Mlp] optimizer), data (dataset TensorDataset)" in stopped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_a_notebook_saved_without_the_widgets_state_shows_every_output_as_html(
+        ran: Callable[[str], NotebookNode], name: str) -> None:
+    """Issue 37, item 8. A notebook saved as JupyterLab saves one by default, without the widgets'
+    state, keeps no widget view (which a reopened notebook would draw as "Error displaying widget:
+    model not found"): the bars, the live charts, the timeline and the placement table are HTML, and
+    nbconvert's HTML of it shows each of them."""
+    from nbconvert import HTMLExporter
+
+    nb = ran(name).copy()
+    nb.metadata = {k: v for k, v in nb.metadata.items() if k != "widgets"}
+    views = [c.source.splitlines()[0] for c in code_cells(nb) for o in c.outputs if WIDGET_VIEW in o.get("data", {})]
+    assert not views, views
+    page, _ = HTMLExporter().from_notebook_node(nb)
+    assert WIDGET_VIEW not in page and "model not found" not in page
+    shows = {"02_several_devices.ipynb": ["ss-bars", "ss-device-table", "ss-model-table", "ss-timeline-bars"],
+             "04_training.ipynb": ["ss-bars", "ss-device-table", "ss-live", "ss-timeline-bars"]}.get(name, ["ss-bars"])
+    assert [cls for cls in shows if f'class="{cls}"' not in page] == []

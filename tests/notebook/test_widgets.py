@@ -119,6 +119,11 @@ def test_the_table_widget_holds_the_device_tables_rows(readme: ss.Program) -> No
     assert widget.selected_index is None  # closed until opened
     page = widget.children[0].value
     assert '<table class="ss-device-table">' in page
+    # Its display carries the table's HTML and text beside the view, for nbconvert and viewers.
+    bundle = widget._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == DeviceTableView.of(table).text() and "train_step" in bundle["text/plain"]
+    assert '<table class="ss-device-table">' in bundle["text/html"]
     fns, models, lines = rows(page, "ss-fn"), rows(page, "ss-model"), rows(page, "ss-line")
     assert [r[1] for r in fns] == list(table.fns) == ["forward", "loss", "train_step", "run"]
     assert [r[1] for r in models] == ["Mlp"] and len(lines) == len(table.lines) == 3

@@ -51,6 +51,9 @@ def test_a_model_shows_its_table(fresh: Kernel) -> None:
     assert run.plain[-1] == "Mlp(w1: [784, 256] f32, w2: [256, 10] f32)"
     box = fresh.ok("from shapescript.notebook.widgets import model_widget\nmodel_widget(Mlp.init(seed=0))")
     assert len(widgets(box)) == 1
+    # Beside the widget's view, the table's HTML and the model's text: what nbconvert and a viewer show
+    # of a notebook saved without the widgets' state (issue 37, item 8).
+    assert '<table class="ss-model-table">' in box.html[-1] and box.plain[-1] == run.plain[-1]
 
 
 def test_a_loop_shows_a_progress_bar_and_the_live_chart(fresh: Kernel) -> None:
