@@ -97,7 +97,8 @@ def timeline_html(timeline: T.Timeline | None, idle: str) -> str:
     drawn = []
     for step in latest_calls(timeline):
         head = (f"{step.where}, call #{step.number} on {timeline.devices}: {step.wall * 1000:.1f} ms on the "
-                f"controller; each bar is one worker's share of it")
+                f"controller; each bar is one worker's share of it, and the slowest is the one with the most "
+                f"computing and loading, which the others waited for")
         drawn.append(f'<div style="margin-top:0.4em">{M.esc(head)}</div>{bars_svg(step)}')
     # line-height: the rows of the table close together, as in a terminal
     return (f'<div class="ss-timeline" style="line-height:1.35">{M.STYLE}{"".join(drawn)}'
