@@ -6,6 +6,7 @@ Used by test_interrupted_bars.py in the test process, and read into a kernel by 
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -24,12 +25,25 @@ def _package_dirs(packages: Sequence[str]) -> tuple[str, ...]:
     return tuple(dirs)
 
 
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether `frame` runs inside a `__del__`: Python drops an exception raised there (a KeyboardInterrupt
+    too, by design), so a Ctrl-C can't be counted on to come out of one."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _traced(run: Callable[[], Any], packages: Sequence[str], on_line: Callable[[FrameType], None]) -> None:
-    """Run `run` with `on_line` called at every line run in `packages`' code (this thread only)."""
+    """Run `run` with `on_line` called at every line run in `packages`' code (this thread only),
+    but for lines a finalizer runs: an object of an earlier run (kept alive by its exception's
+    traceback) may be collected in the middle of this one, wherever the collector happens to run."""
     dirs = _package_dirs(packages)
+    gc.collect()  # the earlier runs' garbage goes now, not in the middle of this run
 
     def local(frame: FrameType, event: str, arg: Any) -> Tracer:
-        if event == "line":
+        if event == "line" and not _in_finalizer(frame):
             on_line(frame)
         return local
 
