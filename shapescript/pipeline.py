@@ -10,7 +10,8 @@
     defer       ir/defer.py         the calls whose results a controller's loop only logs,
                                     which it needn't wait for
     print       lower/codegen.py    the IR → a Python module for a target (one device, the
-                                    controller, a worker, standalone)
+                                    controller, a worker, standalone); the IR alone, once the
+                                    checker has seen that every dim has its size (E0313)
 
 Each stage reads only what the one before it gives; the front ends (api.py, cli.py, lsp.py, the
 notebook) call these functions rather than the stages. The DeviceTable (check/comms.py) is worked
@@ -27,7 +28,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from .check.checker import check_program
+from .check.checker import check_program, require_sizes
 from .check.program import Checked
 from .devices import DeviceSet
 from .errors import CompileError, Diagnostic, SourceWarning, Span
@@ -36,7 +37,7 @@ from .ir.defer import defer
 from .ir.elaborate import elaborate
 from .ir.fuse import fuse
 from .lower.codegen import generate
-from .lower.targets import Target
+from .lower.targets import Target, target_for
 from .syntax import ast as A
 from .syntax.parser import parse
 
@@ -60,7 +61,9 @@ def python_module(checked: Checked, target: Target | None = None, *, standalone:
     `standalone=True`: the standalone target). `check_types`: the debug build, which checks every
     value the program names against its type as it runs (so nothing is fused away)."""
     module = typed_ir(checked, fused and not check_types)
-    return generate(checked, module, target, standalone=standalone, check_types=check_types)
+    target = target_for(module, target, standalone)  # a target that can't run is refused first
+    require_sizes(checked)
+    return generate(module, target, check_types=check_types)
 
 
 def python_modules(checked: Checked, targets: tuple[Target, ...], *, check_types: bool = False,
@@ -68,7 +71,9 @@ def python_modules(checked: Checked, targets: tuple[Target, ...], *, check_types
     """A module for each of `targets` (a program on several devices: its controller's and its
     workers'), printed from one typed IR."""
     module = typed_ir(checked, fused and not check_types)
-    return [generate(checked, module, target, check_types=check_types) for target in targets]
+    chosen = [target_for(module, target, False) for target in targets]
+    require_sizes(checked)
+    return [generate(module, target, check_types=check_types) for target in chosen]
 
 
 def parse_devices(text: str | DeviceSet) -> DeviceSet:

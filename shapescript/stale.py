@@ -22,8 +22,8 @@ from typing import Any
 
 import sympy
 
-from .check import dims as D
-from .check import types as T
+from .shapes import dims as D
+from .shapes import value_types as T
 from .errors import ShapeError
 from .runtime.guards import KindGuard
 from .runtime.model import ModelSpec, ParamSpec, SubSpec, type_text

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import shapescript as ss
-from shapescript.check import types as T
+from shapescript.shapes import value_types as T
 from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
 from support import ROOT

@@ -24,7 +24,7 @@ def cuda_program_on_cpu(monkeypatch: pytest.MonkeyPatch, source: str = README) -
     """The program as `devices cuda[0]` builds it (its RECORDABLE table, its loop's wrapped calls),
     its tensors on the CPU: as if cuda:0 were the CPU."""
     with monkeypatch.context() as patch:
-        patch.setattr(codegen, "device_of", lambda checked: "cpu")
+        patch.setattr(codegen, "device_of", lambda devices: "cpu")
         prog = ss.load(source, devices="cuda[0]")
     monkeypatch.setattr(api, "require_visible", lambda *args: None)  # no GPU needed to call it
     assert prog.namespace["DEVICE"] == "cpu" and WRAPPED.split("(")[0] in prog.python_source

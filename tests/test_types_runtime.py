@@ -33,8 +33,8 @@ for path in (ROOT, ROOT / "tests"):
         sys.path.insert(0, str(path))
 
 import shapescript as ss  # noqa: E402
-from shapescript.check import dims as D  # noqa: E402
-from shapescript.check import types as T  # noqa: E402
+from shapescript.shapes import dims as D  # noqa: E402
+from shapescript.shapes import value_types as T  # noqa: E402
 from shapescript.check.program import FnInfo  # noqa: E402
 from shapescript.errors import CompileError, ShapeError  # noqa: E402
 from shapescript.runtime import calls, sinks, typecheck  # noqa: E402

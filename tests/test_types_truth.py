@@ -14,7 +14,7 @@ import torch
 
 import shapescript as ss
 from programs import LIN_HEADER
-from shapescript.check import types as T
+from shapescript.shapes import value_types as T
 from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from ..errors import Span
 from ..syntax import ast as A
 from . import builtins as B
-from . import dims as D
-from . import types as T
+from ..shapes import dims as D
+from ..shapes import value_types as T
 from .checker import Context, misspelled_dim, similar
-from .options import NO_OPTIONS, CallOptions, Recipe
+from ..shapes.options import NO_OPTIONS, CallOptions, Recipe
 from .program import CallInfo, FnInfo, ParamInfo
 from .rules import number_arith, number_negation, whole_tensor_power
 

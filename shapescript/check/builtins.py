@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import Span
 from ..syntax import ast as A
-from . import dims as D
-from . import types as T
-from .options import Recipe
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from ..shapes.options import Recipe
 from .origins import axis_label, labels, type_label
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from ..inits import INITS
 from ..names import DATA_RESERVED, MODEL_RESERVED, STD_EXTERNS, is_reserved, reserved_text, similar
 from ..syntax import ast as A
 from ..syntax.lexer import MAX_INT_DIGITS
-from . import dims as D
-from . import types as T
+from ..shapes import dims as D
+from ..shapes import value_types as T
 from .constants import NotConstant, constant, derive_dims
 from .program import Checked, DeviceSet, FnInfo, ParamInfo
 
@@ -68,6 +68,18 @@ class Context:
     def dim_note(self, t: T.Ty) -> str:
         """`with D = 784, C = 10` for the declared dims in a type, to say what sizes it means."""
         return T.dims_note(t, self.dim_values)
+
+
+def require_sizes(checked: Checked) -> None:
+    """E0313 for each declared dim still without a size: a build needs them all, where checking
+    doesn't (they may be given when the program is loaded)."""
+    unsized = [item for item in checked.program.items
+               if isinstance(item, A.Dim) and item.expr is None and checked.dim_values.get(item.name) is None]
+    if unsized:
+        raise CompileError([Diagnostic(
+            "E0313", f"dim `{d.name}` has no size", d.span, "no size",
+            (f"give it when loading: ss.load(..., dims={{\"{d.name}\": 65}}), or `--dim {d.name}=65`",))
+            for d in unsized], checked.source)
 
 
 def check_program(program: A.Program, file: str, devices: DeviceSet | None = None,

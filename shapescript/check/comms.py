@@ -25,7 +25,7 @@ from ..devices import shares, shares_text
 from ..dtypes import ELEMENTS
 from ..errors import Span
 from ..syntax import ast as A
-from . import types as T
+from ..shapes import value_types as T
 from .layout import head_axis, model_params
 from .program import Checked, FnInfo, ShardedRead
 from .ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel

@@ -8,7 +8,7 @@ from typing import Any
 
 import sympy
 
-from . import dims as D
+from ..shapes import dims as D
 from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent
 from .program import Checked
 

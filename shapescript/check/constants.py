@@ -17,7 +17,7 @@ import sympy
 from ..names import similar
 from ..syntax import ast as A
 from ..syntax.lexer import MAX_INT_DIGITS
-from . import dims as D
+from ..shapes import dims as D
 
 if TYPE_CHECKING:
     from .checker import Context

@@ -22,11 +22,12 @@ from typing import Iterable, NamedTuple, Sequence
 import sympy
 
 from ..syntax import ast as A
-from . import dims as D
-from . import types as T
+from ..shapes import dims as D
+from ..shapes import value_types as T
 from .ops.table import CUT, GATHER, LOCAL, OPS, SUM, CallView, heads_contraction, numel
-from .options import NO_OPTIONS, CallOptions
-from .program import NO_LAYOUT, BatchSplit, CallInfo, Checked, FnInfo, HeadsMark, LayoutFacts, ShardedRead, SplitFacts
+from ..shapes.options import NO_OPTIONS, CallOptions
+from ..shapes.plans import BatchSplit
+from .program import NO_LAYOUT, CallInfo, Checked, FnInfo, HeadsMark, LayoutFacts, ShardedRead, SplitFacts
 from .split import call_sites, iter_nodes
 
 Dims = frozenset[sympy.Basic]

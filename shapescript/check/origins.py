@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import Span
 from ..syntax import ast as A
-from . import types as T
+from ..shapes import value_types as T
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..syntax import ast as A
-from . import dims as D
-from . import types as T
-from .options import CallOptions
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from ..shapes.options import CallOptions
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from ..devices import DeviceSet
 from ..errors import Diagnostic, Span
 from ..syntax import ast as A
-from . import dims as D
-from .options import CallOptions, Recipe
-from .types import DataT, ModelT, Ty
+from ..shapes import dims as D
+from ..shapes.options import CallOptions, Recipe
+from ..shapes.plans import BatchSplit
+from ..shapes.value_types import DataT, ModelT, Ty
 
 if TYPE_CHECKING:
     from .comms import DeviceTable
@@ -65,17 +66,6 @@ class Placement:
 
 
 ANYWHERE = Placement("anywhere")
-
-
-@dataclass(frozen=True)
-class BatchSplit:
-    """How a function on the workers takes the batch (check/split.py): which generic dims are split
-    across the devices, and the split axis of each parameter and of the result (None: whole).
-    `heads`: split along a dim of `split H` (check/layout.py) rather than along the batch axis."""
-    dims: frozenset[Any]
-    params: tuple[int | None, ...]
-    result: int | None
-    heads: bool = False
 
 
 @dataclass(frozen=True)

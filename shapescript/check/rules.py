@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..syntax import ast as A
-from . import types as T
+from ..shapes import value_types as T
 from .builtins import literal_number
-from .options import NO_RECIPE
+from ..shapes.options import NO_RECIPE
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker

@@ -17,12 +17,13 @@ from typing import Any, Iterator
 
 from ..errors import Span
 from ..syntax import ast as A
-from . import dims as D
-from . import types as T
+from ..shapes import dims as D
+from ..shapes import value_types as T
 from .checker import Context
 from .ops.table import OPS, PARTIAL, CallView
-from .options import NO_RECIPE, CallOptions
-from .program import BatchSplit, CallInfo, Checked, FnInfo, SplitFacts
+from ..shapes.options import NO_RECIPE, CallOptions
+from ..shapes.plans import BatchSplit
+from .program import CallInfo, Checked, FnInfo, SplitFacts
 
 SplitDims = set[Any]  # a function's generic dims that are the batch axis
 

@@ -7,9 +7,9 @@ only the nodes it builds.
 
 from __future__ import annotations
 
-from ..check import types as T
+from ..shapes import value_types as T
 from ..check.ops import OPS
-from ..check.options import NO_RECIPE, Recipe
+from ..shapes.options import NO_RECIPE, Recipe
 from ..check.program import Checked, FnInfo
 from ..syntax import ast as A
 from . import nodes as N
@@ -17,7 +17,11 @@ from .walk import sizes_read
 
 
 def elaborate(checked: Checked) -> N.Module:
-    return N.Module(checked.file, tuple(_Elaborator(checked, fn).function() for fn in checked.fns.values()))
+    c = checked
+    span = c.program.items[0].span if c.program.items else c.program.span
+    functions = tuple(_Elaborator(c, fn).function() for fn in c.fns.values())
+    return N.Module(c.file, c.source, span, c.device_set, dict(c.dim_values), tuple(c.data.values()),
+                    tuple(c.models.values()), functions, c.layout.heads, dict(c.layout.head_params))
 
 
 class _Elaborator:
@@ -29,8 +33,8 @@ class _Elaborator:
         params = tuple(N.Param(p.name, p.ty, p.mut, p.node.span) for p in fn.params)
         body = tuple(self.stmt(s) for s in node.body) if isinstance(node, A.Fn) else ()
         target = node.target if isinstance(node, A.Extern) else ""
-        return N.Function(fn.name, fn.kind, params, fn.ret, body, node.span, self.c.placement(fn.name).where,
-                          self.c.split_of(fn.name), sizes_read(body), target)
+        return N.Function(fn.name, fn.kind, params, fn.ret, body, node.span, fn.span, self.c.placement(fn.name).where,
+                          self.c.split_of(fn.name), self.c.reaches_extern(fn.name), sizes_read(body), target)
 
     # ---- statements ---------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from ..check import types as T
+from ..shapes import value_types as T
 from . import nodes as N
 from .walk import exprs, statements, sizes_read, walk
 

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..check.options import NO_RECIPE, CallOptions, Recipe
+from ..shapes.options import NO_RECIPE, CallOptions, Recipe
 # A dim's size as a function reads it (ParamSize: off a parameter's shape), and where a broadcast
 # operand's axes go (Placing), as the checker records them; the stages after it name them here.
-from ..check.options import ParamSize as ParamSize
-from ..check.options import Placing as Placing
-from ..check.options import SizeSource as SizeSource
-from ..check.program import BatchSplit
-from ..check.types import Ty
+from ..shapes.options import ParamSize as ParamSize
+from ..shapes.options import Placing as Placing
+from ..shapes.options import SizeSource as SizeSource
+from collections.abc import Mapping
+
+from ..devices import DeviceSet
 from ..errors import Span
+from ..shapes.plans import BatchSplit
+from ..shapes.value_types import DataT, ModelT, Ty
 
 
 @dataclass(frozen=True)
@@ -190,17 +193,29 @@ class Function:
     params: tuple[Param, ...]
     ret: Ty
     body: tuple[Stmt, ...]
-    span: Span
+    span: Span  # the whole declaration's
+    name_span: Span  # its name's, where messages point at the function
     placement: str  # controller | workers | anywhere
     split: BatchSplit | None  # None: one device, or a function that doesn't run on the workers
+    reaches_extern: bool  # whether it calls an extern fn, however deeply: Python that may keep its tensors
     sizes: tuple[ParamSize, ...] = ()  # the generic dims' sizes it reads off its parameters
     target: str = ""  # extern and python fns: the Python function they call ("module.attr")
 
 
 @dataclass(frozen=True)
 class Module:
+    """A checked program as lowering reads it: its functions, and the facts about the whole program
+    that each target's module prints (dims, devices, the data and model types, the layout's plan)."""
     file: str
+    source: str  # the program's text: the debug build quotes it
+    span: Span  # its first item's (or the empty program's): where a whole-program diagnostic points
+    devices: DeviceSet
+    dims: Mapping[str, int | None]  # each declared dim's size (None: not given)
+    data: tuple[DataT, ...]
+    models: tuple[ModelT, ...]
     functions: tuple[Function, ...]
+    heads: str | None  # `split H`'s dim, if the program splits one
+    head_params: Mapping[tuple[str, str], int]  # (model, param) -> the axis each device holds a part of
 
     def function(self, name: str) -> Function:
         return next(f for f in self.functions if f.name == name)

@@ -7,10 +7,9 @@ are not re-derived here: axes, broadcasts and resolved calls are on the IR's nod
 
 from __future__ import annotations
 
-from ..check.program import Checked, FnInfo
-from ..errors import CompileError, Diagnostic, Span
+from ..devices import DeviceSet
+from ..errors import Span
 from ..ir import nodes as ir
-from ..syntax import ast as A
 from . import guards, specs, targets
 from .targets import Target, target_for
 from .printer import BodyPrinter, py_name
@@ -20,41 +19,34 @@ from .type_checks import IMPORT as TYPE_CHECKS_IMPORT, TypeChecks
 from .text import comment_text, literal
 
 
-def generate(checked: Checked, module: ir.Module, target: Target | None = None, *, standalone: bool = False,
+def generate(module: ir.Module, target: Target | None = None, *, standalone: bool = False,
              check_types: bool = False) -> str:
-    """The Python source of `module`, the typed IR of `checked`, for `target` (lower/targets.py;
+    """The Python source of `module`, a checked program's typed IR, for `target` (lower/targets.py;
     `standalone=True` is Target.STANDALONE, and the default one device's module). `check_types`: a
     debug build that checks every value against its checked type as it is computed
     (runtime/typecheck.py, which it imports from shapescript, standalone or not). The pipeline
-    (shapescript/pipeline.py) runs the stages before this one."""
-    target = target_for(checked, target, standalone)
-    unsized = [item for item in checked.program.items
-               if isinstance(item, A.Dim) and item.expr is None and checked.dim_values.get(item.name) is None]
-    if unsized:
-        raise CompileError([Diagnostic(
-            "E0313", f"dim `{d.name}` has no size", d.span, "no size",
-            (f"give it when loading: ss.load(..., dims={{\"{d.name}\": 65}}), or `--dim {d.name}=65`",))
-            for d in unsized], checked.source)
-    return _Writer(checked, module, target, TypeChecks(checked) if check_types else None).module()
+    (shapescript/pipeline.py) runs the stages before this one, and refuses a program with a dim
+    still without its size before it gets here."""
+    target = target_for(module, target, standalone)
+    return _Writer(module, target, TypeChecks(module) if check_types else None).module()
 
 
 class _Writer:
-    def __init__(self, checked: Checked, module: ir.Module, target: Target,
-                 type_checks: TypeChecks | None = None) -> None:
-        self.c, self.ir = checked, module
+    def __init__(self, module: ir.Module, target: Target, type_checks: TypeChecks | None = None) -> None:
+        self.ir = module
         self.target = target
         self.type_checks = type_checks
         self.lines: list[str] = []
         self.where: dict[int, tuple[int, int]] = {}  # python line -> .ss (line, col)
         # A cuda device's module records its steps: a loop's calls of them go through the recorder
-        self.recording = checked.device_set.kind == "cuda" and target in (Target.ONE_DEVICE, Target.WORKER)
+        self.recording = module.devices.kind == "cuda" and target in (Target.ONE_DEVICE, Target.WORKER)
         self.recorded_calls = recorded_calls(module) if self.recording else {}
 
-    def emit(self, text: str, node: A.Node | None = None, indent: int = 0) -> None:
-        self.emit_at(text, None if node is None else node.span, indent)
+    def emit(self, text: str, span: Span | None = None, indent: int = 0) -> None:
+        self.emit_at(text, span, indent)
 
     def module(self) -> str:
-        c = self.c
+        c = self.ir
         # The docstring, as a literal: the file's name is the user's text (and line 1 is never a comment,
         # so no name can make it an encoding declaration).
         self.emit(literal(f"Built by ShapeScript from {c.file}; each line names the .ss source it comes from."))
@@ -78,33 +70,33 @@ class _Writer:
         if self.type_checks is not None:
             self.emit(TYPE_CHECKS_IMPORT)
         self.emit("")
-        self.emit(f"DIMS = {literal(dict(c.dim_values))}")
-        self.emit(f"DEVICE = {literal(device_of(c))}  # where tensors live; the loader may set it")
-        if self.target is Target.WORKER and c.device_set.shard_params:
+        self.emit(f"DIMS = {literal(dict(c.dims))}")
+        self.emit(f"DEVICE = {literal(device_of(c.devices))}  # where tensors live; the loader may set it")
+        if self.target is Target.WORKER and c.devices.shard_params:
             self.emit("SHARD_PARAMS = True  # each worker holds a piece of every param (`shard params`)")
-        if self.target is Target.WORKER and c.layout.heads:
-            self.emit(f"HEAD_PARAMS = {literal(dict(c.layout.head_params))}  # (model, param): the axis split along "
-                      f"{c.layout.heads}")
+        if self.target is Target.WORKER and c.heads:
+            self.emit(f"HEAD_PARAMS = {literal(dict(c.head_params))}  # (model, param): the axis split along "
+                      f"{c.heads}")
         if self.target is Target.CONTROLLER:
             for line in targets.CONTROLLER_RUNTIME:
                 self.emit(line)
         self.result_checks()
-        for data in c.data.values():
+        for data in c.data:
             self.emit(f"{spec_var(data.name)} = {specs.data_spec(c, data)}")
         for model in specs.model_order(c):
             self.emit(f"{spec_var(model.name)} = {specs.model_spec(c, model)}")
         self.argument_guards()
-        for fn in c.fns.values():
+        for fn in c.functions:
             self.emit("")
             self.emit("")
-            if targets.is_remote(c, fn, self.target):  # the controller calls it on the workers
-                self.emit(targets.remote_stub(c, fn, py_name(fn.name)), fn.node)
+            if targets.is_remote(fn, self.target):  # the controller calls it on the workers
+                self.emit(targets.remote_stub(fn, py_name(fn.name)), fn.span)
             else:
                 self.function(fn)
         self.emit("")
         self.emit("")
-        externs = [(n.target.rpartition(".")[0], n.target.rpartition(".")[2], str(n.span))
-                   for n in (f.node for f in c.fns.values() if f.kind == "extern") if isinstance(n, A.Extern)]
+        externs = [(f.target.rpartition(".")[0], f.target.rpartition(".")[2], str(f.span))
+                   for f in c.functions if f.kind == "extern"]
         if self.recording:
             self.emit(f"RECORDABLE = {literal(recordable(self.ir))}  # fns a cuda device may record as CUDA graphs")
         self.emit(f"EXTERN_TARGETS = {literal(externs)}  # imported by each worker as the program loads")
@@ -117,15 +109,15 @@ class _Writer:
         module's functions from Python (api.Function) runs these first. After the data specs, which
         the batches' guards name."""
         self.emit("GUARDS = {  # each function's arguments from Python, checked against their declared types")
-        for fn in self.c.fns.values():
-            checks = tuple(guards.param_guard(self.c, fn, k) for k in range(len(fn.params)))
+        for fn in self.ir.functions:
+            checks = tuple(guards.param_guard(self.ir, fn, k) for k in range(len(fn.params)))
             self.emit(f"{literal(fn.name)}: {guards.source(checks)},", indent=1)
         self.emit("}")
 
     def result_checks(self) -> None:
         """Each python and extern fn's result checked against its declared type, printed here so
         that the check runs wherever this module runs: in the controller, on the workers, standalone."""
-        checks = {fn.name: guards.result_check(self.c, fn) for fn in self.c.fns.values()
+        checks = {fn.name: guards.result_check(self.ir, fn) for fn in self.ir.functions
                   if fn.kind in ("python", "extern")}
         self.emit("PYTHON_RESULTS = {  # python and extern fns' results, checked against their declared types")
         for name, check in checks.items():
@@ -135,22 +127,21 @@ class _Writer:
 
     # ---- functions and statements -------------------------------------------------------------
 
-    def function(self, fn: FnInfo) -> None:
+    def function(self, fn: ir.Function) -> None:
         params = ", ".join(py_name(p.name) for p in fn.params)
-        node = fn.node
-        if isinstance(node, A.Extern):
-            module, _, attr = node.target.rpartition(".")
-            self.emit(f"def {py_name(fn.name)}({params}):", node)
-            self.emit(f"# {fn.kind} fn: calls {comment_text(literal(node.target))}", indent=1)
+        if fn.kind != "fn":  # a python or extern fn: a call of its Python function
+            module, _, attr = fn.target.rpartition(".")
+            self.emit(f"def {py_name(fn.name)}({params}):", fn.span)
+            self.emit(f"# {fn.kind} fn: calls {comment_text(literal(fn.target))}", indent=1)
             args = f"({params}{',' if len(fn.params) == 1 else ''})"
             self.emit(f"return _rt.python_call({literal(module)}, {literal(attr)}, {args}, PYTHON_RESULTS.get("
-                      f"{literal(fn.name)}), {literal(str(node.span))})", node, 1)
+                      f"{literal(fn.name)}), {literal(str(fn.span))})", fn.span, 1)
             return
         through = self.recorded_calls.get(fn.name)
-        printer = BodyPrinter(self.emit_at, self.c.device_set.count > 1, self.type_checks,
-                              self.target is Target.CONTROLLER) if through is None else \
-            RecordingPrinter(through, self.emit_at, self.c.device_set.count > 1, self.type_checks)
-        printer.function(self.ir.function(fn.name))
+        several = self.ir.devices.count > 1
+        printer = BodyPrinter(self.emit_at, several, self.type_checks, self.target is Target.CONTROLLER) \
+            if through is None else RecordingPrinter(through, self.emit_at, several, self.type_checks)
+        printer.function(fn)
 
     def emit_at(self, text: str, span: Span | None = None, indent: int = 0) -> None:
         line = "    " * indent + text
@@ -160,10 +151,8 @@ class _Writer:
         self.lines.append(line)
 
 
-def device_of(c: Checked) -> str:
+def device_of(devices: DeviceSet) -> str:
     """The torch device of a one-device program: `cpu`, or `cuda:N` for `devices cuda[N]`."""
-    d = c.device_set
-    if d.kind == "cpu" or d.count > 1:  # on several devices the controller's tensors are on its CPU
+    if devices.kind == "cpu" or devices.count > 1:  # on several devices the controller's tensors are on its CPU
         return "cpu"
-    return f"cuda:{d.indices[0] if d.indices else 0}"
-
+    return f"cuda:{devices.indices[0] if devices.indices else 0}"

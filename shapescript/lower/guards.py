@@ -12,9 +12,9 @@ from typing import Any
 
 import sympy
 
-from ..check import dims as D
-from ..check import types as T
-from ..check.program import Checked, FnInfo
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from ..ir import nodes as ir
 from .specs import TORCH_DTYPES, spec_var
 from .text import literal
 
@@ -50,10 +50,10 @@ def source(value: Any) -> str:
     return literal(value)
 
 
-def axis_checks(c: Checked, axes: tuple[T.AxisT, ...]) -> tuple[RtCall, ...]:
+def axis_checks(c: ir.Module, axes: tuple[T.AxisT, ...]) -> tuple[RtCall, ...]:
     out = []
     for a in axes:
-        size = D.value(a.size, c.dim_values)
+        size = D.value(a.size, c.dims)
         if size is not None:
             out.append(rt("AxisCheck", label=a.show(), size=size))
         elif isinstance(a.size, sympy.Dummy):
@@ -63,9 +63,9 @@ def axis_checks(c: Checked, axes: tuple[T.AxisT, ...]) -> tuple[RtCall, ...]:
     return tuple(out)
 
 
-def _compute(c: Checked, size: D.Dim) -> RtCall | None:
-    fixed = {s: c.dim_values[s.name] for s in D.symbols(size)
-             if not D.is_generic(s) and c.dim_values.get(s.name) is not None}
+def _compute(c: ir.Module, size: D.Dim) -> RtCall | None:
+    fixed = {s: c.dims[s.name] for s in D.symbols(size)
+             if not D.is_generic(s) and c.dims.get(s.name) is not None}
     try:
         return rt("DimFormula", tree=_formula(sympy.sympify(size.xreplace(fixed))))
     except ValueError:
@@ -87,16 +87,16 @@ def _formula(expr: sympy.Basic) -> Any:
     raise ValueError(f"no formula for {expr}")
 
 
-def param_guard(c: Checked, fn: FnInfo, index: int) -> RtCall:
+def param_guard(c: ir.Module, fn: ir.Function, index: int) -> RtCall:
     """The guard of `fn`'s parameter `index`, for a value passed from Python."""
-    device = Code("torch.device(DEVICE)") if c.device_set.kind == "cuda" and c.device_set.count == 1 else None
+    device = Code("torch.device(DEVICE)") if c.devices.kind == "cuda" and c.devices.count == 1 else None
     p = fn.params[index]
-    param = rt("Param", fn=fn.name, name=p.name, where=str(p.node.span))
+    param = rt("Param", fn=fn.name, name=p.name, where=str(p.span))
     t = p.ty
     if isinstance(t, T.TensorT):
-        return rt("TensorGuard", param=param, type_text=t.show(), dims_note=T.dims_note(t, c.dim_values),
+        return rt("TensorGuard", param=param, type_text=t.show(), dims_note=T.dims_note(t, c.dims),
                   axes=axis_checks(c, t.axes), dtype=Code(TORCH_DTYPES[t.dtype]),
-                  index_bound=D.value(t.index, c.dim_values) if t.index is not None else None,
+                  index_bound=D.value(t.index, c.dims) if t.index is not None else None,
                   bound_label=D.show(t.index) if t.index is not None else None, device=device)
     if isinstance(t, T.BatchT):
         padded = []
@@ -134,15 +134,15 @@ def _kind(t: T.Ty) -> tuple[str, str] | None:
     return None
 
 
-def result_check(c: Checked, fn: FnInfo) -> RtCall | None:
+def result_check(c: ir.Module, fn: ir.Function) -> RtCall | None:
     """A check of a `python` or `extern` fn's result against its declared type (None: nothing to
     check). The built module prints it (`source`), so it runs wherever the module runs."""
     t = fn.ret
     if t == T.NONE or t is T.UNKNOWN or not (isinstance(t, (T.TensorT, T.DatasetT, T.ScalarT)) or t == T.SINK):
         return None
-    param = rt("Param", fn=fn.name, name="result", where=str(fn.node.span))
+    param = rt("Param", fn=fn.name, name="result", where=str(fn.span))
     if isinstance(t, T.TensorT):
-        guard = rt("TensorGuard", param=param, type_text=t.show(), dims_note=T.dims_note(t, c.dim_values),
+        guard = rt("TensorGuard", param=param, type_text=t.show(), dims_note=T.dims_note(t, c.dims),
                    axes=axis_checks(c, t.axes), dtype=Code(TORCH_DTYPES[t.dtype]))
         return rt("ResultGuard", result=guard, args=_arg_dims(c, fn) or None)
     kind = _kind(t)
@@ -150,12 +150,12 @@ def result_check(c: Checked, fn: FnInfo) -> RtCall | None:
     return rt("ResultGuard", result=rt("KindGuard", param=param, kind=kind[0], type_name=kind[1]))
 
 
-def _arg_dims(c: Checked, fn: FnInfo) -> tuple[RtCall | None, ...]:
+def _arg_dims(c: ir.Module, fn: ir.Function) -> tuple[RtCall | None, ...]:
     """What each parameter of `fn` binds of the generic dims, for its result's check (trailing
     parameters that bind none are left out)."""
     out: list[RtCall | None] = []
     for p in fn.params:
-        param = rt("Param", fn=fn.name, name=p.name, where=str(p.node.span))
+        param = rt("Param", fn=fn.name, name=p.name, where=str(p.span))
         if isinstance(p.ty, (T.TensorT, T.BatchT)) and any(D.is_generic(a.size) for a in p.ty.axes):
             out.append(rt("ArgDims", param=param, axes=axis_checks(c, p.ty.axes), batch=isinstance(p.ty, T.BatchT)))
         else:

@@ -10,10 +10,10 @@ import keyword
 from collections.abc import Callable
 from typing import Protocol
 
-from ..check import types as T
+from ..shapes import value_types as T
 from ..check.ops import OPS, LowerCall
 from ..check.ops.table import CUT, GATHER
-from ..check.options import NO_OPTIONS, NO_RECIPE
+from ..shapes.options import NO_OPTIONS, NO_RECIPE
 from ..errors import Span
 from ..ir import nodes as N
 from ..names import MEMBER_PREFIX

@@ -12,7 +12,7 @@ then runs as it always did.
 
 from __future__ import annotations
 
-from ..check import types as T
+from ..shapes import value_types as T
 from ..ir import nodes as N
 from ..ir.walk import walk
 from .printer import BodyPrinter, Emit, py_name

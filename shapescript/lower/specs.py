@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..check import dims as D
-from ..check import types as T
-from ..check.program import Checked
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from ..ir import nodes as ir
 from ..dtypes import ELEMENTS
 from .text import literal
 
@@ -22,10 +22,10 @@ def spec_var(name: str) -> str:
     return f"{name}_spec"
 
 
-def axis_sizes(c: Checked, t: T.TensorT, fixed: bool) -> list[tuple[str, int | None]]:
+def axis_sizes(c: ir.Module, t: T.TensorT, fixed: bool) -> list[tuple[str, int | None]]:
     out = []
     for a in t.axes:
-        v = D.value(a.size, c.dim_values)
+        v = D.value(a.size, c.dims)
         if fixed and v is None:
             raise ValueError(f"axis {a.show()} has no size")  # the checker refuses such params
         out.append((a.show(), v))
@@ -36,11 +36,11 @@ def where(span) -> str:
     return str(span)
 
 
-def data_spec(c: Checked, data: T.DataT) -> str:
+def data_spec(c: ir.Module, data: T.DataT) -> str:
     fields = []
     for name, t in data.fields.items():
         node = data.field_nodes[name]
-        bound = D.value(t.index, c.dim_values) if t.index is not None else None
+        bound = D.value(t.index, c.dims) if t.index is not None else None
         label = D.show(t.index) if t.index is not None else None
         fields.append(f"_rt.FieldSpec({literal(name)}, {literal(tuple(axis_sizes(c, t, False)))}, "
                       f"{TORCH_DTYPES[t.dtype]}, {literal(bound)}, {literal(label)}, {literal(where(node.span))}, "
@@ -49,11 +49,11 @@ def data_spec(c: Checked, data: T.DataT) -> str:
            f"{literal(where(data.node.span))})"
 
 
-def model_spec(c: Checked, model: T.ModelT) -> str:
+def model_spec(c: ir.Module, model: T.ModelT) -> str:
     members = []
     for m in model.members.values():
         if m.model is not None:
-            count = D.value(m.count, c.dim_values) if m.count is not None else None
+            count = D.value(m.count, c.dims) if m.count is not None else None
             members.append(f"_rt.SubSpec({literal(m.name)}, {m.model.name}_spec, {literal(where(m.node.span))}, "
                            f"{literal(count)})")
             continue
@@ -67,7 +67,7 @@ def model_spec(c: Checked, model: T.ModelT) -> str:
            f"{literal(where(model.node.span))})"
 
 
-def model_order(c: Checked) -> list[T.ModelT]:
+def model_order(c: ir.Module) -> list[T.ModelT]:
     """Models with every sub-model before the models that contain it."""
     out: list[T.ModelT] = []
 
@@ -79,7 +79,7 @@ def model_order(c: Checked) -> list[T.ModelT]:
                 visit(mem.model)
         out.append(m)
 
-    for m in c.models.values():
+    for m in c.models:
         visit(m)
     return out
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from ..check.program import Checked, FnInfo
+from ..ir import nodes as ir
 from ..errors import CompileError, Diagnostic
 from .text import literal
 
@@ -39,7 +39,7 @@ CONTROLLER_RUNTIME = (f"{WORKERS_NAME} = None  # the worker processes, set by wh
                       f"by the workers")
 
 
-def target_for(checked: Checked, target: Target | None, standalone: bool) -> Target:
+def target_for(module: ir.Module, target: Target | None, standalone: bool) -> Target:
     """The target asked for (`standalone=True` is `Target.STANDALONE`), refused where it can't run:
     a standalone build on several devices is E1805 (the user's choice, so a diagnostic), a
     controller of a program on one device a ValueError (the caller's mistake)."""
@@ -47,33 +47,32 @@ def target_for(checked: Checked, target: Target | None, standalone: bool) -> Tar
         target = Target.STANDALONE if standalone else Target.ONE_DEVICE
     elif standalone and target is not Target.STANDALONE:
         raise ValueError(f"standalone=True asks for the standalone target, not {target.value}")
-    several = checked.device_set.count > 1
+    several = module.devices.count > 1
     if target is Target.STANDALONE and several:
-        span = checked.program.items[0].span if checked.program.items else checked.program.span
         raise CompileError([Diagnostic(
-            "E1805", f"a standalone build can't run on {checked.device_set.count} devices", span,
+            "E1805", f"a standalone build can't run on {module.devices.count} devices", module.span,
             "several devices", ("build without --standalone, or for one device",),
             ("on several devices the program runs in a controller that starts the package's workers",))],
-            checked.source)
+            module.source)
     if target is Target.CONTROLLER and not several:
-        raise ValueError(f"{checked.file} runs on {checked.device_set}: a controller is for several devices")
+        raise ValueError(f"{module.file} runs on {module.devices}: a controller is for several devices")
     return target
 
 
-def is_remote(checked: Checked, fn: FnInfo, target: Target) -> bool:
+def is_remote(fn: ir.Function, target: Target) -> bool:
     """Whether `fn` is a stub in this target's module: the controller's fns placed on the workers."""
-    return target is Target.CONTROLLER and fn.kind == "fn" and checked.placement(fn.name).where == "workers"
+    return target is Target.CONTROLLER and fn.kind == "fn" and fn.placement == "workers"
 
 
-def remote_stub(checked: Checked, fn: FnInfo, name: str) -> str:
+def remote_stub(fn: ir.Function, name: str) -> str:
     """The controller's stub of `fn` (whose Python name is `name`): a call of it sends each worker
     its part of the arguments, split along the batch axis as the checker decided."""
-    split = checked.split_of(fn.name)
+    split = fn.split
     assert split is not None, fn.name  # every fn on the workers has one on several devices
     heads = ", heads=True" if split.heads else ""
     # no extern fn can keep the batch's rows: the workers read them where they lie (parallel/shared.py)
-    in_place = "" if checked.reaches_extern(fn.name) else ", rows_in_place=True"
-    plan = (f"_remote.SplitCall({literal(f'`{fn.name}` ({fn.span})')}, {literal(split.params)}, "
+    in_place = "" if fn.reaches_extern else ", rows_in_place=True"
+    plan = (f"_remote.SplitCall({literal(f'`{fn.name}` ({fn.name_span})')}, {literal(split.params)}, "
             f"{literal(split.result)}{heads}{in_place})")
     return f"{name} = _remote.RemoteFunction(lambda: {WORKERS_NAME}, {plan}, {literal(name)})"
 

@@ -13,15 +13,14 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from ..check import dims as D
-from ..check import types as T
-from ..check.program import Checked
+from ..shapes import dims as D
+from ..shapes import value_types as T
 from ..errors import Span
 from .guards import _formula
 from .text import literal
 
 if TYPE_CHECKING:
-    from ..ir.nodes import Param
+    from ..ir.nodes import Module, Param
 
 FRAME = "_types"  # the frame's local; user names starting with `_` are renamed, so none meets it
 MODULE = "_tc"  # runtime/typecheck.py, as the module imports it
@@ -29,9 +28,9 @@ IMPORT = f"from shapescript.runtime import typecheck as {MODULE}"
 
 
 class TypeChecks:
-    def __init__(self, checked: Checked) -> None:
-        self.c = checked
-        self.lines = checked.source.split("\n")
+    def __init__(self, module: Module) -> None:
+        self.c = module
+        self.lines = module.source.split("\n")
         self.numbers: dict[sympy.Dummy, int] = {}  # each generic dim's number, in the order first met
 
     def dim_key(self, d: sympy.Dummy) -> str:
@@ -86,13 +85,13 @@ class TypeChecks:
 
     def want(self, size: D.Dim) -> int | str | tuple | None:
         """An axis' size as the runtime checks it: fixed, a generic's key, or a formula of them."""
-        fixed = D.value(size, self.c.dim_values)
+        fixed = D.value(size, self.c.dims)
         if fixed is not None:
             return fixed
         if isinstance(size, sympy.Dummy):
             return self.dim_key(size)
-        known = {s: self.c.dim_values[s.name] for s in D.symbols(size)
-                 if not D.is_generic(s) and self.c.dim_values.get(s.name) is not None}
+        known = {s: self.c.dims[s.name] for s in D.symbols(size)
+                 if not D.is_generic(s) and self.c.dims.get(s.name) is not None}
         keys = {s: sympy.Symbol(self.dim_key(s)) for s in generics(size)}
         try:
             return _formula(sympy.sympify(size.xreplace({**known, **keys})))

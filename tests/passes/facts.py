@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from shapescript.api import compile_program
-from shapescript.check import dims as D
+from shapescript.shapes import dims as D
 from shapescript.check.program import Checked
 from shapescript.check.split import iter_nodes
 from shapescript.errors import CompileError, Diagnostic

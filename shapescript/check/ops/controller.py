@@ -13,9 +13,9 @@ import keyword
 from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
-from .. import types as T
+from ...shapes import value_types as T
 from ..builtins import called_name, int_arg, literal_number
-from ..options import CallOptions
+from ...shapes.options import CallOptions
 from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register, runtime_function
 
 if TYPE_CHECKING:

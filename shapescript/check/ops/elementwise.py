@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
-from .. import types as T
+from ...shapes import value_types as T
 from ..builtins import tensor_arg
 from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
-from .. import dims as D
-from .. import types as T
+from ...shapes import dims as D
+from ...shapes import value_types as T
 from ..builtins import int_arg, over_axis, tensor_arg
-from ..options import CallOptions
+from ...shapes.options import CallOptions
 from .elementwise import refused_dtype
 from .table import Across, Args, LowerCall, Op, Typed, along_batch, register
 

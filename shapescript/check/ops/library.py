@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from ...dtypes import ELEMENTS
 from ...syntax import ast as A
-from .. import dims as D
-from .. import types as T
+from ...shapes import dims as D
+from ...shapes import value_types as T
 from ..builtins import broadcast, literal_number, number_arg, placed_within, tensor_arg
-from ..options import CallOptions
+from ...shapes.options import CallOptions
 from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 
 if TYPE_CHECKING:

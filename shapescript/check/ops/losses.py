@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ...syntax import ast as A
-from .. import types as T
+from ...shapes import value_types as T
 from ..builtins import matmul, over_axis, tensor_arg
-from ..options import CallOptions
+from ...shapes.options import CallOptions
 from .reductions import mask_of
 from .table import (PARTIAL, PARTIAL_PRODUCTS, Across, Layout, heads_contraction, Args, CallView, LowerCall, Op, Payload, Typed, register,
                     result_values)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
-from .. import types as T
+from ...shapes import value_types as T
 from ..builtins import over_axis, placed_within, tensor_arg
-from ..options import CallOptions
+from ...shapes.options import CallOptions
 from .elementwise import refused_dtype
 from .table import (PARTIAL, Across, Layout, heads_along, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
                     reduces_batch, register, result_values)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
-from .. import dims as D
-from .. import types as T
+from ...shapes import dims as D
+from ...shapes import value_types as T
 from ..builtins import _unused_args, called_name, tensor_arg
-from ..options import CallOptions
+from ...shapes.options import CallOptions
 from ..patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
 from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Layout, heads_contraction, heads_rearrange, Args, CallView, Lower, LowerCall, Op, Typed,
                     register, result_values)

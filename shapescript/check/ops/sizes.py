@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
-from .. import dims as D
-from .. import types as T
+from ...shapes import dims as D
+from ...shapes import value_types as T
 from ..builtins import literal_number, over_axis, tensor_arg
-from ..options import CallOptions, SizeSource
+from ...shapes.options import CallOptions, SizeSource
 from .table import Across, Args, CallView, LowerCall, Op, Typed, along_batch, register
 
 if TYPE_CHECKING:

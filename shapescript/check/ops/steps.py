@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...syntax import ast as A
-from .. import types as T
+from ...shapes import value_types as T
 from ..builtins import _unused_args
 from ..program import CallInfo
 from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register, runtime_function

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ...syntax import ast as A
-from .. import types as T
+from ...shapes import value_types as T
 from ..builtins import RULES, _unused_args
-from ..options import CallOptions, Recipe
+from ...shapes.options import CallOptions, Recipe
 
 if TYPE_CHECKING:
     from ..bodies import BodyChecker

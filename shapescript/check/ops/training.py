@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ...syntax import ast as A
-from .. import types as T
+from ...shapes import value_types as T
 from ..builtins import literal_number, number_arg, over_axis, tensor_arg
-from ..options import CallOptions
+from ...shapes.options import CallOptions
 from .table import PER_EXAMPLE, Across, Args, CallView, Layout, LowerCall, Op, Payload, Typed, reduces_batch, register
 
 if TYPE_CHECKING:

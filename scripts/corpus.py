@@ -1,0 +1,118 @@
+"""What the compiler prints for a corpus of programs, to show that a refactoring changes none of it.
+
+    python scripts/corpus.py dump OUT.json     # with the checkout to measure first on PYTHONPATH
+    python scripts/corpus.py diff A.json B.json
+
+The corpus: grammar programs without mistakes (`ProgramGen(mistakes=0)`, fixed seeds), grammar
+programs with mistakes (for diagnostics), the examples' .ss files, the programs of tests/programs.py
+and the docs' `ss` blocks. Each is compiled with its own devices line and for `cpu`, `cpu[0 1]` and
+`cpu[0 1 2]`; what is kept for each: the diagnostics' text where it doesn't compile, else every
+module it prints (one device, standalone, the debug build that checks types, or a controller's and a
+worker's), and on several devices the DeviceTable's report. `dump` always reads tests/fuzzing and
+tests/programs.py from the checkout this script is in, so two commits are given the same programs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+GOOD_SEEDS = range(300)
+BAD_SEEDS = range(1000, 1300)
+DEVICES = (None, "cpu", "cpu[0 1]", "cpu[0 1 2]")
+
+
+def programs() -> Iterator[tuple[str, str]]:
+    """(name, source) of every program of the corpus."""
+    sys.path.insert(0, str(HERE / "tests"))
+    from fuzzing.grammar import ProgramGen
+    from fuzzing.rand import RandomRand
+    for seed in GOOD_SEEDS:
+        yield f"good-{seed}", ProgramGen(RandomRand(seed), mistakes=0.0).program()
+    for seed in BAD_SEEDS:
+        yield f"bad-{seed}", ProgramGen(RandomRand(seed), mistakes=0.3).program()
+    for path in sorted((HERE / "examples").rglob("*.ss")):
+        yield str(path.relative_to(HERE)), path.read_text()
+    import programs as P
+    for name in sorted(vars(P)):
+        value = getattr(P, name)
+        if name.isupper() and isinstance(value, str) and ("fn " in value or "dim " in value):
+            yield f"programs.{name}", value
+    from test_doc_snippets import all_blocks
+    for block in all_blocks():
+        if block.tag.startswith("ss"):
+            yield f"{block.doc}:{block.line}", block.text
+
+
+def outputs(source: str, devices: str | None) -> dict[str, str]:
+    """What the compiler prints of `source` on `devices` (None: its own devices line)."""
+    from shapescript.check.comms_text import report
+    from shapescript.errors import CompileError
+    from shapescript.lower.targets import Target
+    from shapescript.pipeline import compile_program, python_module, python_modules
+
+    def attempt(what: Callable[[], str]) -> str:
+        try:
+            return what()
+        except CompileError as e:
+            return "error:\n" + "\n".join(d.render(source) for d in e.diagnostics)
+        except Exception as e:  # noqa: BLE001 (an internal error is an output too, and must not change)
+            return f"internal error: {type(e).__name__}: {e}"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            checked = compile_program(source, "corpus.ss", devices)
+        except CompileError as e:
+            return {"diagnostics": "\n".join(d.render(source) for d in e.diagnostics)}
+        except Exception as e:  # noqa: BLE001
+            return {"internal error": f"{type(e).__name__}: {e}"}
+        out = {"warnings": "\n".join(w.render(source) for w in checked.warnings)}
+        if checked.device_set.count > 1:
+            targets = (Target.CONTROLLER, Target.WORKER)
+            out["modules"] = attempt(lambda: "\n#----\n".join(python_modules(checked, targets)))
+            out["debug"] = attempt(lambda: "\n#----\n".join(python_modules(checked, targets, check_types=True)))
+            out["device table"] = attempt(lambda: report(checked))
+        else:
+            out["module"] = attempt(lambda: python_module(checked))
+            out["standalone"] = attempt(lambda: python_module(checked, standalone=True))
+            out["debug"] = attempt(lambda: python_module(checked, check_types=True))
+        return out
+
+
+def dump(path: Path) -> None:
+    found: dict[str, dict[str, str]] = {}
+    for name, source in programs():
+        for devices in DEVICES:
+            found[f"{name} @ {devices or 'own'}"] = outputs(source, devices)
+    path.write_text(json.dumps(found, indent=1, sort_keys=True))
+    errors = sum("diagnostics" in v for v in found.values())
+    print(f"{len(found)} compilations ({errors} with diagnostics) of {len(found) // len(DEVICES)} programs -> {path}")
+
+
+def diff(a: Path, b: Path) -> int:
+    left, right = json.loads(a.read_text()), json.loads(b.read_text())
+    changed = [k for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
+    for key in changed[:20]:
+        import difflib
+        was, now = left.get(key, {}), right.get(key, {})
+        for part in sorted(set(was) | set(now)):
+            if was.get(part) != now.get(part):
+                print(f"== {key}: {part}")
+                sys.stdout.writelines(difflib.unified_diff((was.get(part) or "").splitlines(True),
+                                                           (now.get(part) or "").splitlines(True), n=1))
+    print(f"{len(changed)} of {len(set(left) | set(right))} compilations differ")
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "dump":
+        dump(Path(sys.argv[2]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "diff":
+        sys.exit(diff(Path(sys.argv[2]), Path(sys.argv[3])))
+    else:
+        sys.exit(__doc__)
