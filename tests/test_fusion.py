@@ -95,6 +95,30 @@ def test_a_fused_span_equals_torch_written_out_by_hand() -> None:
     torch.testing.assert_close(prog.normed(x, gain, bias), by_hand * gain + bias, atol=1e-6, rtol=0)
 
 
+DERIVED = """\
+dim H = 2
+dim Dh = 2
+dim D = H * Dh
+
+extern fn layer_norm(x: [n D], over: Axis[D]) -> [n D] = "shapescript.std.layer_norm"
+
+fn normed(x: [n X], g: [G], b: [D]) -> [n D] = layer_norm(x, over=D) * g + b
+"""
+
+
+@pytest.mark.parametrize("x, gain", [("D", "D"), ("D", "(H Dh)"), ("(H Dh)", "D"), ("(H Dh)", "(H Dh)")])
+def test_a_derived_dim_fuses_however_it_is_spelled(x: str, gain: str) -> None:
+    """`[n D]` and `[n (H Dh)]` with `dim D = H * Dh` are one type, to fusion as to the checker, which
+    read the derived dims from a context only it set: three of these spellings were left unfused."""
+    prog = ss.load(DERIVED.replace("[n X]", f"[n {x}]").replace("g: [G]", f"g: [{gain}]"))
+    assert "_rt.affine_layer_norm(" in prog.python_source
+    g = torch.Generator().manual_seed(0)
+    rows, weight, bias = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((5, 4), (4,), (4,)))
+    expected = torch.nn.functional.layer_norm(rows, (4,), weight, bias, eps=1e-5)
+    torch.testing.assert_close(prog.normed(rows.float(), weight.float(), bias.float()).double(), expected,
+                               atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("change, why", [
     ("    return einsum(a, v, h i j, h j d -> h i d)",
      "    return einsum(a, v, h i j, h j d -> h i d) + einsum(s, v, h i j, h j d -> h i d)"),  # s read twice

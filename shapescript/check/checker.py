@@ -93,7 +93,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
     with D.derived(ctx.derived):  # while checking, a derived dim equals its definition
         device_set = collect(ctx)
         checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data,
-                          ctx.models, ctx.fns)
+                          ctx.models, ctx.fns, derived=ctx.derived)
         ctx.checked = checked
         if not ctx.diagnostics:
             check_bodies(ctx)

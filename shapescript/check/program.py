@@ -129,6 +129,7 @@ class Checked:
     placements: Mapping[str, Placement] = field(default_factory=dict)  # each fn's, by name
     split: SplitFacts = NO_SPLIT  # on several devices, what the batch split found
     layout: LayoutFacts = NO_LAYOUT  # on several devices, the layout options' plan (check/layout.py)
+    derived: Mapping[str, D.Dim] = field(default_factory=dict)  # each derived dim's definition (`dim D = H * Dh`)
 
     @functools.cached_property
     def devices(self) -> "DeviceTable":

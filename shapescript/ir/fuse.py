@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ..shapes import dims as D
 from ..shapes import value_types as T
 from . import nodes as N
 from .walk import exprs, statements, sizes_read, walk
@@ -31,12 +32,14 @@ MASKED = -1e9  # a fill this low leaves softmax exactly 0 there in every float d
 
 def fuse(module: N.Module) -> N.Module:
     norms = frozenset(f.name for f in module.functions if f.kind == "extern" and f.target == LAYER_NORM)
-    return dataclasses.replace(module, functions=tuple(_Function(f, norms).fused() for f in module.functions))
+    return dataclasses.replace(module, functions=tuple(_Function(f, norms, module.derived).fused()
+                                                       for f in module.functions))
 
 
 class _Function:
-    def __init__(self, fn: N.Function, norms: frozenset[str]) -> None:
+    def __init__(self, fn: N.Function, norms: frozenset[str], derived: D.Definitions) -> None:
         self.fn, self.norms = fn, norms  # norms: the extern fns that are the std library's layer_norm
+        self.derived = derived  # the program's derived dims: `[n D]` and `[n (H Dh)]` are one type
         reads = Counter(n.id for n in walk(fn.body) if isinstance(n, N.Name))
         self.writes = Counter(t for s in statements(fn.body) if isinstance(s, N.Assign) for t in s.targets)
         self.writes.update(s.var for s in statements(fn.body) if isinstance(s, N.For))
@@ -111,7 +114,7 @@ class _Function:
             return None
         q, k = scores.args
         assert q is not None and k is not None
-        if not _same_lead(q.ty, k.ty, v.ty):
+        if not _same_lead(self.derived, q.ty, k.ty, v.ty):
             return None
         self.absorbed.update(n for n in (took_weights, took_masked, took_scaled, took_scores) if n is not None)
         return N.Attention(e.ty, e.span, q, k, v, scale)
@@ -133,12 +136,12 @@ class _Function:
             return None
         out = normed.ty  # as declared: fused only where the declaration says what the function does
         if not (isinstance(out, T.TensorT) and out.dtype == x.ty.dtype and out.rank == x.ty.rank
-                and all(a.same(b) for a, b in zip(out.axes, x.ty.axes))):
+                and all(a.same(b, self.derived) for a, b in zip(out.axes, x.ty.axes))):
             return None
         last = x.ty.axes[-1]
         for p in (gain, bias):
             if not (isinstance(p, (N.Member, N.Name)) and isinstance(p.ty, T.TensorT) and p.ty.rank == 1
-                    and p.ty.axes[0].same(last) and p.ty.dtype == x.ty.dtype):
+                    and p.ty.axes[0].same(last, self.derived) and p.ty.dtype == x.ty.dtype):
                 return None
         return N.LayerNorm(e.ty, e.span, x, gain, bias)
 
@@ -209,7 +212,7 @@ def _contracts(e: N.OpCall, shape: str) -> bool:
     return len(set(names.values())) == len(names) and not set(names.values()) & set(lead)
 
 
-def _same_lead(*types: T.Ty) -> bool:
+def _same_lead(derived: D.Definitions, *types: T.Ty) -> bool:
     """q, k and v: tensors of one float dtype whose leading axes (all but the last two) agree."""
     if not all(isinstance(t, T.TensorT) and t.rank >= 2 for t in types):
         return False
@@ -217,8 +220,8 @@ def _same_lead(*types: T.Ty) -> bool:
     assert isinstance(q, T.TensorT) and isinstance(k, T.TensorT) and isinstance(v, T.TensorT)
     if not (q.is_float and q.dtype == k.dtype == v.dtype):
         return False
-    same = all(a.same(b) and b.same(c) for a, b, c in zip(q.axes[:-2], k.axes[:-2], v.axes[:-2]))
-    return same and k.axes[-2].same(v.axes[-2]) and q.axes[-1].same(k.axes[-1])
+    same = all(a.same(b, derived) and b.same(c, derived) for a, b, c in zip(q.axes[:-2], k.axes[:-2], v.axes[:-2]))
+    return same and k.axes[-2].same(v.axes[-2], derived) and q.axes[-1].same(k.axes[-1], derived)
 
 
 def _map_children(e: N.Expr, f: Callable[[N.Expr], N.Expr]) -> N.Expr:

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from ..devices import DeviceSet
 from ..errors import Span
 from ..shapes.plans import BatchSplit
+from ..shapes.dims import Dim
 from ..shapes.value_types import DataT, ModelT, Ty
 
 
@@ -211,6 +212,7 @@ class Module:
     span: Span  # its first item's (or the empty program's): where a whole-program diagnostic points
     devices: DeviceSet
     dims: Mapping[str, int | None]  # each declared dim's size (None: not given)
+    derived: Mapping[str, Dim]  # each derived dim's definition (`dim D = H * Dh`), for comparing sizes
     data: tuple[DataT, ...]
     models: tuple[ModelT, ...]
     functions: tuple[Function, ...]

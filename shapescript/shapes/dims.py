@@ -5,11 +5,12 @@ program's dim table, not in the expression, so dims match by name, never by an a
 A generic dim (`b` in `x: [b D]`) is a Dummy: two functions' `b`s are different dims, and a call
 binds the callee's to the caller's expressions with `xreplace` (simultaneous, so swaps are safe).
 
-A derived dim (`dim D = H * Dh`) is a Symbol too, so types and messages keep its name, but while
-a program is checked `equal` reads it as its definition: `[D]` and `[(H Dh)]` are one type. The
-definitions live in a context variable that the checker sets for the length of one check, since
-every place that compares dims (an axis's `same`, the rules, the patterns) would otherwise need
-the program passed to it.
+A derived dim (`dim D = H * Dh`) is a Symbol too, so types and messages keep its name, but `equal`
+reads it as its definition: `[D]` and `[(H Dh)]` are one type. The checker sets the definitions in
+a context variable for the length of one check, since every place in it that compares dims (an
+axis's `same`, the rules, the patterns) would otherwise need the program passed to it; they are
+also on the checked program and its IR (`Module.derived`), and the stages after the checker pass
+them to `equal` themselves.
 """
 
 from __future__ import annotations
@@ -61,9 +62,14 @@ def derived(definitions: dict[str, Dim]) -> Iterator[None]:
         _DERIVED.reset(token)
 
 
-def expand_derived(d: Dim) -> Dim:
-    """`d` with each derived dim replaced by its definition."""
-    definitions = _DERIVED.get()
+Definitions: TypeAlias = Mapping[str, Dim]  # each derived dim's definition, by its name
+
+
+def expand_derived(d: Dim, definitions: Definitions | None = None) -> Dim:
+    """`d` with each derived dim replaced by its definition: `definitions`, the program's (a stage
+    after the checker passes its module's), or by default those of the check running now."""
+    if definitions is None:
+        definitions = _DERIVED.get()
     if not definitions:
         return d
     mapping = {s: definitions[s.name] for s in symbols(d)
@@ -71,10 +77,12 @@ def expand_derived(d: Dim) -> Dim:
     return d.xreplace(mapping) if mapping else d
 
 
-def equal(a: Dim, b: Dim) -> bool:
+def equal(a: Dim, b: Dim, definitions: Definitions | None = None) -> bool:
+    """Whether `a` and `b` are one size, each derived dim read as its definition (`definitions`:
+    see expand_derived)."""
     if a == b:
         return True
-    a, b = expand_derived(a), expand_derived(b)
+    a, b = expand_derived(a, definitions), expand_derived(b, definitions)
     if a == b:
         return True
     if a.is_Atom and b.is_Atom:  # two different symbols or numbers

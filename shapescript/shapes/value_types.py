@@ -26,8 +26,9 @@ class AxisT:
             return "(" + " ".join(D.show(p) for p in self.parts) + ")"
         return D.show(self.size)
 
-    def same(self, other: "AxisT") -> bool:
-        return D.equal(self.size, other.size)
+    def same(self, other: "AxisT", derived: D.Definitions | None = None) -> bool:
+        """One size (`derived`: the program's derived dims, for a stage after the checker)."""
+        return D.equal(self.size, other.size, derived)
 
     def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> "AxisT":
         if not mapping:
