@@ -15,7 +15,7 @@ from support import ROOT
 import shapescript as ss
 from shapescript.check.builtins import RULES
 from shapescript.pipeline import check_source
-from shapescript.check.ops import OPS, Op
+from shapescript.ops import OPS, Op
 from shapescript.devices import DeviceSet
 
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)

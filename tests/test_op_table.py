@@ -1,4 +1,4 @@
-"""The op table (shapescript/check/ops/): each op in it is declared once, with everything the
+"""The op table (shapescript/ops/): each op in it is declared once, with everything the
 stages need, and the stages name none of those ops themselves."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from support import ROOT
 
 from shapescript.check.builtins import BUILTIN_NAMES, RULES
 from shapescript.pipeline import check_source
-from shapescript.check.ops import OPS, Across
+from shapescript.ops import OPS, Across
 from shapescript.devices import DeviceSet
 from shapescript.errors import CompileError
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from programs import GPT
 import shapescript as ss
 from shapescript.api import compile_program
-from shapescript.check.ops import OPS
-from shapescript.check.ops.shaping import recipe_parts, reduce_parts, repeat_parts, runtime_call
+from shapescript.ops import OPS
+from shapescript.ops.shaping import recipe_parts, reduce_parts, repeat_parts, runtime_call
 from shapescript.lower.targets import Target
 from shapescript.pipeline import python_module
 

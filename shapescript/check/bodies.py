@@ -1,11 +1,13 @@
 """Checking function bodies: statements, names, fields, operators and calls of user functions.
 
-Built-in functions have their rules in builtins.py; both record each expression's type and, where
-lowering needs one, a recipe (how to broadcast, which axis) in the `Checked` tables.
+Built-in functions have their rules in the op table (shapescript/ops/), which sees this checker as
+its `RuleChecker`; both record each expression's type and, where lowering needs one, a recipe (how
+to broadcast, which axis) in the `Checked` tables.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import Span
@@ -16,27 +18,16 @@ from ..shapes import value_types as T
 from .checker import Context, misspelled_dim, similar
 from ..shapes.options import NO_OPTIONS, CallOptions, Recipe
 from .program import CallInfo, FnInfo, ParamInfo
+from ..ops import RULES
+from ..ops.checking import Label
+from ..ops.args import broadcast, matmul
+from . import origins
 from .rules import number_arith, number_negation, whole_tensor_power
 
 ARITH = {"+", "-", "*", "/", "**"}
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
 # PyTorch's categories for promotion: a number of a higher category than the tensor's dtype gives
 # the category's default dtype; otherwise the tensor keeps its own.
-CATEGORY = {"bool": 0, "int": 1, "float": 2}
-DEFAULT_DTYPE = {1: "i64", 2: "f32"}
-
-
-def promoted(dtype: str, number: str, op: str) -> str:
-    """The dtype torch gives `tensor op number` (either order) for an arithmetic `op`, as
-    torch.result_type does: `/` is true division, so integers and bools give f32."""
-    tensor_category = 2 if dtype in T.FLOAT_DTYPES else 1 if dtype in T.INT_DTYPES else 0
-    if op == "/" and tensor_category < 2:
-        return "f32"
-    if CATEGORY[number] > tensor_category:
-        return DEFAULT_DTYPE[CATEGORY[number]]
-    return dtype
-
-
 def same_type(a: T.Ty, b: T.Ty) -> bool:
     """The same type, dims compared as dims (an unknown type agrees with anything: it was reported)."""
     if a is T.UNKNOWN or b is T.UNKNOWN:
@@ -83,6 +74,54 @@ class BodyChecker:
 
     def use(self, what: str, span: Span) -> None:
         self.fn.uses.setdefault(what, span)
+
+    # ---- what the op table's rules see of the checker (ops/checking.py: RuleChecker) -------------
+
+    @property
+    def dim_values(self) -> Mapping[str, int | None]:
+        return self.ctx.dim_values
+
+    @property
+    def params(self) -> Sequence[ParamInfo]:
+        return self.fn.params
+
+    def type_of(self, node: A.Node) -> T.Ty | None:
+        return self.checked.types.get(id(node))
+
+    def dim_note(self, t: T.Ty) -> str:
+        return self.ctx.dim_note(t)
+
+    def cast_help(self, at: A.Node | Span, dtype: str) -> str:
+        return cast_help(self, at, dtype)
+
+    def type_label(self, node: A.Node, t: T.Ty) -> Label | None:
+        return origins.type_label(self, node, t)
+
+    def axis_label(self, node: A.Node, t: T.TensorT, k: int, which: str) -> Label | None:
+        return origins.axis_label(self, node, t, k, which)
+
+    def set_recipe(self, node: A.Node, recipe: Recipe) -> None:
+        self.checked.recipes[id(node)] = recipe
+
+    def device_work(self, what: str, span: Span) -> None:
+        self.fn.device_work.append((what, span))
+
+    def function_named(self, node: A.Name, call: A.Call) -> FnInfo | None:
+        fn = self.ctx.fns.get(node.id)
+        if fn is not None:
+            self.checked.types[id(node)] = T.FnRefT(fn.name)
+            self.fn.calls.setdefault(fn.name, call.span)
+        return fn
+
+    def call_as_grad(self, node: A.Call, fn: str) -> T.Ty:
+        named = node.args[0].value
+        assert isinstance(named, A.Name)  # value_and_grad's rule found the function by it
+        inner = A.Call(node.span, named, node.args[1:])
+        result = self.call_fn(inner, self.ctx.fns[fn])
+        resolved = self.checked.calls.pop(id(inner), None)
+        self.checked.calls[id(node)] = resolved or CallInfo("grad", fn, [])  # its arguments had errors
+        self.checked.calls[id(node)].kind = "grad"
+        return result
 
     # ---- statements ---------------------------------------------------------------------------
 
@@ -274,7 +313,7 @@ class BodyChecker:
 
     def dim_value(self, node: A.Name) -> T.Ty:
         """A dim used as a number, as `1.0 / Dh ** 0.5`: its size, known or read off a parameter."""
-        from .ops.sizes import dim_source
+        from ..ops.sizes import dim_source
         found = dim_source(self, node)
         if found is None:
             return T.UNKNOWN
@@ -325,7 +364,7 @@ class BodyChecker:
         if T.UNKNOWN in (left, right):
             return T.UNKNOWN
         if node.op == "@":
-            return B.matmul(self, node, left, right, node.left, node.right)
+            return matmul(self, node, left, right, node.left, node.right)
         if isinstance(left, T.ScalarT) and isinstance(right, T.ScalarT):
             if node.op in COMPARE:
                 return T.BOOL
@@ -341,7 +380,7 @@ class BodyChecker:
             assert isinstance(tensor, T.TensorT)
             return T.TensorT(tensor.axes, "bool" if node.op in COMPARE else dtype)
         assert isinstance(left, T.TensorT) and isinstance(right, T.TensorT)
-        axes = B.broadcast(self, node, left, right)
+        axes = broadcast(self, node, left, right)
         if axes is None:
             return T.UNKNOWN
         return T.TensorT(axes, "bool" if node.op in COMPARE else dtype)
@@ -373,7 +412,7 @@ class BodyChecker:
             return None
         if scalar is right and not whole_tensor_power(self, node, known, scalar):
             return None
-        return promoted(known, scalar.kind, node.op)
+        return T.promoted(known, scalar.kind, node.op)
 
     def logical(self, node: A.Binary) -> T.Ty:
         left, right = self.expr(node.left), self.expr(node.right)
@@ -384,7 +423,7 @@ class BodyChecker:
                 return self.error("E0308", f"`{node.op}` takes bools, not {t.show()}", side.span,
                                   f"this is {t.show()}", "compare it first, as `x > 0`")
         if isinstance(left, T.TensorT) and isinstance(right, T.TensorT):
-            axes = B.broadcast(self, node, left, right)
+            axes = broadcast(self, node, left, right)
             return T.TensorT(axes, "bool") if axes is not None else T.UNKNOWN
         tensor = left if isinstance(left, T.TensorT) else right
         return tensor
@@ -415,11 +454,11 @@ class BodyChecker:
             if fn is not None:
                 self.fn.calls.setdefault(fn.name, node.span)
                 return self.call_fn(node, fn)
-            rule = B.RULES.get(func.id)
+            rule = RULES.get(func.id)
             if rule is not None:
                 return rule(self, node)
             return self.error("E0201", f"unknown function `{func.id}`", func.span, "not defined",
-                              similar(func.id, list(self.ctx.fns) + list(B.RULES)))
+                              similar(func.id, list(self.ctx.fns) + list(RULES)))
         return self.error("E0205", "only functions can be called", func.span, "not a function name",
                           "call a function by its name, as `forward(m, x)`")
 

@@ -28,7 +28,7 @@ from ..syntax import ast as A
 from ..shapes import value_types as T
 from .layout import head_axis, model_params
 from .program import Checked, FnInfo, ShardedRead
-from .ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
+from ..ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
 from .split import iter_nodes, split_axes
 
 DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}

@@ -7,7 +7,7 @@ plan) and the DeviceTable (which counts what it sends) alike.
 starts with H ((H Dh): a block of whole heads), once, is split along it; any other value is whole
 (H in two places, or after another axis in a group, as (3 H Dh)). Batches are whole. The dims a
 function splits are H and the generic dims its calls bind to H. Each operation follows its op's
-layout rule (check/ops/table.py): its devices work on their parts alone (LOCAL), or add up partial
+layout rule (ops/table.py): its devices work on their parts alone (LOCAL), or add up partial
 results (SUM), or need their split operands whole (GATHER, also every op without a rule). A value
 computed from whole operands whose type is split is cut to each device's part (no communication);
 a value passed to a function, or returned from one, that the other side lays out differently is
@@ -24,7 +24,7 @@ import sympy
 from ..syntax import ast as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .ops.table import CUT, GATHER, LOCAL, OPS, SUM, CallView, heads_contraction, numel
+from ..ops.table import CUT, GATHER, LOCAL, OPS, SUM, CallView, heads_contraction, numel
 from ..shapes.options import NO_OPTIONS, CallOptions
 from ..shapes.plans import BatchSplit
 from .program import NO_LAYOUT, CallInfo, Checked, FnInfo, HeadsMark, LayoutFacts, ShardedRead, SplitFacts

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 from ..errors import Span
 from ..syntax import ast as A
 from ..shapes import value_types as T
+from ..ops.checking import Label
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
     from .program import Checked
 
-Label = tuple[Span, str]
 
 
 @dataclass(frozen=True)
@@ -118,15 +118,6 @@ def axis_label(ck: "BodyChecker", node: A.Node, t: T.TensorT, k: int, which: str
     if written is not None:
         return found.span, f"{found.what} is declared here"
     return found.span, f"{found.what} is {t.show()} from here"
-
-
-def labels(*found: Label | None) -> tuple[Label, ...]:
-    """The labels that were found, each place once."""
-    out: dict[Span, str] = {}
-    for item in found:
-        if item is not None and item[0] not in out:
-            out[item[0]] = item[1]
-    return tuple(out.items())
 
 
 def type_label(ck: "BodyChecker", node: A.Node, t: T.Ty) -> Label | None:

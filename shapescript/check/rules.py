@@ -1,5 +1,5 @@
 """Typing rules of the arithmetic of plain numbers, as Python computes it (every built-in function,
-the training steps' and the controller's included, is an op of the table in check/ops/)."""
+the training steps' and the controller's included, is an op of the table in ops/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..syntax import ast as A
 from ..shapes import value_types as T
-from .builtins import literal_number
+from ..ops.args import literal_number
 from ..shapes.options import NO_RECIPE
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from ..syntax import ast as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from .checker import Context
-from .ops.table import OPS, PARTIAL, CallView
+from ..ops.table import OPS, PARTIAL, CallView
 from ..shapes.options import NO_RECIPE, CallOptions
 from ..shapes.plans import BatchSplit
 from .program import CallInfo, Checked, FnInfo, SplitFacts

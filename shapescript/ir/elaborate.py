@@ -8,7 +8,7 @@ only the nodes it builds.
 from __future__ import annotations
 
 from ..shapes import value_types as T
-from ..check.ops import OPS
+from ..ops import OPS
 from ..shapes.options import NO_RECIPE, Recipe
 from ..check.program import Checked, FnInfo
 from ..syntax import ast as A

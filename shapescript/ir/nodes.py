@@ -91,7 +91,7 @@ class UnOp(Expr):
 
 @dataclass(frozen=True)
 class OpCall(Expr):
-    """A call of an op of the op table (check/ops): its arguments in the order its lowering prints
+    """A call of an op of the op table (ops): its arguments in the order its lowering prints
     them (None: an argument that names an axis, which the options carry), and its options."""
     op: str
     args: tuple[Expr | None, ...]

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..shapes import value_types as T
-from ..check.ops import OPS, LowerCall
-from ..check.ops.table import CUT, GATHER
+from ..ops import OPS, LowerCall
+from ..ops.table import CUT, GATHER
 from ..shapes.options import NO_OPTIONS, NO_RECIPE
 from ..errors import Span
 from ..ir import nodes as N

@@ -3,7 +3,7 @@
 A recipe holds only what the shapes can't say until the program runs: which sizes to read off the
 operand. Everything else (the permutation, which axes merge) was fixed when the program compiled.
 
-The generated code prints each recipe as torch method calls (check/ops/shaping.py) and calls these
+The generated code prints each recipe as torch method calls (ops/shaping.py) and calls these
 functions only for a recipe that reads a size off the shape of an operand that isn't a name; they
 are also what the tests compare the printed lines with.
 """

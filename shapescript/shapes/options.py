@@ -24,7 +24,7 @@ PatternSplit = tuple[Union[tuple[Union[int, tuple[str, int]], ...], None], ...]
 @dataclass(frozen=True)
 class CallOptions:
     """What a call of an op of the table carries besides its arguments: each op sets the fields it
-    reads (in check/ops/), the others keep their defaults."""
+    reads (in ops/), the others keep their defaults."""
 
     # Along an axis: reductions, operations along one axis, cross_entropy, topk, gather, batch_norm...
     axis: int | None = None  # the axis it works along (`over=`); None: over everything
@@ -46,7 +46,7 @@ class CallOptions:
     # The controller's batches
     data: str | None = None  # the data type's name (the lowering hands the run time its spec)
     batch_size: int | None = None  # a batch size written as a number (the DeviceTable shows it)
-    # Patterns (check/patterns.py): the recipe's parts, as the run time's pattern functions take them
+    # Patterns (ops/patterns.py): the recipe's parts, as the run time's pattern functions take them
     split: PatternSplit | None = None
     perm: tuple[int, ...] | None = None  # the atoms' order (None: as they are)
     merge: tuple[int, ...] | None = None  # how many atoms each result axis merges (None: one each)

@@ -270,3 +270,19 @@ def dims_note(t: Ty, values: Mapping[str, int | None]) -> str:
             if v is not None and not D.is_generic(s):
                 seen[s.name] = v
     return (" with " + ", ".join(f"{k} = {v}" for k, v in seen.items())) if seen else ""
+
+
+# How torch promotes a tensor's dtype with a plain number (by its kind: bool, int, float).
+CATEGORY = {"bool": 0, "int": 1, "float": 2}
+DEFAULT_DTYPE = {1: "i64", 2: "f32"}
+
+
+def promoted(dtype: str, number: str, op: str) -> str:
+    """The dtype torch gives `tensor op number` (either order) for an arithmetic `op`, as
+    torch.result_type does: `/` is true division, so integers and bools give f32."""
+    tensor_category = 2 if dtype in FLOAT_DTYPES else 1 if dtype in INT_DTYPES else 0
+    if op == "/" and tensor_category < 2:
+        return "f32"
+    if CATEGORY[number] > tensor_category:
+        return DEFAULT_DTYPE[CATEGORY[number]]
+    return dtype

@@ -5,34 +5,32 @@ and these ops are refused with it (E1801)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ...syntax import ast as A
-from ...shapes import dims as D
-from ...shapes import value_types as T
-from ..builtins import literal_number, over_axis, tensor_arg
-from ...shapes.options import CallOptions, SizeSource
+from ..names import similar
+from ..syntax import ast as A
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import literal_number, over_axis, tensor_arg
+from ..shapes.options import CallOptions, SizeSource
 from .table import Across, Args, CallView, LowerCall, Op, Typed, along_batch, register
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 
-def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, SizeSource | None] | None:
+def dim_source(ck: RuleChecker, node: A.Node) -> tuple[D.Dim, SizeSource | None] | None:
     """A dim named by `node`, and how to get its size when the program runs: an int, or
     (parameter, axis) for a generic dim that a parameter's shape gives."""
     if not isinstance(node, A.Name):
         ck.error("E0303", "expected a dim, as `causal(i, j)`", node.span, "not a dim name")
         return None
-    if node.id in ck.ctx.dim_values and node.id not in ck.dims:  # declared: its size, or None until loaded
-        return D.declared(node.id), ck.ctx.dim_values[node.id]
+    if node.id in ck.dim_values and node.id not in ck.dims:  # declared: its size, or None until loaded
+        return D.declared(node.id), ck.dim_values[node.id]
     dim = ck.dims.get(node.id)
     if dim is None:
-        from ..checker import similar  # the checker imports this module
         ck.error("E0303", f"`{node.id}` isn't a dim here", node.span, "unknown dim",
-                 similar(node.id, list(ck.dims) + list(ck.ctx.dim_values)))
+                 similar(node.id, list(ck.dims) + list(ck.dim_values)))
         return None
-    for p in ck.fn.params:
+    for p in ck.params:
         t = p.ty
         axes = t.axes if isinstance(t, (T.TensorT, T.BatchT)) else ()
         for k, a in enumerate(axes):
@@ -43,7 +41,7 @@ def dim_source(ck: "BodyChecker", node: A.Node) -> tuple[D.Dim, SizeSource | Non
     return None
 
 
-def count_source(ck: "BodyChecker", node: A.Node, what: str) -> tuple[D.Dim, SizeSource | None] | None:
+def count_source(ck: RuleChecker, node: A.Node, what: str) -> tuple[D.Dim, SizeSource | None] | None:
     """A count given as a dim (`n`, its size read as `dim_source` reads it) or as a positive literal."""
     value = literal_number(node)
     if value is None:
@@ -54,7 +52,7 @@ def count_source(ck: "BodyChecker", node: A.Node, what: str) -> tuple[D.Dim, Siz
     return D.literal(node.value), node.value
 
 
-def causal_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def causal_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     i_arg, j_arg = args
     assert i_arg is not None and j_arg is not None
     i, j = dim_source(ck, i_arg.value), dim_source(ck, j_arg.value)
@@ -64,7 +62,7 @@ def causal_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknow
     return Typed(T.TensorT((T.axis(i[0]), T.axis(j[0])), "bool"), (), CallOptions(sizes=(i[1], j[1])))
 
 
-def positions_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def positions_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     """`positions(n)`: the positions 0, 1, ..., n-1 along a dim, `[n] Index[n]` (torch.arange)."""
     n = args[0]
     assert n is not None
@@ -75,7 +73,7 @@ def positions_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unk
     return Typed(T.TensorT((T.axis(count[0]),), "i64", count[0]), (), CallOptions(sizes=(count[1],)))
 
 
-def first_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def first_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     """`first(x, n, over=T)`: x's first n entries along its axis T (its leading axis without `over=`),
     as a `[T D]` table of position embeddings is read for a sequence of n <= T tokens. n <= T is
     checked here when both sizes are known, and by the lowered call when it runs otherwise."""
@@ -92,7 +90,7 @@ def first_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
     if axis is None:
         return T.UNKNOWN
     taken, (dim, source) = t.axes[axis], count
-    have, want = D.value(taken.size, ck.ctx.dim_values), D.value(dim, ck.ctx.dim_values)
+    have, want = D.value(taken.size, ck.dim_values), D.value(dim, ck.dim_values)
     if have is not None and want is not None and want > have:
         counted = str(want) if dim.is_Integer else f"{D.show(dim)} = {want}"
         return ck.error("E0310", f"`first` takes {counted} entries along {taken.show()}, which has {have}",

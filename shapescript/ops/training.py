@@ -9,18 +9,16 @@ over a split batch takes its statistics from every device, in one all-reduce.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import sympy
 
-from ...syntax import ast as A
-from ...shapes import value_types as T
-from ..builtins import literal_number, number_arg, over_axis, tensor_arg
-from ...shapes.options import CallOptions
+from ..syntax import ast as A
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import literal_number, number_arg, over_axis, tensor_arg
+from ..shapes.options import CallOptions
 from .table import PER_EXAMPLE, Across, Args, CallView, Layout, LowerCall, Op, Payload, Typed, reduces_batch, register
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 BATCH_NORM_SENDS = "batch_norm's sums, sums of squares and count for each channel, in f64 (under Train)"
 
@@ -35,7 +33,7 @@ def _param_dtypes(model: T.ModelT) -> set[str]:
     return out
 
 
-def norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     """The 2-norm of a tensor (over one axis, or all), or of a model's gradients taken together."""
     x, over = args
     assert x is not None
@@ -64,7 +62,7 @@ def norm_lower(call: LowerCall) -> str:
     return f"torch.linalg.vector_norm({call.args[0]}{'' if axis is None else f', dim={axis}'})"
 
 
-def clip_norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def clip_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     grads, most = args
     assert grads is not None and most is not None
     g = ck.expr(grads.expr)
@@ -76,7 +74,7 @@ def clip_norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unk
     return Typed(g, (grads.expr, most.expr))
 
 
-def dropout_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def dropout_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     x, p, mode_arg = args
     assert x is not None and p is not None and mode_arg is not None
     t = tensor_arg(ck, x, "`dropout`", floats=True)
@@ -101,7 +99,7 @@ def dropout_split_options(view: CallView) -> CallOptions:
     return dataclasses.replace(view.options, batch_axis=where[0]) if where else view.options
 
 
-def batch_norm_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def batch_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     """`batch_norm(x, stats, mode, over=C)`: normalize each C-channel over every other axis; `stats`
     is a model with buffers `mean: [C]` and `var: [C]`, the running statistics that Train updates
     (as PyTorch's buffers are, without `mut`) and Eval uses."""

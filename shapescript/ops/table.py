@@ -15,17 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import sympy
 
-from ...syntax import ast as A
-from ...shapes import value_types as T
-from ..builtins import RULES, _unused_args
-from ...shapes.options import CallOptions, Recipe
+from ..syntax import ast as A
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import _unused_args
+from ..shapes.options import CallOptions, Recipe
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 Args = list[A.Arg | None]
 
@@ -43,7 +41,7 @@ class Typed:
 # A typing rule gets the checker, the call and its arguments in parameter order (keywords placed,
 # absent optional ones None); it returns what it found, or an UnknownT after reporting an error (or
 # a type with no call recorded: `value_and_grad`, recorded as a call of the function it differentiates).
-Rule = Callable[["BodyChecker", A.Call, Args], "Typed | T.Ty"]
+Rule = Callable[[RuleChecker, A.Call, Args], "Typed | T.Ty"]
 
 
 @dataclass(frozen=True)
@@ -199,6 +197,8 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
+# Each op's rule with the boilerplate every rule shares (`_checker`): what the checker calls, by name.
+RULES: dict[str, Callable[[RuleChecker, A.Call], T.Ty]] = {}
 
 
 def register(*ops: Op) -> None:
@@ -209,10 +209,10 @@ def register(*ops: Op) -> None:
         RULES[op.name] = _checker(op)
 
 
-def _checker(op: Op) -> Callable[["BodyChecker", A.Call], T.Ty]:
+def _checker(op: Op) -> Callable[[RuleChecker, A.Call], T.Ty]:
     """The boilerplate of every rule, written once: place the arguments (an error checks the rest
     of them for errors of their own), run the op's rule, record what it found for the stages after."""
-    def check(ck: "BodyChecker", node: A.Call) -> T.Ty:
+    def check(ck: RuleChecker, node: A.Call) -> T.Ty:
         args = [] if op.own_args else ck.arrange(node, list(op.params), f"`{op.name}`", op.required)
         if args is None:
             return _unused_args(ck, node) if op.check_rest else T.UNKNOWN
@@ -226,7 +226,7 @@ def _checker(op: Op) -> Callable[["BodyChecker", A.Call], T.Ty]:
     return check
 
 
-def _refuse_mut(ck: "BodyChecker", op: Op, node: A.Call) -> None:
+def _refuse_mut(ck: RuleChecker, op: Op, node: A.Call) -> None:
     for k, a in enumerate(node.args):
         if a.mut:
             param = a.keyword or (op.params[k] if k < len(op.params) else "its argument")

@@ -6,18 +6,16 @@ the parts, `mean` by a sum of the parts and of their counts; the others are refu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ...syntax import ast as A
-from ...shapes import value_types as T
-from ..builtins import over_axis, placed_within, tensor_arg
-from ...shapes.options import CallOptions
+from ..syntax import ast as A
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import over_axis, placed_within, tensor_arg
+from ..shapes.options import CallOptions
 from .elementwise import refused_dtype
 from .table import (PARTIAL, Across, Layout, heads_along, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
                     reduces_batch, register, result_values)
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 # Sums and products of bools and i32 are i64 in torch (an i32 sum would overflow): `sum`, `prod`, `cumsum`.
 WIDENING = ("sum", "prod", "cumsum")
@@ -27,7 +25,7 @@ def widened(name: str, dtype: str) -> str:
     return "i64" if name in WIDENING and dtype in ("bool", "i32") else dtype
 
 
-def mask_of(ck: "BodyChecker", arg: A.Arg, t: T.TensorT) -> tuple | None:
+def mask_of(ck: RuleChecker, arg: A.Arg, t: T.TensorT) -> tuple | None:
     """A `mask=` argument: bool, its dims among `t`'s; the index that places it."""
     mask = tensor_arg(ck, arg, "`mask=`")
     if mask is None:
@@ -45,7 +43,7 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
     as x's (widened for sum and prod), "float" (x must be float), "bool" (x must be bool) or
     "index" (an `Index` into the axis, which `over=` must then name). `needs_dims`: torch's
     function needs `dim=` even to reduce everything."""
-    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         x, over = args[0], args[1]
         assert x is not None
         t = tensor_arg(ck, x, f"`{name}`", floats=result == "float")
@@ -109,7 +107,7 @@ def mean_payload(view: CallView) -> Payload:
 
 def along_axis(name: str, template: str, floats: bool = False) -> Op:
     """`name(x, over=D)`: x's type (cumsum widens as sum does), computed along D."""
-    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         x, over = args
         assert x is not None and over is not None
         t = tensor_arg(ck, x, f"`{name}`", floats=floats)

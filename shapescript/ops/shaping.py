@@ -1,5 +1,5 @@
 """Operations that take a pattern: rearrange, split, repeat, reduce and einsum (the patterns
-themselves are checked by check/patterns.py). They place their own arguments: tensors, then the
+themselves are checked by ops/patterns.py). They place their own arguments: tensors, then the
 pattern, sizes by keyword, and reduce's operation. A pattern is checked once into a recipe, which
 prints as torch method calls, as `x.unflatten(2, (3, 12, 64)).permute(2, 0, 3, 1, 4).unbind(0)`.
 
@@ -12,19 +12,17 @@ import dataclasses
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ...syntax import ast as A
-from ...shapes import dims as D
-from ...shapes import value_types as T
-from ..builtins import _unused_args, called_name, tensor_arg
-from ...shapes.options import CallOptions
-from ..patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
+from ..syntax import ast as A
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import _unused_args, called_name, tensor_arg
+from ..shapes.options import CallOptions
+from .patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
 from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Layout, heads_contraction, heads_rearrange, Args, CallView, Lower, LowerCall, Op, Typed,
                     register, result_values)
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 
@@ -37,7 +35,7 @@ class _Args:
     op: A.Arg | None
 
 
-def pattern_args(ck: "BodyChecker", node: A.Call, name: str, takes_op: bool = False) -> _Args | None:
+def pattern_args(ck: RuleChecker, node: A.Call, name: str, takes_op: bool = False) -> _Args | None:
     """Split a pattern call's arguments: tensors, the pattern, keyword sizes (and an op)."""
     tensors: list[A.Arg] = []
     pattern: A.Pattern | None = None
@@ -67,11 +65,11 @@ def pattern_args(ck: "BodyChecker", node: A.Call, name: str, takes_op: bool = Fa
     return _Args(tensors, pattern, sizes, op)
 
 
-def _size_value(ck: "BodyChecker", arg: A.Arg) -> D.Dim | None:
+def _size_value(ck: RuleChecker, arg: A.Arg) -> D.Dim | None:
     v = arg.value
     if isinstance(v, A.IntLit) and v.value > 0:
         return D.literal(v.value)
-    if isinstance(v, A.Name) and ck.ctx.dim_values.get(v.id) is not None:
+    if isinstance(v, A.Name) and ck.dim_values.get(v.id) is not None:
         return D.declared(v.id)
     ck.error("E0307", f"a size in a pattern call is a positive number or a dim of the program, as `{arg.keyword}=4`",
              arg.span, "not a size")
@@ -87,11 +85,11 @@ def _unused_sizes(args: _Args, p: A.Pattern) -> None:
                            "give sizes only for names in the pattern")
 
 
-def _fail(ck: "BodyChecker", node: A.Call, e: PatternError) -> T.UnknownT:
+def _fail(ck: RuleChecker, node: A.Call, e: PatternError) -> T.UnknownT:
     return ck.error("E0307", str(e), e.node.span, e.label, e.help)
 
 
-def _one_tensor(ck: "BodyChecker", node: A.Call, name: str, takes_op: bool = False
+def _one_tensor(ck: RuleChecker, node: A.Call, name: str, takes_op: bool = False
                 ) -> tuple[_Args, T.TensorT] | None:
     args = pattern_args(ck, node, name, takes_op)
     if args is None:
@@ -115,7 +113,7 @@ def _positions(lhs: Side, rhs: Side) -> list[int]:
     return [names.index(a.name) for a in rhs.atoms if a.name in names]
 
 
-def _bind_sides(ck: "BodyChecker", args: _Args, t: T.TensorT, p: A.Pattern, new_axes: bool = False
+def _bind_sides(ck: RuleChecker, args: _Args, t: T.TensorT, p: A.Pattern, new_axes: bool = False
                 ) -> tuple[Side, Side, tuple[T.AxisT, ...], dict[str, T.AxisT]]:
     """A one-operand pattern against `t`: its left side bound to t's axes, its right side built
     from them. Sizes given by keyword size the left side's axes or, with `new_axes` (repeat), the
@@ -128,7 +126,7 @@ def _bind_sides(ck: "BodyChecker", args: _Args, t: T.TensorT, p: A.Pattern, new_
     return lhs, rhs, axes, known
 
 
-def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
+def rearrange(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     name = called_name(node)
     got = _one_tensor(ck, node, name)
     if got is None:
@@ -150,13 +148,13 @@ def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
                 raise PatternError("`split` needs exactly one literal count on the left, the number of parts, "
                                    "as the 3 in `b (3 D) -> b D`", p, "")
             count = int(lhs.atoms[literals[0]].size)
-            recipe = lower_recipe(lhs, rhs, [literals[0]] + keep, p, ck.ctx.dim_values)
+            recipe = lower_recipe(lhs, rhs, [literals[0]] + keep, p, ck.dim_values)
             recipe = dataclasses.replace(recipe, perm=tuple([literals[0]] + keep))  # the parts' axis first, always
         else:
             if literals:
                 raise PatternError("a literal size on the left of `rearrange` must stay: to cut an axis into "
                                    "parts use `split`", p, "")
-            recipe = lower_recipe(lhs, rhs, keep, p, ck.ctx.dim_values)
+            recipe = lower_recipe(lhs, rhs, keep, p, ck.dim_values)
         # The literal 1s are squeezed away.
         recipe = dataclasses.replace(recipe, drop=tuple(k for k in dropped if k not in literals))
     except PatternError as e:
@@ -165,7 +163,7 @@ def rearrange(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     return Typed(T.TupleT((result,) * count) if name == "split" else result, (args.tensors[0].expr,), recipe)
 
 
-def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
+def reduce(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     got = _one_tensor(ck, node, "reduce", takes_op=True)
     if got is None:
         return T.UNKNOWN
@@ -184,7 +182,7 @@ def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
         reduced = tuple(k for k, a in enumerate(lhs.atoms) if a.name is None or a.name not in on_right)
         remaining = [a.name for k, a in enumerate(lhs.atoms) if k not in reduced]
         perm = [remaining.index(a.name) for a in rhs.atoms]
-        recipe = lower_recipe(lhs, rhs, list(range(len(lhs.atoms))), p, ck.ctx.dim_values)
+        recipe = lower_recipe(lhs, rhs, list(range(len(lhs.atoms))), p, ck.dim_values)
     except PatternError as e:
         return _fail(ck, node, e)
     options = dataclasses.replace(recipe, dims=reduced, op=op.id, perm=tuple(perm) if perm != sorted(perm) else None)
@@ -192,7 +190,7 @@ def reduce(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     return Typed(T.TensorT(axes, dtype), (args.tensors[0].expr,), options)
 
 
-def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
+def repeat(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     got = _one_tensor(ck, node, "repeat")
     if got is None:
         return T.UNKNOWN
@@ -207,7 +205,7 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
                                "`repeat` keeps every axis and adds new ones; drop a size-1 axis with "
                                "rearrange first" if lost[0] is None else "`repeat` keeps every axis and adds new ones")
         keep = _positions(lhs, rhs)
-        recipe = lower_recipe(lhs, rhs, keep, p, ck.ctx.dim_values)
+        recipe = lower_recipe(lhs, rhs, keep, p, ck.dim_values)
         view: list[int | None] = []  # None: an atom of the operand; 1: a new axis, expanded to its size
         sizes: list[int | None] = []
         for a in rhs.atoms:
@@ -215,7 +213,7 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
                 view.append(None)
                 sizes.append(None)
             else:
-                value = D.value(a.size, ck.ctx.dim_values)
+                value = D.value(a.size, ck.dim_values)
                 if value is None:
                     raise PatternError(f"the size of the new axis `{a.name}` must be known", p)
                 view.append(1)
@@ -226,7 +224,7 @@ def repeat(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
     return Typed(T.TensorT(axes, t.dtype, t.index), (args.tensors[0].expr,), options)
 
 
-def einsum(ck: "BodyChecker", node: A.Call, _: Args) -> Typed | T.UnknownT:
+def einsum(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     args = pattern_args(ck, node, "einsum")
     if args is None:
         return _unused_args(ck, node)

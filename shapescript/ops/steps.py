@@ -14,43 +14,34 @@ the code generator prints it with this entry's lowering.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ...syntax import ast as A
-from ...shapes import value_types as T
-from ..builtins import _unused_args
-from ..program import CallInfo
+from ..syntax import ast as A
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import _unused_args
 from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register, runtime_function
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 GRADIENTS = "gradients"  # every device's gradients of its part of the batch, added up by the run time
 
 
-def value_and_grad_rule(ck: "BodyChecker", node: A.Call, args: Args) -> T.Ty:
+def value_and_grad_rule(ck: RuleChecker, node: A.Call, args: Args) -> T.Ty:
     """`value_and_grad(f, m, args...)`: `f(m, args...)` checked as a call of the program's `f`, which
     must take a model first and return a float scalar; the call is recorded as that call (kind
     "grad"), so the rule gives the type itself rather than a Typed."""
-    if not node.args or node.args[0].keyword or not isinstance(node.args[0].value, A.Name) \
-            or node.args[0].value.id not in ck.ctx.fns:
+    named = node.args[0].value if node.args and not node.args[0].keyword else None
+    fn = ck.function_named(named, node) if isinstance(named, A.Name) else None
+    if fn is None:
         _unused_args(ck, node)
         return ck.error("E0601", "`value_and_grad` takes a function first, then its arguments",
                         node.args[0].span if node.args else node.span, "not a function",
                         "write `value_and_grad(loss, m, batch)`")
-    fn = ck.ctx.fns[node.args[0].value.id]
-    ck.checked.types[id(node.args[0].value)] = T.FnRefT(fn.name)
-    ck.fn.calls.setdefault(fn.name, node.span)
-    ck.fn.device_work.append(("value_and_grad", node.span))
+    ck.device_work("value_and_grad", node.span)
     if not fn.params or not isinstance(fn.params[0].ty, T.ModelT):
         _unused_args(ck, node)
         return ck.error("E0601", f"`{fn.name}` must take the model it differentiates as its first parameter",
                         node.args[0].span, "no model first", f"declare `fn {fn.name}(m: Model, ...)`")
-    inner = A.Call(node.span, node.args[0].value, node.args[1:])
-    result = ck.call_fn(inner, fn)
-    resolved = ck.checked.calls.pop(id(inner), None)
-    ck.checked.calls[id(node)] = resolved or CallInfo("grad", fn.name, [])  # its arguments had errors
-    ck.checked.calls[id(node)].kind = "grad"
+    result = ck.call_as_grad(node, fn.name)
     if result is T.UNKNOWN:
         return result
     if not (isinstance(result, T.TensorT) and result.rank == 0 and result.is_float):
@@ -70,12 +61,12 @@ def _always(view: CallView) -> bool:
     return True
 
 
-def update_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def update_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     """`update(mut m, mut opt, g)`: one step of `m`'s optimizer with gradients of `m`."""
     model, opt_arg, grads = args
     assert model is not None and opt_arg is not None and grads is not None
     m, opt, g = (ck.expr(a.expr) for a in (model, opt_arg, grads))
-    ck.fn.device_work.append(("update", node.span))
+    ck.device_work("update", node.span)
     ck.check_mut(model, True, "model", "`update`")
     ck.check_mut(opt_arg, True, "opt", "`update`")
     ck.check_mut(grads, False, "grads", "`update`")

@@ -3,23 +3,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ...syntax import ast as A
-from ...shapes import dims as D
-from ...shapes import value_types as T
-from ..builtins import int_arg, over_axis, tensor_arg
-from ...shapes.options import CallOptions
+from ..syntax import ast as A
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import int_arg, over_axis, tensor_arg
+from ..shapes.options import CallOptions
 from .elementwise import refused_dtype
 from .table import Across, Args, LowerCall, Op, Typed, along_batch, register
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 REFUSED_ALONG_BATCH = Across(over_batch=along_batch)
 
 
-def topk_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def topk_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     x, k, over = args
     assert x is not None and k is not None and over is not None
     t = tensor_arg(ck, x, "`topk`")
@@ -33,7 +31,7 @@ def topk_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT
     if axis is None:
         return T.UNKNOWN
     picked = t.axes[axis]
-    size = D.value(picked.size, ck.ctx.dim_values)
+    size = D.value(picked.size, ck.dim_values)
     if size is not None and k_node.value > size:
         return ck.error("E0310", f"`topk` of {k_node.value} from {picked.show()} = {size}", k.span, "too many")
     axes = t.axes[:axis] + (T.axis(D.literal(k_node.value)),) + t.axes[axis + 1:]
@@ -53,7 +51,7 @@ def topk_lower(call: LowerCall) -> str:
 def picking(name: str) -> Op:
     """gather(x, index, over=C): x's values at `index` along C; scatter(x, index, src, over=C): x
     with `src` written at `index` along C."""
-    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         x_arg, index_arg, over = args[0], args[1], args[-1]
         assert x_arg is not None and index_arg is not None and over is not None
         src_arg = args[2] if name == "scatter" else None

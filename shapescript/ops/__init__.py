@@ -5,6 +5,6 @@
 from . import elementwise, indexing, library, losses, reductions, shaping, sizes, training  # noqa: F401
 from . import steps  # noqa: F401,I001
 from . import controller  # noqa: F401,I001
-from .table import OPS, Across, CallView, LowerCall, Op, Payload, Typed, numel
+from .table import OPS, RULES, Across, CallView, LowerCall, Op, Payload, Typed, numel
 
-__all__ = ["OPS", "Across", "CallView", "LowerCall", "Op", "Payload", "Typed", "numel"]
+__all__ = ["OPS", "RULES", "Across", "CallView", "LowerCall", "Op", "Payload", "Typed", "numel"]

@@ -7,23 +7,21 @@ is every device's partial product, added up.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import sympy
 
-from ...syntax import ast as A
-from ...shapes import value_types as T
-from ..builtins import matmul, over_axis, tensor_arg
-from ...shapes.options import CallOptions
+from ..syntax import ast as A
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import matmul, over_axis, tensor_arg
+from ..shapes.options import CallOptions
 from .reductions import mask_of
 from .table import (PARTIAL, PARTIAL_PRODUCTS, Across, Layout, heads_contraction, Args, CallView, LowerCall, Op, Payload, Typed, register,
                     result_values)
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 
-def cross_entropy_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def cross_entropy_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     logits_arg, labels_arg, over, mask = args
     assert logits_arg is not None and labels_arg is not None and over is not None
     logits = tensor_arg(ck, logits_arg, "`cross_entropy`", floats=True)
@@ -87,7 +85,7 @@ def cross_entropy_payload(view: CallView) -> Payload:
     return Payload("cross_entropy's sum and count", sympy.Integer(2), logits.dtype)
 
 
-def matmul_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def matmul_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     a, b = args
     assert a is not None and b is not None
     left, right = ck.operand(a.expr), ck.operand(b.expr)

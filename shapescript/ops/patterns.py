@@ -9,8 +9,8 @@ keyword (`h=4`); at most one part per group may be left to be inferred.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import sympy
 
@@ -18,9 +18,8 @@ from ..syntax import ast as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.options import CallOptions
+from .checking import RuleChecker
 
-if TYPE_CHECKING:
-    from .bodies import BodyChecker
 
 
 class PatternError(Exception):
@@ -61,7 +60,7 @@ def parse_side(axes: list[A.PatAxis], what: str) -> list[tuple[A.PatAxis, list[A
     return out
 
 
-def bind_lhs(ck: "BodyChecker", operand: T.TensorT, axes: list[A.PatAxis], known: dict[str, T.AxisT],
+def bind_lhs(ck: RuleChecker, operand: T.TensorT, axes: list[A.PatAxis], known: dict[str, T.AxisT],
              sizes: dict[str, D.Dim], node: A.Node) -> Side:
     """Bind a left side's names to `operand`'s axes; `known` collects name -> axis across operands."""
     parts = parse_side(axes, "left")
@@ -104,7 +103,7 @@ def _check_same(ax: A.PatAxis, known: dict[str, T.AxisT], axis: T.AxisT) -> None
                            f"this is {axis.show()}", "a name in a pattern is one dim")
 
 
-def _split(ck: "BodyChecker", ax: A.PatAxis, members: list[A.PatAxis], axis: T.AxisT,
+def _split(ck: RuleChecker, ax: A.PatAxis, members: list[A.PatAxis], axis: T.AxisT,
            known: dict[str, T.AxisT], sizes: dict[str, D.Dim]) -> list[Atom]:
     if axis.parts is not None and len(axis.parts) == len(members):
         atoms = []
@@ -124,7 +123,7 @@ def _split(ck: "BodyChecker", ax: A.PatAxis, members: list[A.PatAxis], axis: T.A
             given.append(known[m.name].size)
         elif m.name in sizes:
             given.append(sizes[m.name])
-        elif m.name in ck.ctx.dim_values:
+        elif m.name is not None and m.name in ck.dim_values:
             given.append(D.declared(m.name))
         else:
             given.append(None)
@@ -142,11 +141,11 @@ def _split(ck: "BodyChecker", ax: A.PatAxis, members: list[A.PatAxis], axis: T.A
     if unknown:
         part = given[unknown[0]] = sympy.simplify(axis.size / product)
         inferred = sympy.sympify(part.xreplace(
-            {s: v for s in D.symbols(part) if (v := ck.ctx.dim_values.get(s.name)) is not None}))
+            {s: v for s in D.symbols(part) if (v := ck.dim_values.get(s.name)) is not None}))
         if inferred.is_number and (not inferred.is_integer or inferred <= 0):
             raise PatternError(f"{axis.show()} doesn't split evenly into this group: a part would be {inferred}",
                                ax, "doesn't divide")
-    elif not D.equal(product, axis.size) and not _same_value(product, axis.size, ck.ctx.dim_values):
+    elif not D.equal(product, axis.size) and not _same_value(product, axis.size, ck.dim_values):
         # Splitting a declared dim into declared parts is allowed when their sizes agree: the
         # pattern says how to read the axis, as a cast would.
         raise PatternError(f"the group's parts multiply to {D.show(product)}, but the axis is {axis.show()}",
@@ -161,7 +160,7 @@ def _split(ck: "BodyChecker", ax: A.PatAxis, members: list[A.PatAxis], axis: T.A
     return atoms
 
 
-def _same_value(a: D.Dim, b: D.Dim, values: dict[str, int | None]) -> bool:
+def _same_value(a: D.Dim, b: D.Dim, values: Mapping[str, int | None]) -> bool:
     va, vb = D.value(a, values), D.value(b, values)
     return va is not None and va == vb
 
@@ -202,7 +201,7 @@ def _flat_parts(atom: Atom) -> D.Dim:
     return atom.size
 
 
-def lower_recipe(lhs: Side, rhs: Side, keep: list[int], node: A.Node, values: dict[str, int | None]
+def lower_recipe(lhs: Side, rhs: Side, keep: list[int], node: A.Node, values: Mapping[str, int | None]
                  ) -> CallOptions:
     """How to get from the operand to the result: split its axes into atoms, permute the atoms
     that survive (`keep`, in the right side's order), and merge them into the result's axes.

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ...syntax import ast as A
-from ...shapes import value_types as T
-from ..builtins import tensor_arg
+from ..syntax import ast as A
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import tensor_arg
 from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 # What torch has no kernel for: name -> the dtypes it refuses.
 REFUSED = {"abs": ("bool",), "argmax": ("bool",), "argmin": ("bool",), "topk": ("bool",)}
 
 
-def refused_dtype(ck: "BodyChecker", name: str, arg: A.Arg, t: T.TensorT) -> bool:
+def refused_dtype(ck: RuleChecker, name: str, arg: A.Arg, t: T.TensorT) -> bool:
     """True, with E0308 given, where torch has no `name` for `t`'s dtype."""
     if t.dtype not in REFUSED.get(name, ()):
         return False
@@ -27,7 +25,7 @@ def refused_dtype(ck: "BodyChecker", name: str, arg: A.Arg, t: T.TensorT) -> boo
 
 def unary(name: str, torch_fn: str, floats: bool) -> Op:
     """`name(x)`: x's type, value by value; `floats`: only for float tensors."""
-    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         arg = args[0]
         assert arg is not None
         t = tensor_arg(ck, arg, f"`{name}`", floats=floats)

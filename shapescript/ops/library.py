@@ -4,33 +4,30 @@ mask of a padded batch's own positions)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ...dtypes import ELEMENTS
-from ...syntax import ast as A
-from ...shapes import dims as D
-from ...shapes import value_types as T
-from ..builtins import broadcast, literal_number, number_arg, placed_within, tensor_arg
-from ...shapes.options import CallOptions
+from ..dtypes import ELEMENTS
+from ..syntax import ast as A
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import broadcast, literal_number, number_arg, placed_within, tensor_arg
+from ..shapes.options import CallOptions
 from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 
 def _with_numbers(dtype: str, numbers: list[T.Ty]) -> str:
     """The dtype torch gives a tensor of `dtype` with these numbers (clamp's bounds, where's other
     branch): an integer or bool tensor with a float is f32, a bool tensor with an int is i64."""
-    from ..bodies import promoted  # bodies imports the rules
     for t in numbers:
         if isinstance(t, T.ScalarT):
-            dtype = promoted(dtype, t.kind, "+")
+            dtype = T.promoted(dtype, t.kind, "+")
     return dtype
 
 
 def pairwise(name: str) -> Op:
     """maximum(a, b), minimum(a, b): broadcast by name, one dtype."""
-    def rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         a, b = (tensor_arg(ck, x, f"`{name}`") for x in args)
         if a is None or b is None:
             return T.UNKNOWN
@@ -47,7 +44,7 @@ def pairwise(name: str) -> Op:
     return Op(name, ("a", "b"), 2, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT)
 
 
-def clamp_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def clamp_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     x, low, high = args
     assert x is not None
     t = tensor_arg(ck, x, "`clamp`")
@@ -57,7 +54,7 @@ def clamp_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unknown
     if low is None and high is None:
         return ck.error("E0206", "`clamp` needs `min=`, `max=` or both", node.span, "no bounds")
     given = [(name, a) for name, a in (("min", low), ("max", high)) if a is not None]
-    bounds = [ck.checked.types[id(a.value)] for _, a in given]
+    bounds = [ck.type_of(a.value) or T.UNKNOWN for _, a in given]  # number_arg typed each
     return Typed(T.TensorT(t.axes, _with_numbers(t.dtype, bounds)), (x.expr,) + tuple(a.expr for _, a in given),
                  CallOptions(bounds=tuple(name for name, _ in given)))
 
@@ -67,7 +64,7 @@ def clamp_lower(call: LowerCall) -> str:
     return f"torch.clamp({call.args[0]}, {', '.join(bounds)})"
 
 
-def where_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def where_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     cond_arg, a_arg, b_arg = args
     assert cond_arg is not None and a_arg is not None and b_arg is not None
     cond = tensor_arg(ck, cond_arg, "`where`'s condition")
@@ -100,7 +97,7 @@ def where_lower(call: LowerCall) -> str:
     return f"torch.where({call.place(0, call.options.cond_index)}, {call.args[1]}, {call.args[2]})"
 
 
-def masked_fill_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def masked_fill_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     x_arg, mask_arg, value = args
     assert x_arg is not None and mask_arg is not None and value is not None
     x = tensor_arg(ck, x_arg, "`masked_fill`")
@@ -124,7 +121,7 @@ def masked_fill_lower(call: LowerCall) -> str:
     return f"{call.wrapped[0]}.masked_fill({call.place(1, call.options.mask_index)}, {call.args[2]})"
 
 
-def to_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def to_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     """`to(x, f32)`: the same tensor with another dtype, value by value (torch's `.to`); an `Index`
     bound doesn't survive, since nothing is known of the values' range after a conversion.
     `to(0.0, f32)`: a number as a `[]` tensor, as a loop's running total starts."""
@@ -151,20 +148,20 @@ def to_lower(call: LowerCall) -> str:
     return f"{call.wrapped[0]}.to({dtype})"
 
 
-def one_hot_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def one_hot_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     labels = args[0]
     assert labels is not None
     t = tensor_arg(ck, labels, "`one_hot`")
     if t is None:
         return T.UNKNOWN
-    count = D.value(t.index, ck.ctx.dim_values) if t.index is not None else None
+    count = D.value(t.index, ck.dim_values) if t.index is not None else None
     if count is None or t.index is None:
         return ck.error("E0309", f"`one_hot` takes labels typed `Index[C]` with a declared C, not {t.show()}",
                         labels.span, "no known bound")
     return Typed(T.TensorT(t.axes + (T.axis(t.index),), "f32"), (labels.expr,), CallOptions(classes=count))
 
 
-def embedding_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def embedding_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     table_arg, ids_arg = args
     assert table_arg is not None and ids_arg is not None
     table = tensor_arg(ck, table_arg, "`embedding`", floats=True)
@@ -179,7 +176,7 @@ def embedding_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Unk
     return Typed(T.TensorT(ids.axes + table.axes[1:], table.dtype), (table_arg.expr, ids_arg.expr))
 
 
-def valid_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.UnknownT:
+def valid_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     """`valid(batch, n)`: true at the positions along `n` that hold an item's own values, false at
     the padding the loader added to reach the batch's longest item."""
     batch_arg, dim_arg = args

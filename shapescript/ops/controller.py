@@ -10,16 +10,14 @@ whole datasets and values where nothing is split, and a mode holds no value of t
 from __future__ import annotations
 
 import keyword
-from typing import TYPE_CHECKING
 
-from ...syntax import ast as A
-from ...shapes import value_types as T
-from ..builtins import called_name, int_arg, literal_number
-from ...shapes.options import CallOptions
+from ..syntax import ast as A
+from ..shapes import value_types as T
+from .checking import RuleChecker
+from .args import called_name, int_arg, literal_number
+from ..shapes.options import CallOptions
 from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register, runtime_function
 
-if TYPE_CHECKING:
-    from ..bodies import BodyChecker
 
 # Nothing of what they work on is split across the devices (see above).
 NOT_SPLIT = PER_EXAMPLE
@@ -27,7 +25,7 @@ NOT_SPLIT = PER_EXAMPLE
 # ---- data ----------------------------------------------------------------------------------------
 
 
-def shuffle_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def shuffle_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     data, seed = args
     assert data is not None and seed is not None
     t = ck.expr(data.expr)
@@ -39,7 +37,7 @@ def shuffle_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
     return Typed(t, (data.expr, seed.expr))
 
 
-def batches_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def batches_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     """The dataset cut into batches; the options name its data type (the lowering hands the run time
     its spec) and a size written as a number (the DeviceTable shows the batch size)."""
     data, size_arg = args
@@ -65,7 +63,7 @@ def batches_lower(call: LowerCall) -> str:
 
 # ---- output --------------------------------------------------------------------------------------
 
-def print_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def print_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     """Any number of values, placed by the rule itself."""
     for a in node.args:
         if a.keyword or a.mut or isinstance(a.value, A.Pattern):
@@ -76,7 +74,7 @@ def print_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
     return Typed(T.NONE, tuple(a.value for a in node.args if not isinstance(a.value, A.Pattern)))
 
 
-def logs_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def logs_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     """Named values, placed by the rule itself; the options carry their names."""
     seen: set[str] = set()
     for a in node.args:
@@ -103,7 +101,7 @@ def logs_lower(call: LowerCall) -> str:
     return f"_rt.logs({', '.join(f'{k}={v}' for k, v in zip(names, call.args))})"
 
 
-def write_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def write_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     sink_arg, record_arg = args
     assert sink_arg is not None and record_arg is not None
     sink, record = ck.expr(sink_arg.expr), ck.expr(record_arg.expr)
@@ -117,7 +115,7 @@ def write_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 
-def checkpoint_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def checkpoint_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     """`save(path, m)` / `save(path, m, opt)`, and `load` of the same with `mut`, which it changes."""
     name = called_name(node)
     path_arg, model_arg, opt_arg = args
@@ -143,7 +141,7 @@ def checkpoint_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty
 
 # ---- modes ---------------------------------------------------------------------------------------
 
-def train_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def train_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     (seed,) = args
     assert seed is not None
     if not int_arg(ck, seed, "`Train`'s seed"):
@@ -151,7 +149,7 @@ def train_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
     return Typed(T.MODE, (seed.expr,))
 
 
-def eval_rule(ck: "BodyChecker", node: A.Call, args: Args) -> Typed | T.Ty:
+def eval_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     if node.args:
         return ck.error("E0206", "`Eval()` takes no arguments", node.span)
     return Typed(T.MODE, ())
