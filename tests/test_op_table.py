@@ -14,14 +14,25 @@ from shapescript.ops import OPS, Across
 from shapescript.devices import DeviceSet
 from shapescript.errors import CompileError
 
-# The stages that once listed ops by name: the batch split, the DeviceTable, the code generator;
-# with the strings they may hold that are spelled as an op but aren't one.
-STAGES = {"shapescript/check/split.py": set(),
-          "shapescript/check/comms.py": {"split"},  # a value's layout: "split" or "whole"
-          "shapescript/lower/codegen.py": {"min", "max"},  # clamp's bounds, min= and max=
-          # The IR's printer: value_and_grad's calls are the IR's GradCalls, lowered by its entry.
-          "shapescript/lower/printer.py": {"value_and_grad"}}
-
+# Every module of shapescript/ outside the op table, and the strings it may hold that are spelled
+# as an op's name: none, unless it is there for a reason that isn't a decision about an op.
+SPELLED_AS_AN_OP = {
+    "shapescript/check/checker.py": {"split", "std"},  # `split H` on a devices line; normal(std=)
+    "shapescript/check/comms.py": {"split"},  # a value's layout: "split" or "whole"
+    "shapescript/check/comms_text.py": {"split"},
+    "shapescript/check/constants.py": {"exp", "log", "sqrt"},  # an initializer's arithmetic
+    "shapescript/shapes/options.py": {"min", "max"},  # clamp's bounds, min= and max=
+    "shapescript/syntax/ast.py": {"split"},  # the devices line's option
+    "shapescript/syntax/parser.py": {"einsum", "split"},  # einsum's pattern has commas; `split H`
+    # Fusion's rewrites are of these ops' spans: a span of them is what torch has one kernel for.
+    "shapescript/ir/fuse.py": {"causal", "einsum", "masked_fill", "softmax"},
+    "shapescript/inits.py": {"mean", "std"},  # normal(mean=, std=)
+}
+# The run time implements the ops, and the package exports them to Python: their names are its own.
+IMPLEMENTATION = ("shapescript/runtime/", "shapescript/parallel/", "shapescript/sinks.py",
+                  "shapescript/__init__.py", "shapescript/api.py", "shapescript/background.py")
+MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "shapescript").rglob("*.py")
+                 if p.parent.name != "ops" and not str(p.relative_to(ROOT)).startswith(IMPLEMENTATION))
 
 # value_and_grad's all-reduce sends the gradients of every param, one all-reduce per dtype, which
 # comms.py's `gradients` counts (a payload is one dtype's values).
@@ -58,12 +69,19 @@ def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: st
         assert name not in NEVER_LOCAL_ALONG_H
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_no_stage_names_an_op_of_the_table(stage: str) -> None:
-    text = (ROOT / stage).read_text()
+@pytest.mark.parametrize("module", MODULES)
+def test_no_stage_names_an_op_of_the_table(module: str) -> None:
+    """Placement, the batch split, the DeviceTable, deferring, lowering: each reads what it needs of
+    an op from the op's entry (its flags, its rules), and names none."""
+    text = (ROOT / module).read_text()
     # A string of the op's name, with the same quote on either side (not `"""value_and_grad's`).
     named = {name for name in OPS if re.search(rf"([\"']){re.escape(name)}\1", text)}
-    assert named <= STAGES[stage], f"{stage} names {sorted(named - STAGES[stage])}: read the op table instead"
+    allowed = SPELLED_AS_AN_OP.get(module, set())
+    assert named <= allowed, f"{module} names {sorted(named - allowed)}: read the op table instead"
+
+
+def test_the_list_of_modules_that_may_spell_an_op_is_up_to_date() -> None:
+    assert set(SPELLED_AS_AN_OP) <= set(MODULES) and len(MODULES) > 60
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -108,3 +126,39 @@ def test_mut_on_an_argument_of_an_op_is_refused(call: str) -> None:
         check_source(source, "mut.ss")
     assert info.value.codes == ["E0503"]
     assert "doesn't change" in info.value.diagnostics[0].message
+
+
+def test_every_run_time_name_a_module_prints_exists() -> None:
+    """Lowerings print calls of the run time by name, some built from strings (`_rt.masked_{name}`):
+    each `_rt.NAME` in the modules of the examples, the tests' programs and 80 grammar programs,
+    on one device and on two, is a function of runtime/core.py."""
+    import warnings
+
+    from fuzzing.grammar import ProgramGen
+    from fuzzing.rand import RandomRand
+    import programs as P
+    from shapescript.lower.targets import Target
+    from shapescript.pipeline import compile_program, python_module, python_modules
+    from shapescript.runtime import core
+
+    sources = [path.read_text() for path in sorted((ROOT / "examples").rglob("*.ss"))]
+    sources += [v for k, v in sorted(vars(P).items()) if k.isupper() and isinstance(v, str) and "fn " in v]
+    sources += [ProgramGen(RandomRand(seed), mistakes=0.0).program() for seed in range(80)]
+    printed: set[str] = set()
+    modules = 0
+    for source in sources:
+        for devices in ("cpu", "cpu[0 1]"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    unsized = {"V": 11} if re.search(r"^dim V\s*$", source, re.M) else None  # a corpus's size
+                    checked = compile_program(source, "names.ss", devices, unsized)
+                    texts = (python_modules(checked, (Target.CONTROLLER, Target.WORKER)) if devices != "cpu"
+                             else [python_module(checked), python_module(checked, check_types=True)])
+                except CompileError:
+                    continue
+            modules += len(texts)
+            printed |= {name for text in texts for name in re.findall(r"\b_rt\.([A-Za-z_]\w*)", text)}
+    assert modules > 300 and len(printed) > 30, (modules, len(printed))
+    missing = sorted(name for name in printed if not hasattr(core, name))
+    assert not missing, f"printed but not in the run time: {missing}"

@@ -19,7 +19,7 @@ from .checker import Context, misspelled_dim, similar
 from ..shapes.options import NO_OPTIONS, CallOptions, Recipe
 from .program import CallInfo, FnInfo, ParamInfo
 from ..ops import RULES
-from ..ops.checking import Label
+from ..ops.checking import Label, Use
 from ..ops.args import broadcast, matmul
 from . import origins
 from .rules import number_arith, number_negation, whole_tensor_power
@@ -72,7 +72,7 @@ class BodyChecker:
               secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
         return self.ctx.error(code, message, span, label, *help, secondary=secondary)
 
-    def use(self, what: str, span: Span) -> None:
+    def use(self, what: Use, span: Span) -> None:
         self.fn.uses.setdefault(what, span)
 
     # ---- what the op table's rules see of the checker (ops/checking.py: RuleChecker) -------------
@@ -128,11 +128,11 @@ class BodyChecker:
     def run(self) -> None:
         for p in self.fn.params:
             if self.is_device_value(p.ty):
-                self.use("tensors", p.node.span)
+                self.use(Use.TENSORS, p.node.span)
             if isinstance(p.ty, T.DatasetT):
-                self.use("dataset", p.node.span)
+                self.use(Use.DATASET, p.node.span)
             if p.ty == T.SINK:
-                self.use("sink", p.node.span)
+                self.use(Use.SINK, p.node.span)
         node = self.fn.node
         assert isinstance(node, A.Fn)  # check_bodies checks the bodies of `fn`s only
         self.stmts(node.body)
@@ -246,7 +246,7 @@ class BodyChecker:
             self.bind(s.var, t.model)
             self.stmts(s.body)
             return
-        self.use("loop", s.span)
+        self.use(Use.LOOP, s.span)
         if isinstance(t, T.BatchesT):
             b = D.generic("b")
             self.dims.setdefault("b", b)
@@ -349,7 +349,7 @@ class BodyChecker:
         t = self.expr(node)
         if isinstance(t, T.TensorT) or t is T.UNKNOWN:
             if isinstance(t, T.TensorT):
-                self.use("tensors", node.span)
+                self.use(Use.TENSORS, node.span)
             return t
         if isinstance(t, T.ScalarT) and t.kind in ("int", "float", "bool"):
             return t
@@ -543,7 +543,7 @@ class BodyChecker:
             self.check_mut(a, p.mut, p.name, what, fn)
         self.record_call(node, fn.kind, fn.name, [a.value for a in args])
         if fn.kind == "python":
-            self.use("python", node.span)
+            self.use(Use.PYTHON, node.span)
         result = self.instantiate(fn, fn.params, args, arg_types, fn.ret)
         self.checked.calls[id(node)].mapping = self.mapping  # read by the batch split
         if any(isinstance(p.ty, T.AxisArgT) for p in fn.params) and result is not T.UNKNOWN:

@@ -9,13 +9,14 @@ does none of those; anywhere otherwise.
 from __future__ import annotations
 
 from ..errors import Diagnostic
+from ..ops.checking import Use
 from .checker import Context
 from .program import ANYWHERE, FnInfo, Placement
 
 CONTROLLER_USES = {
-    "loop": "loops over a dataset", "print": "prints", "save": "saves a checkpoint",
-    "load": "loads a checkpoint", "write": "writes to a sink", "python": "calls Python",
-    "dataset": "takes a dataset", "sink": "takes a sink",
+    Use.LOOP: "loops over a dataset", Use.PRINT: "prints", Use.SAVE: "saves a checkpoint",
+    Use.LOAD: "loads a checkpoint", Use.WRITE: "writes to a sink", Use.PYTHON: "calls Python",
+    Use.DATASET: "takes a dataset", Use.SINK: "takes a sink",
 }
 
 
@@ -43,7 +44,7 @@ def place(ctx: Context) -> dict[str, Placement]:
                 placed[fn.name] = Placement("controller", f"calls `{callee}`, which runs there")
                 changed = True
     for fn in fns.values():
-        if placed[fn.name] == ANYWHERE and fn.kind == "fn" and ("tensors" in fn.uses or fn.device_work):
+        if placed[fn.name] == ANYWHERE and fn.kind == "fn" and (Use.TENSORS in fn.uses or fn.device_work):
             placed[fn.name] = Placement("workers", "uses tensors")
     if ctx.checked.device_set.count > 1:
         for fn in fns.values():
@@ -54,8 +55,8 @@ def place(ctx: Context) -> dict[str, Placement]:
 
 # The controller uses that belong in a training loop's caller rather than in a step: a function with
 # one of these and device work is a step that should hand its value out instead.
-MOVABLE_USES = {"print": "`print`", "save": "`save`", "load": "`load`", "write": "the write to a sink",
-                "python": "the Python call"}
+MOVABLE_USES = {Use.PRINT: "`print`", Use.SAVE: "`save`", Use.LOAD: "`load`", Use.WRITE: "the write to a sink",
+                Use.PYTHON: "the Python call"}
 
 
 def report_device_work(ctx: Context, fn: FnInfo, placed: dict[str, Placement]) -> None:
@@ -64,7 +65,7 @@ def report_device_work(ctx: Context, fn: FnInfo, placed: dict[str, Placement]) -
     work moves into a function of its own."""
     use = next((u for u in MOVABLE_USES if u in fn.uses), None)
     callee = next((c for c in fn.calls if placed[c].where == "controller"), None)
-    loops = any(u in fn.uses for u in ("loop", "dataset", "sink"))
+    loops = any(u in fn.uses for u in (Use.LOOP, Use.DATASET, Use.SINK))
     if loops or (use is None and callee is None):
         for what, span in fn.device_work:
             ctx.error("E1803", f"`{what}` is device work, but `{fn.name}` runs in the controller", span,

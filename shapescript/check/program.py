@@ -12,6 +12,7 @@ from ..errors import Diagnostic, Span
 from ..syntax import ast as A
 from ..shapes import dims as D
 from ..shapes.options import CallOptions, Recipe
+from ..ops.checking import Use
 from ..shapes.plans import BatchSplit
 from ..shapes.value_types import DataT, ModelT, Ty
 
@@ -35,9 +36,9 @@ class FnInfo:
     params: list[ParamInfo]
     ret: Ty
     generics: dict[str, D.Dim]
-    # What the body does, found by the body checker, read by placement: "loop", "print", "save",
-    # "load", "write", "python", "tensors"; with the span of the first use of each.
-    uses: dict[str, Span] = field(default_factory=dict)
+    # What the body does, found by the body checker, read by placement; with the span of the first
+    # use of each.
+    uses: dict[Use, Span] = field(default_factory=dict)
     device_work: list[tuple[str, Span]] = field(default_factory=list)  # value_and_grad, update
     calls: dict[str, Span] = field(default_factory=dict)  # user functions it calls
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+from ..ops import OPS
 from . import nodes as N
 from .walk import exprs, statements, walk
 
@@ -64,9 +65,9 @@ def _on_workers(e: N.FnCall, on_workers: frozenset[str]) -> bool:
 
 def _logged_record(s: N.Stmt) -> tuple[N.OpCall, N.OpCall] | None:
     """(the `write`, its `logs(...)`) of a statement `write(sink, logs(...))`, else None."""
-    if isinstance(s, N.Do) and isinstance(s.expr, N.OpCall) and s.expr.op == "write":
+    if isinstance(s, N.Do) and isinstance(s.expr, N.OpCall) and OPS[s.expr.op].writes_record:
         record = s.expr.args[1]
-        if isinstance(record, N.OpCall) and record.op == "logs":
+        if isinstance(record, N.OpCall) and OPS[record.op].makes_record:
             return s.expr, record
     return None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..shapes import value_types as T
 from ..ops import OPS
+from ..ops.args import called_name
 from ..shapes.options import NO_RECIPE, Recipe
 from ..check.program import Checked, FnInfo
 from ..syntax import ast as A
@@ -89,7 +90,7 @@ class _Elaborator:
         if info.kind in ("fn", "python", "extern"):
             return N.FnCall(ty, span, info.kind, info.name, passed)
         if info.kind == "grad":  # value_and_grad, resolved as a call of the function it differentiates
-            return N.GradCall(ty, span, info.name, passed)
+            return N.GradCall(ty, span, info.name, passed, called_name(node))
         assert info.kind == "builtin" and info.name in OPS, info
         options = self.c.split.options.get(id(node), info.options)  # the batch split's, on a split operand
         return N.OpCall(ty, span, info.name, tuple(args), options, recipe, self.c.split.across.get(id(node)))

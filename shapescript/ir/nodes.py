@@ -115,9 +115,10 @@ class FnCall(Expr):
 @dataclass(frozen=True)
 class GradCall(Expr):
     """value_and_grad(fn, args...): a call of the program's `fn` (the batch split and the DeviceTable
-    follow it there), printed with value_and_grad's entry in the op table."""
+    follow it there), printed with the entry `op` of the op table (the op the call was written with)."""
     fn: str
     args: tuple[Expr | int, ...]  # as FnCall's
+    op: str
 
 
 # Found by ir/fuse.py: spans of the program that torch has one kernel for.

@@ -219,12 +219,12 @@ class BodyPrinter:
         return op.lower(call)
 
     def grad_call(self, node: N.GradCall) -> str:
-        """value_and_grad, by its entry in the op table: the function it differentiates, then that
+        """value_and_grad, by its op's entry in the table: the function it differentiates, then that
         function's arguments. On several devices it always works across the batch axis (every
         device's gradients are added up), and its entry's lowering for that says where it is."""
         args = [py_name(node.fn)] + self.passed(node.args)
         call = LowerCall(args, args, NO_OPTIONS, literal(str(node.span)), lambda k, index: args[k], NO_RECIPE,
                          size_text, literal, spec_var)
-        op = OPS["value_and_grad"]
+        op = OPS[node.op]
         lower = op.across.lower if self.several else None
         return (lower or op.lower)(call)

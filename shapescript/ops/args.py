@@ -10,7 +10,7 @@ from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.options import Recipe
 from ..syntax import ast as A
-from .checking import Label, RuleChecker
+from .checking import Label, RuleChecker, Use
 
 
 def labels(*found: Label | None) -> tuple[Label, ...]:
@@ -110,7 +110,7 @@ def tensor_arg(ck: RuleChecker, arg: A.Arg | None, what: str, floats: bool = Fal
         return None
     t = ck.expr(arg.expr)
     if isinstance(t, T.TensorT):
-        ck.use("tensors", arg.span)
+        ck.use(Use.TENSORS, arg.span)
         if floats and not t.is_float:
             ck.error("E0308", f"{what} takes float tensors, not {t.dtype}", arg.span, f"this is {t.show()}",
                      ck.cast_help(arg.value, "f32"))

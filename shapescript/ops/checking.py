@@ -8,6 +8,7 @@ the sizes it may need (`dims`, `dim_values`, the function's `params`).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -18,6 +19,20 @@ from ..shapes.options import CallOptions, Recipe
 from ..syntax import ast as A
 
 Label = tuple[Span, str]  # a secondary label of a diagnostic: a place, and what it says there
+
+
+class Use(enum.Enum):
+    """What a function's body does that decides where it runs (check/placement.py reads it)."""
+
+    LOOP = "loop"  # a loop over a dataset's batches
+    PRINT = "print"
+    SAVE = "save"  # a checkpoint
+    LOAD = "load"
+    WRITE = "write"  # to a sink
+    PYTHON = "python"  # a call of a `python fn`
+    DATASET = "dataset"  # a dataset among its parameters
+    SINK = "sink"
+    TENSORS = "tensors"  # tensors: device work
 
 
 class ParamView(Protocol):
@@ -96,7 +111,7 @@ class RuleChecker(Protocol):
     def set_recipe(self, node: A.Node, recipe: Recipe) -> None:
         """How to lower `node` (a broadcast operand's placing, `@` as a tensordot)."""
 
-    def use(self, what: str, span: Span) -> None:
+    def use(self, what: Use, span: Span) -> None:
         """The function does `what` (tensors, printing...), first at `span`: placement reads it."""
 
     def device_work(self, what: str, span: Span) -> None:

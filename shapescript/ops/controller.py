@@ -13,7 +13,7 @@ import keyword
 
 from ..syntax import ast as A
 from ..shapes import value_types as T
-from .checking import RuleChecker
+from .checking import RuleChecker, Use
 from .args import called_name, int_arg, literal_number
 from ..shapes.options import CallOptions
 from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register, runtime_function
@@ -30,7 +30,7 @@ def shuffle_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     assert data is not None and seed is not None
     t = ck.expr(data.expr)
     int_arg(ck, seed, "`shuffle`'s seed")
-    ck.use("loop", node.span)
+    ck.use(Use.LOOP, node.span)
     if not isinstance(t, T.DatasetT):
         return t if t is T.UNKNOWN else ck.error("E0401", f"`shuffle` takes a dataset, not {t.show()}",
                                                  data.span, f"this is {t.show()}")
@@ -70,7 +70,7 @@ def print_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
             ck.error("E0206", "`print` takes values only", a.span, "unexpected here")
             continue
         ck.expr(a.value)
-    ck.use("print", node.span)
+    ck.use(Use.PRINT, node.span)
     return Typed(T.NONE, tuple(a.value for a in node.args if not isinstance(a.value, A.Pattern)))
 
 
@@ -105,7 +105,7 @@ def write_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     sink_arg, record_arg = args
     assert sink_arg is not None and record_arg is not None
     sink, record = ck.expr(sink_arg.expr), ck.expr(record_arg.expr)
-    ck.use("write", node.span)
+    ck.use(Use.WRITE, node.span)
     for arg, t, want in ((sink_arg, sink, T.SINK), (record_arg, record, T.LOGS)):
         if t != want and t is not T.UNKNOWN:
             ck.error("E0401", f"`write` takes a {want.show()} here, not {t.show()}", arg.span,
@@ -120,7 +120,7 @@ def checkpoint_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     name = called_name(node)
     path_arg, model_arg, opt_arg = args
     assert path_arg is not None and model_arg is not None
-    ck.use(name, node.span)
+    ck.use(Use(name), node.span)  # save or load
     path = ck.expr(path_arg.expr)
     if path != T.STR and path is not T.UNKNOWN:
         ck.error("E0401", f"`{name}`'s path is a string, not {path.show()}", path_arg.span,
@@ -159,8 +159,8 @@ register(
     Op("shuffle", ("data", "seed"), 2, shuffle_rule, runtime_function("shuffle"), NOT_SPLIT),
     Op("batches", ("data", "size"), 2, batches_rule, batches_lower, NOT_SPLIT),
     Op("print", ("values",), 0, print_rule, runtime_function("show"), NOT_SPLIT, own_args=True, checks_mut=True),
-    Op("logs", ("values",), 0, logs_rule, logs_lower, NOT_SPLIT, own_args=True),
-    Op("write", ("sink", "record"), 2, write_rule, runtime_function("write"), NOT_SPLIT),
+    Op("logs", ("values",), 0, logs_rule, logs_lower, NOT_SPLIT, own_args=True, makes_record=True),
+    Op("write", ("sink", "record"), 2, write_rule, runtime_function("write"), NOT_SPLIT, writes_record=True),
     Op("save", ("path", "model", "opt"), 2, checkpoint_rule, runtime_function("save"), NOT_SPLIT,
        checks_mut=True),
     Op("load", ("path", "model", "opt"), 2, checkpoint_rule, runtime_function("load"), NOT_SPLIT,

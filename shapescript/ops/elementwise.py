@@ -7,23 +7,19 @@ from ..syntax import ast as A
 from ..shapes import value_types as T
 from .checking import RuleChecker
 from .args import tensor_arg
-from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
-
-
-# What torch has no kernel for: name -> the dtypes it refuses.
-REFUSED = {"abs": ("bool",), "argmax": ("bool",), "argmin": ("bool",), "topk": ("bool",)}
+from .table import LOCAL_LAYOUT, OPS, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 
 
 def refused_dtype(ck: RuleChecker, name: str, arg: A.Arg, t: T.TensorT) -> bool:
-    """True, with E0308 given, where torch has no `name` for `t`'s dtype."""
-    if t.dtype not in REFUSED.get(name, ()):
+    """True, with E0308 given, where torch has no `name` for `t`'s dtype (its entry's `refused_dtypes`)."""
+    if t.dtype not in OPS[name].refused_dtypes:
         return False
     ck.error("E0308", f"`{name}` of a {t.dtype} tensor: torch has none", arg.span, f"this is {t.show()}",
              "convert it first, as `to(x, i64)`")
     return True
 
 
-def unary(name: str, torch_fn: str, floats: bool) -> Op:
+def unary(name: str, torch_fn: str, floats: bool, refused: tuple[str, ...] = ()) -> Op:
     """`name(x)`: x's type, value by value; `floats`: only for float tensors."""
     def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         arg = args[0]
@@ -36,11 +32,11 @@ def unary(name: str, torch_fn: str, floats: bool) -> Op:
     def lower(call: LowerCall) -> str:
         return f"{torch_fn}({call.args[0]})"
 
-    return Op(name, ("x",), 1, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT)
+    return Op(name, ("x",), 1, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT, refused_dtypes=refused)
 
 
-register(*(unary(name, torch_fn, floats) for name, torch_fn, floats in (
+register(*(unary(*entry) for entry in (
     ("relu", "torch.relu", True), ("exp", "torch.exp", True), ("log", "torch.log", True),
     ("sqrt", "torch.sqrt", True), ("tanh", "torch.tanh", True), ("sigmoid", "torch.sigmoid", True),
-    ("gelu", "_F.gelu", True), ("silu", "_F.silu", True), ("abs", "torch.abs", False),
+    ("gelu", "_F.gelu", True), ("silu", "_F.silu", True), ("abs", "torch.abs", False, ("bool",)),
 )))

@@ -88,7 +88,7 @@ def picking(name: str) -> Op:
 
 
 register(
-    Op("topk", ("x", "k", "over"), 3, topk_rule, topk_lower, REFUSED_ALONG_BATCH),
+    Op("topk", ("x", "k", "over"), 3, topk_rule, topk_lower, REFUSED_ALONG_BATCH, refused_dtypes=("bool",)),
     picking("gather"),
     picking("scatter"),
 )

@@ -9,7 +9,7 @@ from ..dtypes import ELEMENTS
 from ..syntax import ast as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .checking import RuleChecker
+from .checking import RuleChecker, Use
 from .args import broadcast, literal_number, number_arg, placed_within, tensor_arg
 from ..shapes.options import CallOptions
 from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
@@ -133,7 +133,7 @@ def to_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         return ck.error("E0401", "`to` takes a dtype second, as `to(x, f32)`", dtype_arg.span,
                         "not a dtype", f"the dtypes: {', '.join(T.DTYPES)}")
     if isinstance(t, T.ScalarT):
-        ck.use("tensors", x.span)
+        ck.use(Use.TENSORS, x.span)
         return Typed(T.TensorT((), dtype.id), (x.expr,), CallOptions(dtype=dtype.id, number=True))
     if not isinstance(t, T.TensorT):
         return T.UNKNOWN
@@ -193,7 +193,7 @@ def valid_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         return ck.error("E0303", f"`valid` takes a dim the batch pads; {batch.data.name}'s are: {padded}",
                         dim_arg.span, "not a padded dim",
                         "a data type's generic dims, as `n` in `tokens: [n]`, are padded per batch")
-    ck.use("tensors", node.span)
+    ck.use(Use.TENSORS, node.span)
     return Typed(T.TensorT(batch.axes + (T.axis(dim),), "bool"), (batch_arg.expr,), CallOptions(label=label))
 
 

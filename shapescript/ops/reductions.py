@@ -13,16 +13,14 @@ from .checking import RuleChecker
 from .args import over_axis, placed_within, tensor_arg
 from ..shapes.options import CallOptions
 from .elementwise import refused_dtype
-from .table import (PARTIAL, Across, Layout, heads_along, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
+from .table import (OPS, PARTIAL, Across, Layout, heads_along, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
                     reduces_batch, register, result_values)
 
 
-# Sums and products of bools and i32 are i64 in torch (an i32 sum would overflow): `sum`, `prod`, `cumsum`.
-WIDENING = ("sum", "prod", "cumsum")
-
-
 def widened(name: str, dtype: str) -> str:
-    return "i64" if name in WIDENING and dtype in ("bool", "i32") else dtype
+    """The dtype of op `name`'s result of a `dtype` tensor: i64 for a bool or i32 one where the op
+    widens (its entry's `widens`: sum, prod, cumsum)."""
+    return "i64" if OPS[name].widens and dtype in ("bool", "i32") else dtype
 
 
 def mask_of(ck: RuleChecker, arg: A.Arg, t: T.TensorT) -> tuple | None:
@@ -38,7 +36,7 @@ def mask_of(ck: RuleChecker, arg: A.Arg, t: T.TensorT) -> tuple | None:
 
 
 def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, needs_dims: bool = False,
-              across: Across | None = None) -> Op:
+              across: Across | None = None, widens: bool = False, refused: tuple[str, ...] = ()) -> Op:
     """`name(x, over=D)`, or over everything without `over=`. `result`: the result's dtype, "same"
     as x's (widened for sum and prod), "float" (x must be float), "bool" (x must be bool) or
     "index" (an `Index` into the axis, which `over=` must then name). `needs_dims`: torch's
@@ -86,7 +84,7 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
 
     params = ("x", "over", "mask") if maskable else ("x", "over")
     return Op(name, params, 1, rule, lower, across or Across(over_batch=reduces_batch),
-              layout=Layout(heads=heads_along(sums=name == "sum")))
+              layout=Layout(heads=heads_along(sums=name == "sum")), refused_dtypes=refused, widens=widens)
 
 
 def all_mean(call: LowerCall) -> str:
@@ -105,7 +103,7 @@ def mean_payload(view: CallView) -> Payload:
                    2 * values if view.options.mask_index is not None else values + 1, view.result.dtype)
 
 
-def along_axis(name: str, template: str, floats: bool = False) -> Op:
+def along_axis(name: str, template: str, floats: bool = False, widens: bool = False) -> Op:
     """`name(x, over=D)`: x's type (cumsum widens as sum does), computed along D."""
     def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         x, over = args
@@ -122,26 +120,26 @@ def along_axis(name: str, template: str, floats: bool = False) -> Op:
         return template.format(x=call.args[0], axis=call.options.axis)
 
     return Op(name, ("x", "over"), 2, rule, lower, Across(over_batch=along_batch),
-              layout=Layout(heads=heads_along(sums=False)))
+              layout=Layout(heads=heads_along(sums=False)), widens=widens)
 
 
 register(
-    reduction("sum", "torch.sum", "same", maskable=True, across=Across(
+    reduction("sum", "torch.sum", "same", maskable=True, widens=True, across=Across(
         reduces_batch, PARTIAL, payload=result_values("`sum`'s partial sums, every device's part of the batch added up"))),
     reduction("mean", "torch.mean", "float", maskable=True,
               across=Across(reduces_batch, "mean", all_mean, mean_payload)),
     reduction("max", "torch.amax", "same", needs_dims=True),
     reduction("min", "torch.amin", "same", needs_dims=True),
-    reduction("prod", "torch.prod", "same"),
+    reduction("prod", "torch.prod", "same", widens=True),
     reduction("logsumexp", "torch.logsumexp", "float", needs_dims=True),
     reduction("std", "torch.std", "float"),
     reduction("var", "torch.var", "float"),
-    reduction("argmax", "torch.argmax", "index"),
-    reduction("argmin", "torch.argmin", "index"),
+    reduction("argmax", "torch.argmax", "index", refused=("bool",)),
+    reduction("argmin", "torch.argmin", "index", refused=("bool",)),
     reduction("any", "torch.any", "bool"),
     reduction("all", "torch.all", "bool"),
     along_axis("softmax", "torch.softmax({x}, dim={axis})", floats=True),
     along_axis("log_softmax", "torch.log_softmax({x}, dim={axis})", floats=True),
-    along_axis("cumsum", "torch.cumsum({x}, dim={axis})"),
+    along_axis("cumsum", "torch.cumsum({x}, dim={axis})", widens=True),
     along_axis("sort", "torch.sort({x}, dim={axis}).values"),
 )

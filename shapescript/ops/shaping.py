@@ -20,6 +20,7 @@ from .checking import RuleChecker
 from .args import _unused_args, called_name, tensor_arg
 from ..shapes.options import CallOptions
 from .patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
+from .reductions import widened
 from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Layout, heads_contraction, heads_rearrange, Args, CallView, Lower, LowerCall, Op, Typed,
                     register, result_values)
 
@@ -186,7 +187,7 @@ def reduce(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     except PatternError as e:
         return _fail(ck, node, e)
     options = dataclasses.replace(recipe, dims=reduced, op=op.id, perm=tuple(perm) if perm != sorted(perm) else None)
-    dtype = "i64" if op.id in ("sum", "prod") and t.dtype in ("bool", "i32") else t.dtype
+    dtype = widened(op.id, t.dtype)  # as the op of that name widens
     return Typed(T.TensorT(axes, dtype), (args.tensors[0].expr,), options)
 
 

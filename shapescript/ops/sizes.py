@@ -10,7 +10,7 @@ from ..names import similar
 from ..syntax import ast as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .checking import RuleChecker
+from .checking import RuleChecker, Use
 from .args import literal_number, over_axis, tensor_arg
 from ..shapes.options import CallOptions, SizeSource
 from .table import Across, Args, CallView, LowerCall, Op, Typed, along_batch, register
@@ -58,7 +58,7 @@ def causal_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT
     i, j = dim_source(ck, i_arg.value), dim_source(ck, j_arg.value)
     if i is None or j is None:
         return T.UNKNOWN
-    ck.use("tensors", node.span)
+    ck.use(Use.TENSORS, node.span)
     return Typed(T.TensorT((T.axis(i[0]), T.axis(j[0])), "bool"), (), CallOptions(sizes=(i[1], j[1])))
 
 
@@ -69,7 +69,7 @@ def positions_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Unkno
     count = count_source(ck, n.value, "`positions`'s count")
     if count is None:
         return T.UNKNOWN
-    ck.use("tensors", node.span)
+    ck.use(Use.TENSORS, node.span)
     return Typed(T.TensorT((T.axis(count[0]),), "i64", count[0]), (), CallOptions(sizes=(count[1],)))
 
 

@@ -194,6 +194,10 @@ class Op:
     # The rule checks `mut` on the arguments itself (update and load change a model); any other op
     # changes none of its arguments, and `mut` on one is E0503.
     checks_mut: bool = False
+    refused_dtypes: tuple[str, ...] = ()  # dtypes torch has no kernel of it for (E0308): abs of bool
+    widens: bool = False  # its result of a bool or i32 tensor is i64, as torch's sum is (an i32 sum overflows)
+    writes_record: bool = False  # it writes a record to a sink (`write`): a step's result it only logs needn't wait
+    makes_record: bool = False  # it makes a sink's record of its arguments (`logs`)
 
 
 OPS: dict[str, Op] = {}

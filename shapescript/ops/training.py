@@ -14,7 +14,7 @@ import sympy
 
 from ..syntax import ast as A
 from ..shapes import value_types as T
-from .checking import RuleChecker
+from .checking import RuleChecker, Use
 from .args import literal_number, number_arg, over_axis, tensor_arg
 from ..shapes.options import CallOptions
 from .table import PER_EXAMPLE, Across, Args, CallView, Layout, LowerCall, Op, Payload, Typed, reduces_batch, register
@@ -47,7 +47,7 @@ def norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     if not isinstance(t, T.TensorT) or not t.is_float:
         return t if t is T.UNKNOWN else ck.error("E0401", f"`norm` takes float tensors or gradients, not "
                                                  f"{t.show()}", x.span, f"this is {t.show()}")
-    ck.use("tensors", node.span)
+    ck.use(Use.TENSORS, node.span)
     axis = over_axis(ck, over, t, "`norm`") if over is not None else None
     if over is not None and axis is None:
         return T.UNKNOWN
