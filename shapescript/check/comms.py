@@ -26,6 +26,7 @@ from ..dtypes import ELEMENTS
 from ..errors import Span
 from ..syntax import ast as A
 from ..shapes import value_types as T
+from ..shapes.plans import Where
 from .layout import head_axis, model_params
 from .program import Checked, FnInfo, ShardedRead
 from ..ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
@@ -104,7 +105,7 @@ class Layout:
 class FnPlan:
     name: str
     span: Span
-    placement: str
+    placement: Where
     reason: str
     sent: tuple[Sent, ...]  # one call's collectives, its calls included
     differentiated: bool  # value_and_grad differentiates it somewhere

@@ -9,6 +9,7 @@ from typing import Any
 import sympy
 
 from ..shapes import dims as D
+from ..shapes.plans import Where
 from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent
 from .program import Checked
 
@@ -121,7 +122,7 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
     if v.kind == "split":
         size = f"; {bytes_text(v.per_example)} per example" if v.per_example is not None else ""
         fn = table.fns.get(v.fn or "")
-        if fn is not None and fn.placement == "controller":
+        if fn is not None and fn.placement == Where.CONTROLLER:
             return (f"{head}, a batch the workers load in parts: it is split across {devices_words(table)} "
                     f"along {v.axis}, {shares_text(table, batch)}{size}")
         return (f"{head}, split across {devices_words(table)} along {v.axis}, "
@@ -138,9 +139,9 @@ def heads_text(table: DeviceTable, v: Layout) -> str:
 
 
 def fn_text(table: DeviceTable, f: FnPlan) -> str:
-    where = {"controller": "in the controller", "workers": "on the workers"}.get(f.placement, "anywhere")
+    where = {Where.CONTROLLER: "in the controller", Where.WORKERS: "on the workers"}.get(f.placement, "anywhere")
     text = f"`fn {f.name}` runs {where}" + (f": it {f.reason}" if f.reason else "")
-    if table.count == 1 or f.placement == "controller":
+    if table.count == 1 or f.placement == Where.CONTROLLER:
         return text + "."
     if not f.sent and not f.sent_differentiated:
         return text + f". It sends nothing between {devices_words(table)}."
@@ -182,7 +183,7 @@ def _item_lines(table: DeviceTable, item: LineItem) -> list[str]:
     if inner:
         both = " (forward and backward)" if item.differentiated else ""
         caller = table.fns.get(item.fn)
-        if own or (caller is not None and caller.placement != "controller"):
+        if own or (caller is not None and caller.placement != Where.CONTROLLER):
             out.append(f"- inside `{item.callee}`{both}: {bytes_text(sum_bytes(inner))} per call")
         else:
             out.append(f"- `{item.callee}` on the workers: {bytes_text(sum_bytes(inner))} per call")

@@ -26,7 +26,7 @@ from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..ops.table import CUT, GATHER, LOCAL, OPS, SUM, CallView, heads_contraction, numel
 from ..shapes.options import NO_OPTIONS, CallOptions
-from ..shapes.plans import BatchSplit
+from ..shapes.plans import BatchSplit, Where
 from .program import NO_LAYOUT, CallInfo, Checked, FnInfo, HeadsMark, LayoutFacts, ShardedRead, SplitFacts
 from .split import call_sites, iter_nodes
 
@@ -37,7 +37,7 @@ def lay_out(checked: Checked) -> LayoutFacts:
     devices = checked.device_set
     if devices.count == 1 or not (devices.shard_params or devices.split):
         return NO_LAYOUT
-    fns = [f for f in checked.fns.values() if f.kind == "fn" and checked.placement(f.name).where == "workers"]
+    fns = [f for f in checked.fns.values() if f.kind == "fn" and checked.placement(f.name).where == Where.WORKERS]
     head_params = _head_params(checked, devices.split) if devices.split else {}
     reads = _sharded_reads(checked, fns, head_params) if devices.shard_params else {}
     if not devices.split:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..errors import Diagnostic
 from ..ops.checking import Use
 from .checker import Context
+from ..shapes.plans import Where
 from .program import ANYWHERE, FnInfo, Placement
 
 CONTROLLER_USES = {
@@ -27,28 +28,28 @@ def place(ctx: Context) -> dict[str, Placement]:
     placed: dict[str, Placement] = {}
     for fn in fns.values():
         if fn.kind == "python":
-            placed[fn.name] = Placement("controller", "is a Python function")
+            placed[fn.name] = Placement(Where.CONTROLLER, "is a Python function")
         elif fn.kind == "extern":
-            placed[fn.name] = Placement("workers", "works on each example")
+            placed[fn.name] = Placement(Where.WORKERS, "works on each example")
         else:
             reason = next((text for use, text in CONTROLLER_USES.items() if use in fn.uses), "")
-            placed[fn.name] = Placement("controller", reason) if reason else ANYWHERE
+            placed[fn.name] = Placement(Where.CONTROLLER, reason) if reason else ANYWHERE
     changed = True
     while changed:  # a caller of a controller function runs in the controller
         changed = False
         for fn in fns.values():
-            if placed[fn.name].where == "controller":
+            if placed[fn.name].where == Where.CONTROLLER:
                 continue
-            callee = next((c for c in fn.calls if placed[c].where == "controller"), None)
+            callee = next((c for c in fn.calls if placed[c].where == Where.CONTROLLER), None)
             if callee is not None:
-                placed[fn.name] = Placement("controller", f"calls `{callee}`, which runs there")
+                placed[fn.name] = Placement(Where.CONTROLLER, f"calls `{callee}`, which runs there")
                 changed = True
     for fn in fns.values():
         if placed[fn.name] == ANYWHERE and fn.kind == "fn" and (Use.TENSORS in fn.uses or fn.device_work):
-            placed[fn.name] = Placement("workers", "uses tensors")
+            placed[fn.name] = Placement(Where.WORKERS, "uses tensors")
     if ctx.checked.device_set.count > 1:
         for fn in fns.values():
-            if placed[fn.name].where == "controller" and fn.device_work:
+            if placed[fn.name].where == Where.CONTROLLER and fn.device_work:
                 report_device_work(ctx, fn, placed)
     return placed
 
@@ -64,7 +65,7 @@ def report_device_work(ctx: Context, fn: FnInfo, placed: dict[str, Placement]) -
     function in a step of device work is what moves out; a loop over a dataset stays, and the device
     work moves into a function of its own."""
     use = next((u for u in MOVABLE_USES if u in fn.uses), None)
-    callee = next((c for c in fn.calls if placed[c].where == "controller"), None)
+    callee = next((c for c in fn.calls if placed[c].where == Where.CONTROLLER), None)
     loops = any(u in fn.uses for u in (Use.LOOP, Use.DATASET, Use.SINK))
     if loops or (use is None and callee is None):
         for what, span in fn.device_work:

@@ -13,7 +13,7 @@ from ..syntax import ast as A
 from ..shapes import dims as D
 from ..shapes.options import CallOptions, Recipe
 from ..ops.checking import Use
-from ..shapes.plans import BatchSplit
+from ..shapes.plans import BatchSplit, Where
 from ..shapes.value_types import DataT, ModelT, Ty
 
 if TYPE_CHECKING:
@@ -62,11 +62,11 @@ class CallInfo:
 @dataclass(frozen=True)
 class Placement:
     """Where a function runs (check/placement.py), and why, in the manual's words."""
-    where: str  # controller | workers | anywhere
+    where: Where
     reason: str = ""
 
 
-ANYWHERE = Placement("anywhere")
+ANYWHERE = Placement(Where.ANYWHERE)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from ..shapes import value_types as T
 from .checker import Context
 from ..ops.table import OPS, PARTIAL, CallView
 from ..shapes.options import NO_RECIPE, CallOptions
-from ..shapes.plans import BatchSplit
+from ..shapes.plans import BatchSplit, Where
 from .program import CallInfo, Checked, FnInfo, SplitFacts
 
 SplitDims = set[Any]  # a function's generic dims that are the batch axis
@@ -54,9 +54,9 @@ def split_batches(ctx: Context) -> SplitFacts:
     options: dict[int, CallOptions] = {}
     for fn in fns:
         where = checked.placement(fn.name).where
-        if where == "workers":
+        if where == Where.WORKERS:
             Classifier(ctx, fn, dims[fn.name], across, options).run()
-        elif where == "controller":
+        elif where == Where.CONTROLLER:
             python_calls(ctx, fn, dims[fn.name])
     return SplitFacts({fn.name: layout(fn, dims[fn.name]) for fn in fns}, across, options)
 
@@ -71,7 +71,7 @@ def seeds(ctx: Context, fn: FnInfo) -> SplitDims:
         for axis in t.axes[:1]:
             if D.is_generic(axis.size):
                 out.add(axis.size)
-            elif ctx.checked.placement(fn.name).where != "controller":
+            elif ctx.checked.placement(fn.name).where != Where.CONTROLLER:
                 node = next(p.node for p in fn.params if p.ty is t)
                 ctx.error("E1802", f"a batch of a fixed size, {t.show()}, can't be split across "
                           f"{ctx.checked.device_set.count} devices", node.span, "a fixed batch size",

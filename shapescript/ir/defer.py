@@ -20,16 +20,17 @@ import dataclasses
 from collections import Counter
 
 from ..ops import OPS
+from ..shapes.plans import Where
 from . import nodes as N
 from .walk import exprs, statements, walk
 
 
 def defer(module: N.Module) -> N.Module:
-    on_workers = frozenset(f.name for f in module.functions if f.placement == "workers")
+    on_workers = frozenset(f.name for f in module.functions if f.placement == Where.WORKERS)
     if not on_workers:
         return module
     return dataclasses.replace(module, functions=tuple(
-        _deferred(f, on_workers) if f.placement == "controller" else f for f in module.functions))
+        _deferred(f, on_workers) if f.placement == Where.CONTROLLER else f for f in module.functions))
 
 
 def _deferred(fn: N.Function, on_workers: frozenset[str]) -> N.Function:

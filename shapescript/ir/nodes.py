@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from ..devices import DeviceSet
 from ..errors import Span
-from ..shapes.plans import BatchSplit
+from ..shapes.plans import BatchSplit, Where
 from ..shapes.dims import Dim
 from ..shapes.value_types import DataT, ModelT, Ty
 
@@ -197,7 +197,7 @@ class Function:
     body: tuple[Stmt, ...]
     span: Span  # the whole declaration's
     name_span: Span  # its name's, where messages point at the function
-    placement: str  # controller | workers | anywhere
+    placement: Where
     split: BatchSplit | None  # None: one device, or a function that doesn't run on the workers
     reaches_extern: bool  # whether it calls an extern fn, however deeply: Python that may keep its tensors
     sizes: tuple[ParamSize, ...] = ()  # the generic dims' sizes it reads off its parameters

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..shapes import value_types as T
 from ..ir import nodes as N
+from ..shapes.plans import Where
 from ..ir.walk import walk
 from .printer import BodyPrinter, Emit, py_name
 from .text import literal
@@ -33,7 +34,7 @@ def _plain_result(ty: T.Ty) -> bool:
 
 def _entry(fn: N.Function) -> bool:
     """Whether `fn` can be called as a recorded step: device work, taking and giving plain values."""
-    return (fn.placement == "workers" and all(isinstance(p.ty, _TAKES) for p in fn.params)
+    return (fn.placement == Where.WORKERS and all(isinstance(p.ty, _TAKES) for p in fn.params)
             and _plain_result(fn.ret))
 
 

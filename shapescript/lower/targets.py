@@ -18,6 +18,7 @@ from __future__ import annotations
 from enum import Enum
 
 from ..ir import nodes as ir
+from ..shapes.plans import Where
 from ..errors import CompileError, Diagnostic
 from .text import literal
 
@@ -61,7 +62,7 @@ def target_for(module: ir.Module, target: Target | None, standalone: bool) -> Ta
 
 def is_remote(fn: ir.Function, target: Target) -> bool:
     """Whether `fn` is a stub in this target's module: the controller's fns placed on the workers."""
-    return target is Target.CONTROLLER and fn.kind == "fn" and fn.placement == "workers"
+    return target is Target.CONTROLLER and fn.kind == "fn" and fn.placement == Where.WORKERS
 
 
 def remote_stub(fn: ir.Function, name: str) -> str:

@@ -27,13 +27,14 @@ from ..errors import terminal_lines
 from ..parallel.memory import WorkerMemory
 from . import markup as M
 from .report import _inline_code
+from ..shapes.plans import Where
 from .workers import short_bytes
 
 if TYPE_CHECKING:
     from ..api import Program
 
 # How fn_text words a placement, for the table's short "where it runs" column.
-_PLACES = {"controller": "in the controller", "workers": "on the workers"}
+_PLACES = {Where.CONTROLLER: "in the controller", Where.WORKERS: "on the workers"}
 
 # The notebook's ways to give the table a batch size where no `batches(n)` does (the command line's
 # is `shapescript comms --batch N`, comms_text.CLI_BATCH_HINT).
@@ -183,7 +184,7 @@ class DeviceTableView:
 
     def _per_call(self, f: FnPlan) -> str:
         # As fn_text says it: a controller's function, or one device, has no figure of its own.
-        if not self.several or f.placement == "controller":
+        if not self.several or f.placement == Where.CONTROLLER:
             return "—"
         if not f.sent and not f.sent_differentiated:
             return "nothing"

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
+
+
+class Where(enum.StrEnum):
+    """Where a function runs (check/placement.py decides): in the controller, on the workers (every
+    device), or anywhere (it touches no device value, so wherever its caller runs)."""
+
+    CONTROLLER = "controller"
+    WORKERS = "workers"
+    ANYWHERE = "anywhere"
 
 
 @dataclass(frozen=True)
