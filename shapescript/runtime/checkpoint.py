@@ -116,11 +116,12 @@ def _save_here(path: str, model: Model, opt: Optimizer | None) -> None:
 
 def _write_file(path: str, folder: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """Write the checkpoint so that `path` is always its old file or the whole new one, and a save
-    killed midway leaves nothing: the data goes to an unnamed file in `folder` (Linux's O_TMPFILE,
-    which vanishes with the process), is fsync'd, gets a temporary name that os.replace moves onto
-    `path`, and the folder is fsync'd so that the rename lasts. Without O_TMPFILE the file has its
-    temporary name from the start, and the next save into the folder removes one whose process
-    has ended (runtime/leftovers.py's `temp_beside`)."""
+    killed midway leaves nothing for long: the data goes to an unnamed file in `folder` (Linux's
+    O_TMPFILE, which vanishes with the process), is fsync'd, gets a temporary name that os.replace
+    moves onto `path` at once, and the folder is fsync'd so that the rename lasts. A kill between
+    the naming and the rename, or any kill where there is no O_TMPFILE (the file has its temporary
+    name from the start), leaves a file named for its process, which the next save into the folder
+    removes (runtime/leftovers.py's `temp_beside` and `sweep`)."""
     tmp = ""  # no name yet
     folder_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:

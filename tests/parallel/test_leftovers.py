@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 
 from shapescript.parallel.pool import sweep_stale_folders
 from shapescript.parallel.worker import WAITING, read_status
-from shapescript.runtime.leftovers import owner_tag
+import shapescript as ss
+from shapescript.runtime.leftovers import TEMP_NAME, owner_tag
 from programs import LINEAR
 from support import ROOT
 
@@ -172,7 +173,15 @@ def test_a_save_killed_midway_leaves_no_temporary_file_and_a_whole_checkpoint(tm
     finally:
         proc.kill()
         proc.wait()
-    assert os.listdir(target.parent) == ["big.safetensors"]
+    # A save's file has a name only between its link and its rename onto the target: a kill in that
+    # moment leaves it, named for the killed process, and the next save into the folder removes it.
+    left = sorted(os.listdir(target.parent))
+    others = [name for name in left if name != "big.safetensors"]
+    assert "big.safetensors" in left and len(others) <= 1, left
+    assert all(TEMP_NAME.fullmatch(name) and f".{proc.pid}-" in name for name in others), others
     assert ours(temp) == []
     w = load_file(target)["model.w"]
     assert w.shape == (2048, 4096) and w[0, 0].item() in (1, 2) and torch.equal(w, torch.full_like(w, w[0, 0]))
+    small = ss.load("model Small:\n    param w: [2] = zeros()\n", name="small.ss").Small.init(seed=0)
+    ss.save(str(target.parent / "small.safetensors"), small)
+    assert sorted(os.listdir(target.parent)) == ["big.safetensors", "small.safetensors"]
