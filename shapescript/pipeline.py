@@ -38,7 +38,7 @@ from .ir.elaborate import elaborate
 from .ir.fuse import fuse
 from .lower.codegen import generate
 from .lower.targets import Target, target_for
-from .syntax import ast as A
+from .syntax import tree as A
 from .syntax.parser import parse
 
 

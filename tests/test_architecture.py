@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from support import ROOT
 
 import shapescript as ss
-from shapescript.check.builtins import RULES
+from shapescript.check.calls import RULES
 from shapescript.pipeline import check_source
 from shapescript.ops import OPS, Op
 from shapescript.devices import DeviceSet

@@ -22,7 +22,7 @@ from shapescript.notebook.cells import Cell
 from shapescript.notebook.device_table import DeviceTableView
 from shapescript.notebook.session import Session
 from shapescript.pipeline import check_source
-from shapescript.syntax import ast as A
+from shapescript.syntax import tree as A
 from shapescript.syntax.parser import parse
 
 README = ROOT / "examples" / "readme" / "mlp.ss"

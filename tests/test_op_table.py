@@ -8,7 +8,7 @@ import re
 import pytest
 from support import ROOT
 
-from shapescript.check.builtins import BUILTIN_NAMES, RULES
+from shapescript.check.calls import BUILTIN_NAMES, RULES
 from shapescript.pipeline import check_source
 from shapescript.ops import OPS, Across
 from shapescript.devices import DeviceSet
@@ -22,7 +22,7 @@ SPELLED_AS_AN_OP = {
     "shapescript/check/comms_text.py": {"split"},
     "shapescript/check/constants.py": {"exp", "log", "sqrt"},  # an initializer's arithmetic
     "shapescript/shapes/options.py": {"min", "max"},  # clamp's bounds, min= and max=
-    "shapescript/syntax/ast.py": {"split"},  # the devices line's option
+    "shapescript/syntax/tree.py": {"split"},  # the devices line's option
     "shapescript/syntax/parser.py": {"einsum", "split"},  # einsum's pattern has commas; `split H`
     # Fusion's rewrites are of these ops' spans: a span of them is what torch has one kernel for.
     "shapescript/ir/fuse.py": {"causal", "einsum", "masked_fill", "softmax"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shapescript.errors import CompileError
-from shapescript.syntax import ast as A
+from shapescript.syntax import tree as A
 from shapescript.syntax.lexer import tokenize
 from shapescript.syntax.parser import parse
 

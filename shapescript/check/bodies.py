@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import Span
-from ..syntax import ast as A
-from . import builtins as B
+from ..syntax import tree as A
+from . import calls as B
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from .checker import Context, misspelled_dim, similar

@@ -15,7 +15,7 @@ from ..devices import MAX_DEVICES
 from ..errors import CompileError, Diagnostic, Span
 from ..inits import INITS
 from ..names import DATA_RESERVED, MODEL_RESERVED, STD_EXTERNS, is_reserved, reserved_text, similar
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..syntax.lexer import MAX_INT_DIGITS
 from ..shapes import dims as D
 from ..shapes import value_types as T
@@ -584,4 +584,4 @@ def misspelled_dim(expected: T.Ty, actual: T.Ty) -> str:
     return ""
 
 
-from .builtins import BUILTIN_NAMES  # noqa: E402  (the table of built-in names lives with their rules)
+from .calls import BUILTIN_NAMES  # noqa: E402  (the table of built-in names lives with their rules)

@@ -24,7 +24,7 @@ import sympy
 from ..devices import shares, shares_text
 from ..dtypes import ELEMENTS
 from ..errors import Span
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from ..shapes.plans import Where
 from .layout import head_axis, model_params

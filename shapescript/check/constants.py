@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..names import similar
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..syntax.lexer import MAX_INT_DIGITS
 from ..shapes import dims as D
 

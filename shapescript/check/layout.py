@@ -21,7 +21,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 import sympy
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..ops.table import CUT, GATHER, LOCAL, OPS, SUM, CallView, heads_contraction, numel

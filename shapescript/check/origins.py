@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import Span
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from ..ops.checking import Label
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..devices import DeviceSet
 from ..errors import Diagnostic, Span
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes.options import CallOptions, Recipe
 from ..ops.checking import Use

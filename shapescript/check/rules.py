@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from ..ops.args import literal_number
 from ..shapes.options import NO_RECIPE

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from ..errors import Span
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from .checker import Context

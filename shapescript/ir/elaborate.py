@@ -12,7 +12,7 @@ from ..ops import OPS
 from ..ops.args import called_name
 from ..shapes.options import NO_RECIPE, Recipe
 from ..check.program import Checked, FnInfo
-from ..syntax import ast as A
+from ..syntax import tree as A
 from . import nodes as N
 from .walk import sizes_read
 

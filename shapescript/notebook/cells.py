@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..syntax.parser import parse
 
 DEVICES = "<devices>"  # the devices line's key: not a name any item can have

@@ -9,7 +9,7 @@ from ..names import similar
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.options import Recipe
-from ..syntax import ast as A
+from ..syntax import tree as A
 from .checking import Label, RuleChecker, Use
 
 

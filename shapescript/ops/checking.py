@@ -16,7 +16,7 @@ from ..errors import Span
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.options import CallOptions, Recipe
-from ..syntax import ast as A
+from ..syntax import tree as A
 
 Label = tuple[Span, str]  # a secondary label of a diagnostic: a place, and what it says there
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import keyword
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from .checking import RuleChecker, Use
 from .args import called_name, int_arg, literal_number

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from .checking import RuleChecker
 from .args import tensor_arg

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from .checking import RuleChecker

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from .checking import RuleChecker
 from .args import matmul, over_axis, tensor_arg

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.options import CallOptions

@@ -7,7 +7,7 @@ the parts, `mean` by a sum of the parts and of their counts; the others are refu
 from __future__ import annotations
 
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from .checking import RuleChecker
 from .args import over_axis, placed_within, tensor_arg

@@ -13,7 +13,7 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from .checking import RuleChecker

@@ -15,7 +15,7 @@ the code generator prints it with this entry's lowering.
 from __future__ import annotations
 
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from .checking import RuleChecker
 from .args import _unused_args

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from .checking import RuleChecker
 from .args import _unused_args

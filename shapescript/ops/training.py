@@ -12,7 +12,7 @@ import dataclasses
 
 import sympy
 
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import value_types as T
 from .checking import RuleChecker, Use
 from .args import literal_number, number_arg, over_axis, tensor_arg

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..dtypes import DTYPES, FLOAT_DTYPES, INT_DTYPES  # noqa: F401  (the checker's names for them)
-from ..syntax import ast as A
+from ..syntax import tree as A
 from . import dims as D
 
 

@@ -6,9 +6,9 @@ Every problem is a `Diagnostic` (E01xx) pointing at the token where the parser g
 from __future__ import annotations
 
 from ..errors import CompileError, Diagnostic, Span
-from . import ast as A
+from . import tree as A
 from .lexer import LexError, Token, describe, tokenize
-from .types import TypeGrammar
+from .type_grammar import TypeGrammar
 
 ITEM_WORDS = ("devices", "dim", "data", "model", "extern", "python")
 

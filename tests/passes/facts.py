@@ -12,7 +12,7 @@ from shapescript.shapes import dims as D
 from shapescript.check.program import Checked
 from shapescript.check.split import iter_nodes
 from shapescript.errors import CompileError, Diagnostic
-from shapescript.syntax import ast as A
+from shapescript.syntax import tree as A
 
 FILE = "p.ss"  # the file name every program is compiled as (diagnostics name it)
 

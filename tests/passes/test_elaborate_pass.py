@@ -13,7 +13,7 @@ from shapescript.shapes import value_types as T
 from shapescript.ir import nodes as N
 from shapescript.ir.elaborate import elaborate
 from shapescript.ir.walk import walk
-from shapescript.syntax import ast as A
+from shapescript.syntax import tree as A
 
 
 def ir_of(source: str, devices: str = "cpu") -> N.Module:

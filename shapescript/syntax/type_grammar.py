@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import ast as A
+from . import tree as A
 from .lexer import Token, describe
 
 

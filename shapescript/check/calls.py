@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..errors import Span
-from ..syntax import ast as A
+from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..ops import RULES
