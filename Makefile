@@ -28,6 +28,7 @@ $(VENV)/.ray: $(VENV)/.installed
 test: $(VENV)/.installed $(VENV)/.ray chromium
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 # The edit loop, in a few minutes: the compiler's tests and the quick ones on one device. Left out:

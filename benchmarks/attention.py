@@ -28,8 +28,8 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "examples" / "attention"):
@@ -37,11 +37,11 @@ for p in (ROOT, ROOT / "examples" / "attention"):
         sys.path.insert(0, str(p))
 
 import torch  # noqa: E402
-from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 import torch.nn.functional as F  # noqa: E402
+from common import cpu_model  # noqa: E402  (benchmarks/common.py)
+from reference import HandGpt  # noqa: E402  (examples/attention/reference.py)
 
 import shapescript as ss  # noqa: E402
-from reference import HandGpt  # noqa: E402  (examples/attention/reference.py)
 from shapescript import std  # noqa: E402
 from shapescript.api import Program, compile_program  # noqa: E402
 

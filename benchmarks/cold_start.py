@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from common import cpu_model
+
     from shapescript.api import parse_devices
     device_set = parse_devices(args.devices)
     if device_set.count < 2 or device_set.kind not in ("cpu", "cuda"):

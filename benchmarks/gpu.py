@@ -47,9 +47,10 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -188,13 +189,13 @@ def side_process(conn: Any, kind: str, batch: int, k: int, record: str) -> None:
     try:
         sides = one_device_sides(ss, kind, batch, k, record)
         conn.send(list(sides))
-    except Exception as e:  # noqa: BLE001 (said to the parent, which leaves these sides out)
+    except Exception as e:
         conn.send(f"{type(e).__name__}: {e}")
         return
     while (msg := conn.recv())[0] != "stop":
         try:
             conn.send(sides[msg[1]](msg[2]))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             conn.send(f"{type(e).__name__}: {e}")
 
 
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         steps(size)
                         working[label] = steps
-                    except Exception as e:  # noqa: BLE001 (any failure: the other sides still measure)
+                    except Exception as e:
                         notes.append(f"batch {batch}: {label} failed: {type(e).__name__}: {str(e).splitlines()[0]}")
                         print(notes[-1], flush=True)
                 times, medians, worst = race(list(working.values()), warmup, rounds, size)

@@ -55,7 +55,7 @@ import torch  # noqa: E402
 from attention import CORPUS, PROGRAM, corpus_ids  # noqa: E402  (benchmarks/attention.py)
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 from several import cpu_devices, quantiles, race, rank_threads, timed_steps  # noqa: E402
-from sharded import LOSS_TOLERANCE, MIB, Memory, shapescript_memory  # noqa: E402
+from sharded import LOSS_TOLERANCE, Memory, shapescript_memory  # noqa: E402
 
 import shapescript as ss  # noqa: E402
 from shapescript.parallel.memory import Meter  # noqa: E402

@@ -26,8 +26,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -35,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
-from several import loop_data, loop_source, timed_loop  # noqa: E402
+from several import loop_source, timed_loop  # noqa: E402
 
 import shapescript as ss  # noqa: E402
 from shapescript.runtime import products  # noqa: E402

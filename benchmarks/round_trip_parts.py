@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model  # noqa: E402  (benchmarks/common.py)
+from common import cpu_model
 
-import shapescript as ss  # noqa: E402
-from shapescript.parallel import spin  # noqa: E402
-from shapescript.parallel.worker import dumps  # noqa: E402
+import shapescript as ss
+from shapescript.parallel import spin
+from shapescript.parallel.worker import dumps
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -56,8 +56,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -66,9 +67,9 @@ if str(ROOT) not in sys.path:
 # Only torch here: the DDP ranks are spawned processes that import this file, and must not pay for
 # importing shapescript. shapescript is imported in main().
 import torch  # noqa: E402
-from common import cpu_model  # noqa: E402  (benchmarks/common.py)
-from cold_start import cold_starts  # noqa: E402  (benchmarks/cold_start.py)
 import torch.nn.functional as F  # noqa: E402
+from cold_start import cold_starts  # noqa: E402  (benchmarks/cold_start.py)
+from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 
 PROGRAM = ROOT / "examples" / "readme" / "mlp.ss"
 D, HD, C = 784, 256, 10

@@ -53,8 +53,18 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
-from several import (Batches, cpu_devices, DdpRanks, loop_source, quantiles, race, rank_threads, shares,  # noqa: E402
-                     timed_loop, timed_steps)
+from several import (  # noqa: E402
+    Batches,
+    DdpRanks,
+    cpu_devices,
+    loop_source,
+    quantiles,
+    race,
+    rank_threads,
+    shares,
+    timed_loop,
+    timed_steps,
+)
 
 LR = 1e-3
 LOSS_TOLERANCE = 1e-4
@@ -106,6 +116,7 @@ def fsdp_rank(rank: int, store_path: str, conn: Any, threads: int, kind: str, in
     os.environ["MASTER_ADDR"] = "127.0.0.1"  # loopback only, should anything read it (the FileStore needs none)
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
+
     from shapescript.parallel.memory import Meter
     torch.set_num_threads(threads)
     world = len(indices)

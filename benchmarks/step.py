@@ -21,13 +21,13 @@ this process, and the median over a few fresh processes of their first compile.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 import os
 import platform
 import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +35,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 import torch.nn.functional as F  # noqa: E402
+from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 
 import shapescript as ss  # noqa: E402
 from shapescript.api import compile_program  # noqa: E402

@@ -15,8 +15,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from shapescript.errors import (CompileError, DeviceError, Diagnostic, DomainError, ShapeError, ShapeScriptError,
-                                SourceWarning, WorkerError)
+from shapescript.errors import (
+    CompileError,
+    DeviceError,
+    Diagnostic,
+    DomainError,
+    ShapeError,
+    ShapeScriptError,
+    SourceWarning,
+    WorkerError,
+)
 
 if TYPE_CHECKING:
     from shapescript import parallel, sinks

@@ -12,24 +12,25 @@ from typing import Any
 
 import torch
 
+from .background import BackgroundRun, stop_runs_of
 from .check.program import Checked, FnInfo
-from .pipeline import build, compile_program, parse_devices, python_modules, read_program, short_repr
 from .devices import DeviceSet
 from .errors import ClusterNeededError, ShapeScriptError, Span
 from .lower.codegen import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
-from .background import BackgroundRun, stop_runs_of
-from .parallel.interrupts import preparing_a_call
 from .parallel import pipeline
+from .parallel.interrupts import preparing_a_call
 from .parallel.remote import RemoteFunction
+from .pipeline import build, compile_program, parse_devices, python_modules, read_program, short_repr
 from .runtime import calls, loops, recorded, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
 from .stale import current_models
 
+
 def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dims: dict[str, int] | None = None,
-         name: str | None = None, check_types: bool = False, *, python: bool = True) -> "Program":
+         name: str | None = None, check_types: bool = False, *, python: bool = True) -> Program:
     """Check and build a program. `devices` overrides its devices line; `dims` sets declared dims' sizes;
     `check_types` builds a debug module that checks every value against its checked type as it runs.
 
@@ -63,7 +64,7 @@ class Program:
         self.namespace = namespace  # python and extern fns' results are checked by the module itself
         self._members: dict[str, Any] = {}
         self.device = torch.device(namespace["DEVICE"])
-        for name, model in checked.models.items():
+        for name in checked.models:
             self._members[name] = ModelType(self, namespace[f"{name}_spec"])
         for name in checked.data:
             self._members[name] = namespace[f"{name}_spec"]
@@ -131,7 +132,7 @@ class Program:
         ended); None before the first, and after `stop()`."""
         return self._pool
 
-    def adopt_workers(self, old: "Program", keep_datasets: bool = False) -> bool:
+    def adopt_workers(self, old: Program, keep_datasets: bool = False) -> bool:
         """Take over `old`'s running workers if both programs run on the same devices: they load
         this program's code with their next call, and keep the models and optimizer state they
         hold, so `old`'s handles stay valid. `keep_datasets`: the data types are unchanged, so the
@@ -406,5 +407,4 @@ def cluster(address: object, runtime_env: dict[str, Any] | None = None) -> Any:
     return clusters.connect(address, runtime_env=runtime_env)
 
 
-__all__ = ["CompileError", "Diagnostic", "Function", "ModelType", "Program", "build", "cluster", "load",
-           "parse_devices"]
+__all__ = ["Function", "ModelType", "Program", "build", "cluster", "load", "parse_devices"]

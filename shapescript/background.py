@@ -21,7 +21,7 @@ from typing import Any
 
 from .runtime import steps
 
-_runs: "weakref.WeakSet[BackgroundRun]" = weakref.WeakSet()  # every run not yet collected
+_runs: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()  # every run not yet collected
 
 RUNNING, FINISHED, STOPPED, FAILED = "running", "finished", "stopped", "failed"
 

@@ -52,7 +52,7 @@ class DeviceSet:
         host, local = divmod(rank, self.per_host)
         return host, (self.indices or (0,))[local]
 
-    def impossible(self) -> "Impossible | None":
+    def impossible(self) -> Impossible | None:
         """Why no machine or cluster could run these devices (E1806), or None if one could."""
         if self.kind == "cuda" and self.indices and max(self.indices) > MAX_CUDA_INDEX:
             return Impossible(f"CUDA device {max(self.indices)}: torch numbers a machine's CUDA devices "
@@ -64,7 +64,7 @@ class DeviceSet:
                               "as `devices 2 x cuda[0 1 2 3]`")
         return None
 
-    def same_workers(self, other: "DeviceSet") -> bool:
+    def same_workers(self, other: DeviceSet) -> bool:
         """The same devices, whatever the layout options: the same worker runs where it did."""
         return (self.kind, self.indices, self.hosts) == (other.kind, other.indices, other.hosts)
 

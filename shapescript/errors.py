@@ -35,7 +35,7 @@ class ClusterNeededError(WorkerError):
     workers on. Raised where the workers would start; compiling and checking need no cluster."""
 
     @classmethod
-    def of(cls, devices: str, hosts: int, workers: int) -> "ClusterNeededError":
+    def of(cls, devices: str, hosts: int, workers: int) -> ClusterNeededError:
         return cls(
             f"`devices {devices}` names {hosts} hosts, so its {workers} workers need a cluster to run on, and "
             f"none is given. Connect one before the first call: `ss.cluster(\"ray://head:10001\")` (a Ray "
@@ -109,7 +109,7 @@ class Span:
     def __str__(self) -> str:  # in messages: a file's name is user text
         return f"{terminal_text(self.file)}:{self.line}:{self.col}"
 
-    def to(self, other: "Span") -> "Span":
+    def to(self, other: Span) -> Span:
         """The span from the start of this one to the end of `other`."""
         return Span(self.file, self.line, self.col, other.end_line, other.end_col)
 

@@ -23,10 +23,10 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
-from .pipeline import check_source
 from .check.program import Checked
 from .codes import CODES
 from .errors import CompileError, Diagnostic, Severity, Span, terminal_lines, terminal_text
+from .pipeline import check_source
 
 NAME = "shapescript"
 # The error index, linked from each diagnostic's code where this is a source checkout (an

@@ -42,7 +42,7 @@ def reserved_text(reserved: frozenset[str]) -> str:
     return ", ".join(f"`{n}`" for n in sorted(reserved)) + ", and any name that starts with `_`"
 
 
-def similar(name: str, candidates: "Iterable[str]") -> str:
+def similar(name: str, candidates: Iterable[str]) -> str:
     """'did you mean `X`?' for the candidate nearest `name`, by case first and then by spelling
     (edit distance); '' when none is near. The one helper every name lookup uses."""
     import difflib  # only when a name is wrong

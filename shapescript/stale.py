@@ -22,15 +22,15 @@ from typing import Any
 
 import sympy
 
-from .shapes import dims as D
-from .shapes import value_types as T
 from .errors import ShapeError
 from .runtime.guards import KindGuard
 from .runtime.model import ModelSpec, ParamSpec, SubSpec, type_text
+from .shapes import dims as D
+from .shapes import value_types as T
 
 # A notebook's way to find the variables that hold a value (registered per program by its session).
 Namer = Callable[[Any], list[str]]
-_NAMERS: "weakref.WeakKeyDictionary[Any, Namer]" = weakref.WeakKeyDictionary()
+_NAMERS: weakref.WeakKeyDictionary[Any, Namer] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)

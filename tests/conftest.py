@@ -11,8 +11,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +21,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from shapescript.runtime.leftovers import owner_tag, sweep  # noqa: E402  (this checkout's)
-
 
 LEFTOVER_GRACE = 5.0  # seconds for workers whose controller (a kernel, a CLI run) just ended to clean up
 SESSION_FOLDER = re.compile(r"shapescript-tests-(?P<pid>\d+)-(?P<start>\d+)-[a-z0-9_]+")

@@ -21,8 +21,9 @@ import torch
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray", reason="Ray isn't installed: pip install 'shapescript[ray]'")
 
-import shapescript as ss  # noqa: E402
 from programs import README  # noqa: E402
+
+import shapescript as ss  # noqa: E402
 from shapescript.parallel import cluster as clusters  # noqa: E402
 from shapescript.parallel.ray_workers import ACTOR_CLASS, GROUP_PREFIX  # noqa: E402
 

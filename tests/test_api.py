@@ -56,7 +56,7 @@ def prog(tmp_path, monkeypatch):
 def test_members_are_attributes(prog) -> None:
     assert set(dir(prog)) >= {"Lin", "Ex", "logits", "loss", "step"}
     with pytest.raises(AttributeError, match="has no `nope`"):
-        prog.nope
+        prog.nope  # noqa: B018  (a read, refused)
     m = prog.Lin.init(seed=1)
     assert m.w.shape == (4, 3) and m.seen.dtype == torch.int64
     assert set(m.state_dict()) == {"w", "seen"}
@@ -69,6 +69,7 @@ def test_a_fn_shows_its_ss_signature_to_help_and_to_ipython(prog) -> None:
     """`prog.step?` and help() show the .ss parameters and types, not `(*args, **kwargs)` (issue 37,
     item 9); calling by those names works."""
     import inspect
+
     from IPython.core.oinspect import Inspector
     signature = inspect.signature(prog.step)
     assert list(signature.parameters) == ["m", "opt", "batch", "background"]
@@ -91,14 +92,14 @@ def test_mut_arguments_change_in_place(prog) -> None:
     before = m.w.detach().clone()
     opt = ss.sgd(m, lr=0.5)
     batch = {"x": torch.randn(8, 4), "y": torch.randint(0, 3, (8,))}
-    l = prog.step(m, opt, batch)
-    assert l.shape == () and not torch.equal(m.w, before)
+    loss = prog.step(m, opt, batch)
+    assert loss.shape == () and not torch.equal(m.w, before)
     # the same step by hand
     w = before.clone().requires_grad_()
     ref = torch.nn.functional.cross_entropy(batch["x"] @ w, batch["y"])
     ref.backward()
     torch.testing.assert_close(m.w.detach(), before - 0.5 * w.grad)
-    assert float(l) == pytest.approx(ref.item())
+    assert float(loss) == pytest.approx(ref.item())
 
 
 def test_keywords_and_wrong_arity(prog) -> None:

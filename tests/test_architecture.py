@@ -14,9 +14,9 @@ from support import ROOT
 
 import shapescript as ss
 from shapescript.check.calls import RULES
-from shapescript.pipeline import check_source
-from shapescript.ops import OPS, Op
 from shapescript.devices import DeviceSet
+from shapescript.ops import OPS, Op
+from shapescript.pipeline import check_source
 
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from support import ROOT
 
 import shapescript as ss
-from support import ROOT
 
 HERE = ROOT / "examples" / "attention"
 DIMS = {"V": 11, "D": 16, "H": 2, "Dh": 8, "F": 32, "L": 2}

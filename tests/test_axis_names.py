@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import shapescript as ss
-from shapescript.pipeline import check_source
 from shapescript.errors import CompileError, ShapeError
+from shapescript.pipeline import check_source
 
 SIZES = {"P": 2, "Q": 3, "R": 5, "Z": 7}
 DIMS = "".join(f"dim {name} = {size}\n" for name, size in SIZES.items())

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import ROOT
 
 import shapescript as ss
 from shapescript import cli
 from shapescript.api import parse_devices
-from shapescript.pipeline import check_source
 from shapescript.errors import CompileError, DeviceError, ShapeError
 from shapescript.parallel import pool as pool_mod
 from shapescript.parallel.pool import WorkerPool, collective_timeout, current_collective_timeout
+from shapescript.pipeline import check_source
 from shapescript.runtime import model as model_mod
-from support import ROOT
 
 DOUBLE = "dim D = 4\n\nfn f(x: [n D]) -> [n D] = x * 2\n"  # `x` is declared at 3:6
 OPEN_DIM = "dim D\n\nfn f(x: [n D]) -> [n D] = x * 2\n"

@@ -6,12 +6,12 @@ import textwrap
 
 import pytest
 import torch
+from support import ROOT
 
 import shapescript as ss
-from shapescript.shapes import value_types as T
-from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
-from support import ROOT
+from shapescript.pipeline import check_source
+from shapescript.shapes import value_types as T
 
 
 def check(src: str):

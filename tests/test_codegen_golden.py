@@ -10,11 +10,11 @@ import warnings
 from types import ModuleType
 
 import pytest
-
 from programs import GPT, GPT_FILE, README
+from support import ROOT, assert_golden
+
 from shapescript.api import compile_program
 from shapescript.pipeline import python_module
-from support import ROOT, assert_golden
 
 GOLDEN = ROOT / "tests" / "golden" / "codegen"
 DEVICES = {"cpu": "cpu", "cpu[0 1]": "cpu_0_1"}  # devices, and how the golden file's name spells them

@@ -14,14 +14,14 @@ python and extern fns' results itself, so that both hold wherever it runs.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import functools
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -32,8 +32,8 @@ from support import ROOT
 import shapescript as ss
 from shapescript.api import compile_program
 from shapescript.cli import main as cli_main
-from shapescript.pipeline import python_module
 from shapescript.lower.specs import STANDALONE_MODULES
+from shapescript.pipeline import python_module
 
 # Run as code, this leaves a mark in `sys` and a file in the working directory.
 PAYLOAD = "import sys, pathlib; sys.ss_canary = pathlib.Path('pwned').touch() or 1"

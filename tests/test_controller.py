@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 import torch
+from programs import LIN_HEADER, LIN_LOSS, LIN_STEP
 
 import shapescript as ss
-from programs import LIN_HEADER, LIN_LOSS, LIN_STEP
 
 PROGRAM = LIN_HEADER + "\n" + LIN_LOSS + "\n" + LIN_STEP + textwrap.dedent("""\
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shapescript.pipeline import check_source
 from shapescript.codes import CODES
 from shapescript.errors import CompileError, Diagnostic, ShapeError, Span
+from shapescript.pipeline import check_source
 from shapescript.runtime.data import DataSpec, FieldSpec, batch_from_python, check_item
 
 

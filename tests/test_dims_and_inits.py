@@ -16,9 +16,8 @@ import torch
 from support import ROOT
 
 import shapescript as ss
-from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
-from shapescript.pipeline import python_module
+from shapescript.pipeline import check_source, python_module
 
 HEADS = textwrap.dedent("""\
     dim D = H * Dh

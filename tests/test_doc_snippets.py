@@ -45,11 +45,10 @@ from support import ROOT
 from test_docs import readme_program
 
 import shapescript as ss
-from shapescript.pipeline import check_source
 from shapescript.cli import main as cli_main
 from shapescript.codes import BUILD_ONLY, CODES, NO_PYTHON_ONLY
 from shapescript.errors import CompileError
-from shapescript.pipeline import python_module
+from shapescript.pipeline import check_source, python_module
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TAGS = {

@@ -8,9 +8,8 @@ import re
 import pytest
 from support import ROOT
 
-from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
-from shapescript.pipeline import python_module
+from shapescript.pipeline import check_source, python_module
 
 BLOCK = re.compile(r"^```(ss(?:-error (E\d{4})|-warning (W\d{4}))?)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 

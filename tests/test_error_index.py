@@ -8,10 +8,9 @@ import sys
 import pytest
 from support import ROOT, assert_golden
 
-from shapescript.pipeline import check_source
 from shapescript.codes import BUILD_ONLY, CODES, NO_PYTHON_ONLY, explain, markdown
 from shapescript.errors import CompileError, Severity
-from shapescript.pipeline import python_module
+from shapescript.pipeline import check_source, python_module
 
 GOLDEN = ROOT / "tests" / "golden"
 

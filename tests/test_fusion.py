@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import ROOT
 
 import shapescript as ss
-from shapescript.pipeline import check_source
-from shapescript.pipeline import python_module
-from support import ROOT
+from shapescript.pipeline import check_source, python_module
 
 # The examples declare full-size dims; these tests load them small, on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:.*sizes given when loading replace")

@@ -10,7 +10,6 @@ import re
 
 import pytest
 import torch
-
 from support import ROOT
 
 import shapescript as ss

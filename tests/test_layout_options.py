@@ -56,6 +56,7 @@ def test_the_errors_point_at_the_option() -> None:
 def test_the_table_says_how_split_h_lays_out_the_attention_example() -> None:
     """What docs/several-devices.md quotes of `shapescript comms` for the attention example."""
     from programs import GPT
+
     from shapescript.api import compile_program
     from shapescript.check.comms_text import report
     text = report(compile_program("devices cuda[0 1 2]\n    split H\n" + GPT, "gpt.ss"))

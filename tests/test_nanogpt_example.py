@@ -11,9 +11,9 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from support import ROOT
 
 import shapescript as ss
-from support import ROOT
 
 HERE = ROOT / "examples" / "nanogpt"
 V, T, H, DH, L = 13, 16, 2, 4, 2

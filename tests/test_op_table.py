@@ -9,10 +9,10 @@ import pytest
 from support import ROOT
 
 from shapescript.check.calls import BUILTIN_NAMES, RULES
-from shapescript.pipeline import check_source
-from shapescript.ops import OPS, Across
 from shapescript.devices import DeviceSet
 from shapescript.errors import CompileError
+from shapescript.ops import OPS, Across
+from shapescript.pipeline import check_source
 
 # Every module of shapescript/ outside the op table, and the strings it may hold that are spelled
 # as an op's name: none, unless it is there for a reason that isn't a decision about an op.
@@ -134,9 +134,10 @@ def test_every_run_time_name_a_module_prints_exists() -> None:
     on one device and on two, is a function of runtime/core.py."""
     import warnings
 
+    import programs as P
     from fuzzing.grammar import ProgramGen
     from fuzzing.rand import RandomRand
-    import programs as P
+
     from shapescript.lower.targets import Target
     from shapescript.pipeline import compile_program, python_module, python_modules
     from shapescript.runtime import core

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,13 +18,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from programs import GPT
+
 import shapescript as ss
 from shapescript.api import compile_program
+from shapescript.lower.targets import Target
 from shapescript.ops import OPS
 from shapescript.ops.shaping import recipe_parts, reduce_parts, repeat_parts, runtime_call
-from shapescript.lower.targets import Target
 from shapescript.pipeline import python_module
 
 HEADER = """\
@@ -173,7 +173,7 @@ def module_text(dims: tuple[int, int, int], runtime: bool = False) -> str:
     return python_module(checked)
 
 
-@lru_cache(maxsize=None)
+@cache
 def functions(dims: tuple[int, int, int], runtime: bool) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "pattern_lowering_test"}
     exec(compile(module_text(dims, runtime), "<patterns.ss>", "exec"), namespace)

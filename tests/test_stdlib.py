@@ -127,7 +127,7 @@ def test_values_and_gradients_match_pytorch(name, src, inputs, reference) -> Non
         for g, rg in zip(grads, ref_grads):
             torch.testing.assert_close(g, rg, atol=1e-10, rtol=1e-10)
     # And through the Python API, which checks the arguments and runs without autograd.
-    result = getattr(prog, "f")(*[a.detach() for a in args])
+    result = prog.f(*[a.detach() for a in args])
     torch.testing.assert_close(result, expected.detach(), atol=1e-10, rtol=1e-10)
 
 

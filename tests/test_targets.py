@@ -25,9 +25,9 @@ from support import ROOT
 import shapescript as ss
 from shapescript.api import compile_program
 from shapescript.errors import CompileError, WorkerError
-from shapescript.pipeline import python_module
 from shapescript.lower.targets import Target
 from shapescript.parallel.remote import RemoteFunction
+from shapescript.pipeline import python_module
 
 PROGRAM = textwrap.dedent("""\
     devices DEVICES
@@ -128,7 +128,7 @@ def test_a_wrong_result_is_a_shape_error_in_a_standalone_build(helper: Path, tmp
     done = subprocess.run([sys.executable, "-m", "shapescript.cli", "build", "--standalone", str(source),
                            "-o", str(built)], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    script = textwrap.dedent(f"""\
+    script = textwrap.dedent("""\
         import sys
         sys.modules["shapescript"] = None  # a standalone module must run where no shapescript is
         import torch

@@ -20,8 +20,9 @@ import sys
 import textwrap
 import traceback
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import sympy
@@ -32,15 +33,15 @@ for path in (ROOT, ROOT / "tests"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from fuzzing.grammar import ProgramGen  # noqa: E402
+from fuzzing.rand import RandomRand  # noqa: E402
+
 import shapescript as ss  # noqa: E402
-from shapescript.shapes import dims as D  # noqa: E402
-from shapescript.shapes import value_types as T  # noqa: E402
 from shapescript.check.program import FnInfo  # noqa: E402
 from shapescript.errors import CompileError, ShapeError  # noqa: E402
 from shapescript.runtime import calls, sinks, typecheck  # noqa: E402
-
-from fuzzing.grammar import ProgramGen  # noqa: E402
-from fuzzing.rand import RandomRand  # noqa: E402
+from shapescript.shapes import dims as D  # noqa: E402
+from shapescript.shapes import value_types as T  # noqa: E402
 
 PROGRAMS = 300  # programs whose every function was called, at least
 SEEDS = range(330)  # ~1% don't compile, a few have a function that can't be called
@@ -137,7 +138,7 @@ def run_program(seed: int) -> tuple[str, str]:
             return "skipped", f"`{fn.name}`: {why}"
         try:
             getattr(prog, fn.name)(*args)
-        except Exception:  # noqa: BLE001 - every failure is reported with its program
+        except Exception:
             return "failed", f"seed {seed}, calling `{fn.name}`:\n{traceback.format_exc()}\n{source}"
     return "called", ""
 

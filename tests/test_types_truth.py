@@ -11,12 +11,12 @@ import textwrap
 
 import pytest
 import torch
+from programs import LIN_HEADER
 
 import shapescript as ss
-from programs import LIN_HEADER
-from shapescript.shapes import value_types as T
-from shapescript.pipeline import check_source
 from shapescript.errors import CompileError
+from shapescript.pipeline import check_source
+from shapescript.shapes import value_types as T
 
 SS_DTYPES = {"bool": torch.bool, "i32": torch.int32, "i64": torch.int64, "f16": torch.float16,
              "f32": torch.float32, "f64": torch.float64}
@@ -182,7 +182,7 @@ NUMBER_CASES = ["2 ** -1", "2 ** 3", "2 ** 0", "true ** -2", "3 ** true", "0.5 *
 def test_arithmetic_of_plain_numbers_has_python_s_type(expr: str) -> None:
     """`2 ** -1` is 0.5 in Python, a float, and `-true` is -1, an int: the checker's type of each
     expression is the type of Python's own value, and the debug build finds the same at run time."""
-    value = eval(expr.replace("true", "True"))  # noqa: S307 - our own literal expressions
+    value = eval(expr.replace("true", "True"))
     expected = {int: "int", float: "float"}[type(value)]
     checked = check_source(f"fn f() -> [] = {expr}\n", "p.ss")
     assert checked.type_of(checked.fns["f"].node.body[-1].value).show() == expected, expr

@@ -7,8 +7,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def test_lossless_field_dtypes_are_converted(data_prog: Any) -> None:
     for batch, expected in cases:
         assert torch.equal(data_prog.score(batch), expected.float())
     assert data_prog.total(ss.TensorDataset(img=IMG > 1, label=LABEL.int())).item() == pytest.approx(
-        float(((IMG > 1).sum() + (LABEL == 1).sum() * 10)))
+        float((IMG > 1).sum() + (LABEL == 1).sum() * 10))
 
 
 FIELD_IMG = (r"^batch field `img`: expected dtype f32, got f64, which can't be converted without changing "

@@ -14,9 +14,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # digits.ss's `python fn` imports digits_data from this folder
     sys.path.insert(0, str(HERE))
 
-import shapescript as ss  # noqa: E402
-
 import digits_data  # noqa: E402
+
+import shapescript as ss  # noqa: E402
 
 EPOCHS = 10
 LR = 1e-2

@@ -11,17 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import Span
-from ..syntax import tree as A
-from . import calls as B
+from ..ops import RULES
+from ..ops.args import broadcast, matmul
+from ..ops.checking import Label, Use
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .checker import Context, misspelled_dim, similar
 from ..shapes.options import NO_OPTIONS, CallOptions, Recipe
-from .program import CallInfo, FnInfo, ParamInfo
-from ..ops import RULES
-from ..ops.checking import Label, Use
-from ..ops.args import broadcast, matmul
+from ..syntax import tree as A
+from . import calls as B
 from . import origins
+from .checker import Context, misspelled_dim, similar
+from .program import CallInfo, FnInfo, ParamInfo
 from .rules import number_arith, number_negation, whole_tensor_power
 
 ARITH = {"+", "-", "*", "/", "**"}
@@ -523,7 +523,7 @@ class BodyChecker:
             target = arg.value
             var = self.vars.get(target.id) if isinstance(target, A.Name) else None
             if var is None or not isinstance(target, A.Name):
-                self.error("E0501", f"only a `mut` parameter can be changed; this is an expression",
+                self.error("E0501", "only a `mut` parameter can be changed; this is an expression",
                            arg.span, "not a mut parameter", "pass a parameter declared with `mut`")
             elif not var.mutable:
                 self.error("E0501", f"`{target.id}` is changed here, but `{self.fn.name}` doesn't take it as `mut`",
@@ -587,7 +587,7 @@ class BodyChecker:
         mapping: dict[D.Dim, D.Dim] = {}
         bound_by: dict[D.Dim, str] = {}  # each generic dim bound: the parameter that bound it
         self.mapping = mapping
-        for p, a, t in zip(params, args, arg_types):
+        for p, _, t in zip(params, args, arg_types):
             B.bind_generics(p.ty, t, mapping, bound_by, p.name)
         ok = True
         arg_spans = {p.name: a.value.span for p, a in zip(params, args)}

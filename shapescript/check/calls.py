@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..errors import Span
-from ..syntax import tree as A
-from ..shapes import dims as D
-from ..shapes import value_types as T
 from ..ops import RULES
 from ..ops.args import labels, same_value
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from ..syntax import tree as A
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -65,7 +65,7 @@ def substitute(t: T.Ty, mapping: Mapping[D.Dim, D.Dim]) -> T.Ty:
     return t
 
 
-def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, t: T.Ty,
+def check_argument(ck: BodyChecker, fn: FnInfo, p: ParamInfo, arg: A.Arg, t: T.Ty,
                    mapping: Mapping[D.Dim, D.Dim], bound_by: Mapping[D.Dim, str],
                    arg_spans: dict[str, Span] | None = None) -> bool:
     """Second pass: the argument against the parameter's type with every generic bound.
@@ -131,7 +131,7 @@ def check_argument(ck: "BodyChecker", fn: "FnInfo", p: "ParamInfo", arg: A.Arg, 
     return False
 
 
-def _declared_axis(p: "ParamInfo", k: int) -> tuple[tuple[Span, str], ...]:
+def _declared_axis(p: ParamInfo, k: int) -> tuple[tuple[Span, str], ...]:
     """A secondary label at axis `k` as the parameter's type writes it (the whole type if it can't
     be told apart)."""
     written, declared = p.node.type, p.ty
@@ -141,7 +141,7 @@ def _declared_axis(p: "ParamInfo", k: int) -> tuple[tuple[Span, str], ...]:
     return ((written.span, f"`{p.name}` is declared {declared.show()} here"),)
 
 
-def _check_element(ck: "BodyChecker", where: str, expected: T.TensorT, t: T.TensorT, span: Span) -> bool:
+def _check_element(ck: BodyChecker, where: str, expected: T.TensorT, t: T.TensorT, span: Span) -> bool:
     if expected.dtype != t.dtype:
         ck.error("E0308", f"{where} is {expected.dtype}, but this is {t.dtype}", span,
                  f"this is {t.show()}", "the dtypes must be the same", ck.cast_help(span, expected.dtype))

@@ -15,10 +15,10 @@ from ..devices import MAX_DEVICES
 from ..errors import CompileError, Diagnostic, Span
 from ..inits import INITS
 from ..names import DATA_RESERVED, MODEL_RESERVED, STD_EXTERNS, is_reserved, reserved_text, similar
-from ..syntax import tree as A
-from ..syntax.lexer import MAX_INT_DIGITS
 from ..shapes import dims as D
 from ..shapes import value_types as T
+from ..syntax import tree as A
+from ..syntax.lexer import MAX_INT_DIGITS
 from .constants import NotConstant, constant, derive_dims
 from .program import Checked, DeviceSet, FnInfo, ParamInfo
 

@@ -16,20 +16,20 @@ symbols (`3,072·b·n` bytes).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import sympy
 
 from ..devices import shares, shares_text
 from ..dtypes import ELEMENTS
 from ..errors import Span
-from ..syntax import tree as A
+from ..ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
 from ..shapes import value_types as T
 from ..shapes.plans import Where
+from ..syntax import tree as A
 from .layout import head_axis, model_params
 from .program import Checked, FnInfo, ShardedRead
-from ..ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
 from .split import iter_nodes, split_axes
 
 DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
@@ -144,7 +144,7 @@ class DeviceTable:
         return self.hosts > 1
 
     @classmethod
-    def of(cls, checked: Checked) -> "DeviceTable":
+    def of(cls, checked: Checked) -> DeviceTable:
         return _Builder(checked).build()
 
     def shares(self, batch: int | None = None) -> list[int] | None:
@@ -274,7 +274,7 @@ class _Builder:
                 yield LineItem(node.span, fn.name, tuple(sent), callee=callee.name,
                                differentiated=differentiated or info.kind == "grad", repeats=times)
 
-    def repeats(self, node: A.Node, times: sympy.Expr = sympy.Integer(1),
+    def repeats(self, node: A.Node, times: sympy.Expr = sympy.S.One,
                 out: dict[int, sympy.Expr] | None = None) -> dict[int, sympy.Expr]:
         """How often one run of a function runs each node under a loop over a stack of models (`for
         block in m.blocks`: L times); nodes run once are left out."""

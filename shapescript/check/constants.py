@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..names import similar
+from ..shapes import dims as D
 from ..syntax import tree as A
 from ..syntax.lexer import MAX_INT_DIGITS
-from ..shapes import dims as D
 
 if TYPE_CHECKING:
     from .checker import Context
@@ -33,7 +33,7 @@ def dim_names(node: A.DimExpr) -> Iterator[A.DimName]:
         yield from dim_names(node.right)
 
 
-def derive_dims(ctx: "Context", items: list[A.Dim]) -> None:
+def derive_dims(ctx: Context, items: list[A.Dim]) -> None:
     """Compute each derived dim's definition and size, parts first (as Kahn's algorithm orders
     them, so a long chain can't overflow Python's stack)."""
     defs = {item.name: item for item in items if item.expr is not None}
@@ -68,7 +68,7 @@ def derive_dims(ctx: "Context", items: list[A.Dim]) -> None:
     _report_cycles(ctx, defs, waiting)
 
 
-def _define(ctx: "Context", node: A.Dim) -> bool:
+def _define(ctx: Context, node: A.Dim) -> bool:
     assert node.expr is not None
     written = _sympy(node.expr)
     definition = sympy.expand(written.xreplace({s: ctx.derived[s.name] for s in D.symbols(written)
@@ -91,7 +91,7 @@ def _define(ctx: "Context", node: A.Dim) -> bool:
     return True
 
 
-def _too_large(ctx: "Context", node: A.Dim, digits: str) -> bool:
+def _too_large(ctx: Context, node: A.Dim, digits: str) -> bool:
     ctx.error("E0310", f"dim `{node.name}` = {_written(ctx, node)} is a size of {digits} digits", node.span,
               "too large a size", f"a size has at most {MAX_INT_DIGITS} digits: change the expression or the "
               "sizes it is made of")
@@ -118,7 +118,7 @@ def _digits_to_compute(definition: D.Dim, known: dict[str, int]) -> float:
     return total
 
 
-def _report_cycles(ctx: "Context", defs: dict[str, A.Dim], waiting: dict[str, set[str]]) -> None:
+def _report_cycles(ctx: Context, defs: dict[str, A.Dim], waiting: dict[str, set[str]]) -> None:
     """One E0314 per cycle among the dims still waiting; a dim that only uses a cycle is silent."""
     order = list(defs)
     reported: set[str] = set()
@@ -151,7 +151,7 @@ def _sympy(node: A.DimExpr) -> D.Dim:
     return {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[node.op]
 
 
-def _written(ctx: "Context", node: A.Dim) -> str:
+def _written(ctx: Context, node: A.Dim) -> str:
     """The definition as the program writes it (`H * Dh`, where sympy would show `Dh*H`)."""
     line = ctx.program.source.splitlines()[node.span.line - 1]
     return line[node.span.col - 1:node.span.end_col - 1].split("=", 1)[1].strip()

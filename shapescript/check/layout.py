@@ -16,17 +16,17 @@ gathered or cut there.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import sympy
 
-from ..syntax import tree as A
+from ..ops.table import CUT, GATHER, LOCAL, OPS, SUM, CallView, heads_contraction, numel
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..ops.table import CUT, GATHER, LOCAL, OPS, SUM, CallView, heads_contraction, numel
 from ..shapes.options import NO_OPTIONS, CallOptions
 from ..shapes.plans import BatchSplit, Where
+from ..syntax import tree as A
 from .program import NO_LAYOUT, CallInfo, Checked, FnInfo, HeadsMark, LayoutFacts, ShardedRead, SplitFacts
 from .split import call_sites, iter_nodes
 
@@ -59,7 +59,7 @@ class ParamOf(NamedTuple):
     copies: sympy.Expr
 
 
-def model_params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.Integer(1)) -> Iterator[ParamOf]:
+def model_params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.S.One) -> Iterator[ParamOf]:
     """Every trained param of `model`, in declaration order, depth-first."""
     for m in model.members.values():
         if m.kind == "param" and m.tensor is not None:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import Span
-from ..syntax import tree as A
-from ..shapes import value_types as T
 from ..ops.checking import Label
+from ..shapes import value_types as T
+from ..syntax import tree as A
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -33,12 +33,12 @@ class Origin:
     lead: int = 0
 
 
-def _checked(ck: "BodyChecker") -> "Checked":
+def _checked(ck: BodyChecker) -> Checked:
     assert ck.checked is not None  # bodies are checked once the tables exist
     return ck.checked
 
 
-def origin(ck: "BodyChecker", node: A.Node) -> Origin | None:
+def origin(ck: BodyChecker, node: A.Node) -> Origin | None:
     """Where `node`'s type was declared or bound, if it is a name or a member or field of one."""
     if isinstance(node, A.Name):
         var = ck.vars.get(node.id)
@@ -60,7 +60,7 @@ def origin(ck: "BodyChecker", node: A.Node) -> Origin | None:
     return None
 
 
-def _passed_through(ck: "BodyChecker", node: A.Node, k: int) -> tuple[A.Node, int]:
+def _passed_through(ck: BodyChecker, node: A.Node, k: int) -> tuple[A.Node, int]:
     """The operand axis `k` of `node` comes from, followed through the operations that keep it: an
     elementwise operation or built-in call (as `relu(h)`) with an operand of the result's type, and
     `@`, whose result's leading axes are its left side's and whose last is its right side's."""
@@ -89,13 +89,13 @@ def _passed_through(ck: "BodyChecker", node: A.Node, k: int) -> tuple[A.Node, in
         node = same
 
 
-def _builtin(ck: "BodyChecker", node: A.Call) -> bool:
+def _builtin(ck: BodyChecker, node: A.Call) -> bool:
     """A call of a built-in function (a user's function's result is its declared type, not an operand's)."""
     call = _checked(ck).calls.get(id(node))
     return call is not None and call.kind == "builtin"
 
 
-def axis_label(ck: "BodyChecker", node: A.Node, t: T.TensorT, k: int, which: str) -> Label | None:
+def axis_label(ck: BodyChecker, node: A.Node, t: T.TensorT, k: int, which: str) -> Label | None:
     """A secondary label at the place that gave axis `k` of `node` (of type `t`; k may count from
     the end), worded with `which` ("last axis", "dim 1"): the axis in its declared type when the
     type is written axis by axis, else the declaration or assignment as a whole. An axis passed
@@ -120,7 +120,7 @@ def axis_label(ck: "BodyChecker", node: A.Node, t: T.TensorT, k: int, which: str
     return found.span, f"{found.what} is {t.show()} from here"
 
 
-def type_label(ck: "BodyChecker", node: A.Node, t: T.Ty) -> Label | None:
+def type_label(ck: BodyChecker, node: A.Node, t: T.Ty) -> Label | None:
     """A secondary label at the declaration or assignment that gave `node` its type `t`."""
     found = origin(ck, node)
     if found is None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ..errors import Diagnostic
 from ..ops.checking import Use
-from .checker import Context
 from ..shapes.plans import Where
+from .checker import Context
 from .program import ANYWHERE, FnInfo, Placement
 
 CONTROLLER_USES = {

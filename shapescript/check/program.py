@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..devices import DeviceSet
 from ..errors import Diagnostic, Span
-from ..syntax import tree as A
+from ..ops.checking import Use
 from ..shapes import dims as D
 from ..shapes.options import CallOptions, Recipe
-from ..ops.checking import Use
 from ..shapes.plans import BatchSplit, Where
 from ..shapes.value_types import DataT, ModelT, Ty
+from ..syntax import tree as A
 
 if TYPE_CHECKING:
     from .comms import DeviceTable
@@ -133,7 +133,7 @@ class Checked:
     derived: Mapping[str, D.Dim] = field(default_factory=dict)  # each derived dim's definition (`dim D = H * Dh`)
 
     @functools.cached_property
-    def devices(self) -> "DeviceTable":
+    def devices(self) -> DeviceTable:
         """How values are laid out over the devices and what every line sends between them (worked
         out when first asked for: a one-device build never needs it)."""
         from .comms import DeviceTable

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..syntax import tree as A
-from ..shapes import value_types as T
 from ..ops.args import literal_number
+from ..shapes import value_types as T
 from ..shapes.options import NO_RECIPE
+from ..syntax import tree as A
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
 
 # ---- arithmetic of plain numbers, typed as Python computes it --------------------------------
 
-def number_arith(ck: "BodyChecker", node: A.Binary, left: T.ScalarT, right: T.ScalarT) -> T.Ty:
+def number_arith(ck: BodyChecker, node: A.Binary, left: T.ScalarT, right: T.ScalarT) -> T.Ty:
     """`left op right` of two plain numbers (int, float, bool): float with a float or for `/`; a
     whole number to a whole power is an int when the exponent is at least 0 and a float below
     (`2 ** -1` is 0.5), so the exponent must be known: a literal or a dim's size."""
@@ -30,7 +30,7 @@ def number_arith(ck: "BodyChecker", node: A.Binary, left: T.ScalarT, right: T.Sc
     return T.INT if exponent >= 0 else T.FLOAT
 
 
-def whole_tensor_power(ck: "BodyChecker", node: A.Binary, dtype: str, number: T.ScalarT) -> bool:
+def whole_tensor_power(ck: BodyChecker, node: A.Binary, dtype: str, number: T.ScalarT) -> bool:
     """`x ** k` of an integer or bool tensor and a whole number k: torch refuses a k below 0, so k
     must be known to be at least 0. False (with the error given) where it isn't."""
     if node.op != "**" or dtype in T.FLOAT_DTYPES or number.kind not in ("int", "bool"):
@@ -43,7 +43,7 @@ def whole_tensor_power(ck: "BodyChecker", node: A.Binary, dtype: str, number: T.
     return exponent is not None
 
 
-def _whole_exponent(ck: "BodyChecker", node: A.Binary, why: str) -> int | float | None:
+def _whole_exponent(ck: BodyChecker, node: A.Binary, why: str) -> int | float | None:
     """The value of `**`'s whole-number exponent, or 1 for a dim's size (positive); None, with an
     error, where its sign isn't known."""
     exponent = literal_number(node.right)

@@ -12,17 +12,17 @@ call or at none (E1804), and Python calls never get split data (E1901).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from ..errors import Span
-from ..syntax import tree as A
+from ..ops.table import OPS, PARTIAL, CallView
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .checker import Context
-from ..ops.table import OPS, PARTIAL, CallView
 from ..shapes.options import NO_RECIPE, CallOptions
 from ..shapes.plans import BatchSplit, Where
+from ..syntax import tree as A
+from .checker import Context
 from .program import CallInfo, Checked, FnInfo, SplitFacts
 
 SplitDims = set[Any]  # a function's generic dims that are the batch axis

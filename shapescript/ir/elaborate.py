@@ -7,11 +7,11 @@ only the nodes it builds.
 
 from __future__ import annotations
 
-from ..shapes import value_types as T
+from ..check.program import Checked, FnInfo
 from ..ops import OPS
 from ..ops.args import called_name
+from ..shapes import value_types as T
 from ..shapes.options import NO_RECIPE, Recipe
-from ..check.program import Checked, FnInfo
 from ..syntax import tree as A
 from . import nodes as N
 from .walk import sizes_read

@@ -24,7 +24,7 @@ from typing import Any
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from . import nodes as N
-from .walk import exprs, statements, sizes_read, walk
+from .walk import exprs, sizes_read, statements, walk
 
 LAYER_NORM = "shapescript.std.layer_norm"
 MASKED = -1e9  # a fill this low leaves softmax exactly 0 there in every float dtype, as -inf does

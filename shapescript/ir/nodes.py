@@ -9,20 +9,20 @@ options; an operation that works across the batch axis on several devices says h
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..devices import DeviceSet
+from ..errors import Span
+from ..shapes.dims import Dim
 from ..shapes.options import NO_RECIPE, CallOptions, Recipe
+
 # A dim's size as a function reads it (ParamSize: off a parameter's shape), and where a broadcast
 # operand's axes go (Placing), as the checker records them; the stages after it name them here.
 from ..shapes.options import ParamSize as ParamSize
 from ..shapes.options import Placing as Placing
 from ..shapes.options import SizeSource as SizeSource
-from collections.abc import Mapping
-
-from ..devices import DeviceSet
-from ..errors import Span
 from ..shapes.plans import BatchSplit, Where
-from ..shapes.dims import Dim
 from ..shapes.value_types import DataT, ModelT, Ty
 
 

@@ -11,12 +11,13 @@ from ..devices import DeviceSet
 from ..errors import Span
 from ..ir import nodes as ir
 from . import guards, specs, targets
-from .targets import Target, target_for
 from .printer import BodyPrinter, py_name
 from .recording import RECORD_IMPORT, RecordingPrinter, recordable, recorded_calls
 from .specs import spec_var
-from .type_checks import IMPORT as TYPE_CHECKS_IMPORT, TypeChecks
+from .targets import Target, target_for
 from .text import comment_text, literal
+from .type_checks import IMPORT as TYPE_CHECKS_IMPORT
+from .type_checks import TypeChecks
 
 
 def generate(module: ir.Module, target: Target | None = None, *, standalone: bool = False,

@@ -12,9 +12,9 @@ from typing import Any
 
 import sympy
 
+from ..ir import nodes as ir
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..ir import nodes as ir
 from .specs import TORCH_DTYPES, spec_var
 from .text import literal
 

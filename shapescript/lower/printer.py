@@ -7,16 +7,15 @@ broadcast placing and batch-split mark is on the IR node being printed.
 from __future__ import annotations
 
 import keyword
-from collections.abc import Callable
 from typing import Protocol
 
-from ..shapes import value_types as T
-from ..ops import OPS, LowerCall
-from ..ops.table import CUT, GATHER
-from ..shapes.options import NO_OPTIONS, NO_RECIPE
 from ..errors import Span
 from ..ir import nodes as N
 from ..names import MEMBER_PREFIX
+from ..ops import OPS, LowerCall
+from ..ops.table import CUT, GATHER
+from ..shapes import value_types as T
+from ..shapes.options import NO_OPTIONS, NO_RECIPE
 from .specs import spec_var
 from .text import literal
 from .type_checks import TypeChecks
@@ -209,8 +208,10 @@ class BodyPrinter:
         args = ["" if a is None else self.expr(a) for a in node.args]
         # An argument that gets an index or a method call after it needs its own parentheses.
         wrapped = [f"({text})" if _needs_parentheses(a) else text for text, a in zip(args, node.args)]
-        place: Callable[[int, tuple | None], str] = \
-            lambda k, index: wrapped[k] + placing_text(index) if index else args[k]
+
+        def place(k: int, index: tuple | None) -> str:
+            return wrapped[k] + placing_text(index) if index else args[k]
+
         call = LowerCall(args, wrapped, node.options, literal(str(node.span)), place, node.recipe, size_text, literal,
                          spec_var)
         op = OPS[node.op]

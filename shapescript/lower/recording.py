@@ -12,10 +12,10 @@ then runs as it always did.
 
 from __future__ import annotations
 
-from ..shapes import value_types as T
 from ..ir import nodes as N
-from ..shapes.plans import Where
 from ..ir.walk import walk
+from ..shapes import value_types as T
+from ..shapes.plans import Where
 from .printer import BodyPrinter, Emit, py_name
 from .text import literal
 from .type_checks import TypeChecks

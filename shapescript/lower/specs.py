@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..dtypes import ELEMENTS
+from ..ir import nodes as ir
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..ir import nodes as ir
-from ..dtypes import ELEMENTS
 from .text import literal
 
 TORCH_DTYPES = {name: f"torch.{e.torch}" for name, e in ELEMENTS.items()}  # as the module writes them

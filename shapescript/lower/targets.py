@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ..errors import CompileError, Diagnostic
 from ..ir import nodes as ir
 from ..shapes.plans import Where
-from ..errors import CompileError, Diagnostic
 from .text import literal
 
 

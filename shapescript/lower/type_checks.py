@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import sympy
 
+from ..errors import Span
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..errors import Span
 from .guards import _formula
 from .text import literal
 

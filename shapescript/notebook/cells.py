@@ -94,7 +94,7 @@ class Draft:
     source: str
 
     @classmethod
-    def join(cls, chunks: Iterable[Chunk]) -> "Draft":
+    def join(cls, chunks: Iterable[Chunk]) -> Draft:
         ordered = sorted(chunks, key=lambda c: c.key != DEVICES)  # the devices line first, as people write it
         starts, parts, line = [], [], 1
         for chunk in ordered:

@@ -20,14 +20,23 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..check.comms import DeviceTable, FnPlan, Layout
-from ..check.comms_text import (bytes_text, first_values, fn_text, hosts_note, item_lines, layout_text,
-                                report, sum_bytes, value_text)
+from ..check.comms_text import (
+    bytes_text,
+    first_values,
+    fn_text,
+    hosts_note,
+    item_lines,
+    layout_text,
+    report,
+    sum_bytes,
+    value_text,
+)
 from ..check.program import Checked
 from ..errors import terminal_lines
 from ..parallel.memory import WorkerMemory
+from ..shapes.plans import Where
 from . import markup as M
 from .report import _inline_code
-from ..shapes.plans import Where
 from .workers import short_bytes
 
 if TYPE_CHECKING:
@@ -83,7 +92,7 @@ class DeviceTableView:
     batch: int | None = None  # the batch size to show the shares for, in place of the program's batches(n)
 
     @classmethod
-    def of(cls, thing: "DeviceTable | Checked | Program | DeviceTableView") -> "DeviceTableView":
+    def of(cls, thing: DeviceTable | Checked | Program | DeviceTableView) -> DeviceTableView:
         """The view of a DeviceTable, or of a Checked or Program's table (with its source)."""
         if isinstance(thing, DeviceTableView):
             return thing
@@ -94,7 +103,7 @@ class DeviceTableView:
             return cls(thing, _file_text(thing.file))
         raise TypeError(f"expected a DeviceTable (prog.device_table) or a Program, got {type(thing).__name__}")
 
-    def with_batch(self, batch: object) -> "DeviceTableView":
+    def with_batch(self, batch: object) -> DeviceTableView:
         """The same table, with the shares of a batch of `batch` (`shapescript comms --batch N`);
         ValueError unless it is a positive whole number."""
         return dataclasses.replace(self, batch=batch_size(batch))

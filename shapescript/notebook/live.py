@@ -126,7 +126,7 @@ def svg_chart(key: str, points: list[tuple[int, float]], last: Value | None = No
     if smooth:  # the average of the values drawn (on a log scale, of their logarithms: TensorBoard's too)
         averaged = smoothed([height(v) for v in values], smooth)
         unlog = (lambda h: 10 ** h) if log else (lambda h: h)
-        lines += (f'<polyline class="ss-smooth" fill="none" stroke="#1f77b4" stroke-width="2" points="'
+        lines += ('<polyline class="ss-smooth" fill="none" stroke="#1f77b4" stroke-width="2" points="'
                   + " ".join(xy(s, unlog(h)) for s, h in zip(steps, averaged)) + '"/>')
     return f'<svg class="ss-chart" {_SIZE}>{title}{axes}{y_range}{x_range}{lines}</svg>'
 

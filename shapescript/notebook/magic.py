@@ -21,12 +21,12 @@ from IPython.display import display
 
 from ..api import parse_devices
 from ..check.comms import DeviceTable
-from .cells import Cell
-from .device_table import batch_option
-from .models import model_html
 from ..errors import CompileError, ShapeScriptError, terminal_lines, terminal_text
 from ..parallel.interrupts import StepInterrupt
 from . import on_cluster, progress
+from .cells import Cell
+from .device_table import batch_option
+from .models import model_html
 from .report import CellCompileError, NotebookError
 from .session import CELL_DISCARD, PROGRAM_VARIABLE, Discard, Session
 from .timeline import view_for

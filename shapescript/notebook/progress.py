@@ -102,7 +102,7 @@ class _Aside:
             if self.error is None:
                 try:
                     op()
-                except Exception as e:  # noqa: BLE001 (a bar is a nicety: the run must not fail for it)
+                except Exception as e:
                     self.error = e
 
 

@@ -18,8 +18,7 @@ import re
 from collections.abc import Sequence
 
 from ..codes import CODES
-from ..errors import (CompileError, Diagnostic, ShapeScriptError, Span, shown_columns, terminal_lines,
-                      terminal_text)
+from ..errors import CompileError, Diagnostic, ShapeScriptError, Span, shown_columns, terminal_lines, terminal_text
 from .cells import Cell, Draft
 
 
@@ -104,7 +103,7 @@ class CellCompileError(CompileError):
         # IPython prints these lines instead of a traceback of our own frames (the cell still fails).
         return [self.summary()]
 
-    def display_object(self) -> "Rich":
+    def display_object(self) -> Rich:
         blocks = "".join(_diagnostic_html(x, self.program_source) for x in self.located)
         return Rich(self.rendered, f'<div class="shapescript-diagnostics">{blocks}</div>')
 

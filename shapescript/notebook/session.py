@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import Program, load, parse_devices
+from ..check.comms import DeviceTable
 from ..codes import explain
 from ..errors import CompileError, ShapeError, ShapeScriptError, SourceWarning, Span, worker_places
 from ..parallel.pool import WorkerPool
@@ -21,11 +22,9 @@ from ..parallel.remote import RemoteModel
 from ..runtime import model as model_module
 from ..runtime.model import Model, ModelSpec
 from ..stale import name_holders, read_refusal, stale_notes
-from ..check.comms import DeviceTable
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
-from .report import (CellCompileError, CellPlaces, Located, NotebookError, Rich, locate, locate_all,
-                     runtime_error_lines)
+from .report import CellCompileError, CellPlaces, Located, NotebookError, Rich, locate, locate_all, runtime_error_lines
 from .workers import ask_workers, describe_loss, held_objects, measured_memory, pool_of, status_table
 
 PROGRAM_NAME = "notebook.ss"  # the file name run-time messages give the notebook's program

@@ -14,10 +14,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from ..runtime.model import leaves
 from . import markup as M
 from .device_table import DeviceTableView
 from .models import AnyModel, model_html, summary
-from ..runtime.model import leaves
 
 NO_WIDGETS = "the widgets need ipywidgets: pip install 'shapescript[notebook]' (or pip install ipywidgets)"
 
@@ -132,7 +132,7 @@ def model_widget(m: AnyModel) -> Any:
             return
         try:
             text = summary(m, choice.value)
-        except Exception as e:  # noqa: BLE001 (a click's error can't raise anywhere the user sees)
+        except Exception as e:
             values.value = f'<pre style="color:#c4161c">{html.escape(f"{type(e).__name__}: {e}")}</pre>'
             return
         values.value = f"<pre>{html.escape(text)}</pre>"

@@ -125,7 +125,7 @@ def over_axis(ck: RuleChecker, arg: A.Arg, t: T.TensorT, what: str) -> int | Non
     """The index of the axis named by `over=NAME` in `t`."""
     node = arg.value
     if not isinstance(node, A.Name):
-        ck.error("E0303", f"`over=` names a dim, as `over=D`", arg.span, "not a dim name")
+        ck.error("E0303", "`over=` names a dim, as `over=D`", arg.span, "not a dim name")
         return None
     dim = ck.dims.get(node.id)
     if dim is None and node.id in ck.dim_values:

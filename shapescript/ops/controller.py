@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import keyword
 
-from ..syntax import tree as A
 from ..shapes import value_types as T
-from .checking import RuleChecker, Use
-from .args import called_name, int_arg, literal_number
 from ..shapes.options import CallOptions
+from ..syntax import tree as A
+from .args import called_name, int_arg, literal_number
+from .checking import RuleChecker, Use
 from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register, runtime_function
-
 
 # Nothing of what they work on is split across the devices (see above).
 NOT_SPLIT = PER_EXAMPLE

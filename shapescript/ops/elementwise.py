@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
-from ..syntax import tree as A
 from ..shapes import value_types as T
-from .checking import RuleChecker
+from ..syntax import tree as A
 from .args import tensor_arg
+from .checking import RuleChecker
 from .table import LOCAL_LAYOUT, OPS, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
 
 

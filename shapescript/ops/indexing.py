@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-
-from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .checking import RuleChecker
-from .args import int_arg, over_axis, tensor_arg
 from ..shapes.options import CallOptions
+from ..syntax import tree as A
+from .args import int_arg, over_axis, tensor_arg
+from .checking import RuleChecker
 from .elementwise import refused_dtype
 from .table import Across, Args, LowerCall, Op, Typed, along_batch, register
-
 
 REFUSED_ALONG_BATCH = Across(over_batch=along_batch)
 

@@ -4,16 +4,14 @@ mask of a padded batch's own positions)."""
 
 from __future__ import annotations
 
-
 from ..dtypes import ELEMENTS
-from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .checking import RuleChecker, Use
-from .args import broadcast, literal_number, number_arg, placed_within, tensor_arg
 from ..shapes.options import CallOptions
+from ..syntax import tree as A
+from .args import broadcast, literal_number, number_arg, placed_within, tensor_arg
+from .checking import RuleChecker, Use
 from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
-
 
 
 def _with_numbers(dtype: str, numbers: list[T.Ty]) -> str:

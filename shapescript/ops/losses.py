@@ -7,18 +7,29 @@ is every device's partial product, added up.
 
 from __future__ import annotations
 
-
 import sympy
 
-from ..syntax import tree as A
 from ..shapes import value_types as T
-from .checking import RuleChecker
-from .args import matmul, over_axis, tensor_arg
 from ..shapes.options import CallOptions
+from ..syntax import tree as A
+from .args import matmul, over_axis, tensor_arg
+from .checking import RuleChecker
 from .reductions import mask_of
-from .table import (PARTIAL, PARTIAL_PRODUCTS, Across, Layout, heads_contraction, Args, CallView, LowerCall, Op, Payload, Typed, register,
-                    result_values)
-
+from .table import (
+    PARTIAL,
+    PARTIAL_PRODUCTS,
+    Across,
+    Args,
+    CallView,
+    Layout,
+    LowerCall,
+    Op,
+    Payload,
+    Typed,
+    heads_contraction,
+    register,
+    result_values,
+)
 
 
 def cross_entropy_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:

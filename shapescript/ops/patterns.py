@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.options import CallOptions
+from ..syntax import tree as A
 from .checking import RuleChecker
-
 
 
 class PatternError(Exception):

@@ -6,15 +6,30 @@ the parts, `mean` by a sum of the parts and of their counts; the others are refu
 
 from __future__ import annotations
 
-
-from ..syntax import tree as A
 from ..shapes import value_types as T
-from .checking import RuleChecker
-from .args import over_axis, placed_within, tensor_arg
 from ..shapes.options import CallOptions
+from ..syntax import tree as A
+from .args import over_axis, placed_within, tensor_arg
+from .checking import RuleChecker
 from .elementwise import refused_dtype
-from .table import (OPS, PARTIAL, Across, Layout, heads_along, Args, CallView, LowerCall, Op, Payload, Typed, along_batch, numel,
-                    reduces_batch, register, result_values)
+from .table import (
+    OPS,
+    PARTIAL,
+    Across,
+    Args,
+    CallView,
+    Layout,
+    LowerCall,
+    Op,
+    Payload,
+    Typed,
+    along_batch,
+    heads_along,
+    numel,
+    reduces_batch,
+    register,
+    result_values,
+)
 
 
 def widened(name: str, dtype: str) -> str:

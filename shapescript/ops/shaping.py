@@ -13,17 +13,31 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .checking import RuleChecker
-from .args import _unused_args, called_name, tensor_arg
 from ..shapes.options import CallOptions
+from ..syntax import tree as A
+from .args import _unused_args, called_name, tensor_arg
+from .checking import RuleChecker
 from .patterns import PatternError, Side, bind_lhs, build_rhs, lower_recipe
 from .reductions import widened
-from .table import (PARTIAL, PARTIAL_PRODUCTS, PER_EXAMPLE, Across, Layout, heads_contraction, heads_rearrange, Args, CallView, Lower, LowerCall, Op, Typed,
-                    register, result_values)
-
+from .table import (
+    PARTIAL,
+    PARTIAL_PRODUCTS,
+    PER_EXAMPLE,
+    Across,
+    Args,
+    CallView,
+    Layout,
+    Lower,
+    LowerCall,
+    Op,
+    Typed,
+    heads_contraction,
+    heads_rearrange,
+    register,
+    result_values,
+)
 
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 

@@ -5,16 +5,14 @@ and these ops are refused with it (E1801)."""
 
 from __future__ import annotations
 
-
 from ..names import similar
-from ..syntax import tree as A
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .checking import RuleChecker, Use
-from .args import literal_number, over_axis, tensor_arg
 from ..shapes.options import CallOptions, SizeSource
+from ..syntax import tree as A
+from .args import literal_number, over_axis, tensor_arg
+from .checking import RuleChecker, Use
 from .table import Across, Args, CallView, LowerCall, Op, Typed, along_batch, register
-
 
 
 def dim_source(ck: RuleChecker, node: A.Node) -> tuple[D.Dim, SizeSource | None] | None:

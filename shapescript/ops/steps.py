@@ -14,13 +14,11 @@ the code generator prints it with this entry's lowering.
 
 from __future__ import annotations
 
-
-from ..syntax import tree as A
 from ..shapes import value_types as T
-from .checking import RuleChecker
+from ..syntax import tree as A
 from .args import _unused_args
+from .checking import RuleChecker
 from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register, runtime_function
-
 
 GRADIENTS = "gradients"  # every device's gradients of its part of the batch, added up by the run time
 

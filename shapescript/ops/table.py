@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..syntax import tree as A
 from ..shapes import value_types as T
-from .checking import RuleChecker
-from .args import _unused_args
 from ..shapes.options import CallOptions, Recipe
-
+from ..syntax import tree as A
+from .args import _unused_args
+from .checking import RuleChecker
 
 Args = list[A.Arg | None]
 
@@ -185,7 +184,7 @@ class Op:
     rule: Rule
     lower: Lower
     across: Across
-    layout: "Layout | None" = None  # what it does with the layout options' pieces (None: nothing of its own)
+    layout: Layout | None = None  # what it does with the layout options' pieces (None: nothing of its own)
     # After an error in the arguments' places, check each argument for errors of its own; not for
     # ops whose arguments name dims (`causal(i, j)`), which aren't values.
     check_rest: bool = True

@@ -12,13 +12,12 @@ import dataclasses
 
 import sympy
 
-from ..syntax import tree as A
 from ..shapes import value_types as T
-from .checking import RuleChecker, Use
-from .args import literal_number, number_arg, over_axis, tensor_arg
 from ..shapes.options import CallOptions
+from ..syntax import tree as A
+from .args import literal_number, number_arg, over_axis, tensor_arg
+from .checking import RuleChecker, Use
 from .table import PER_EXAMPLE, Across, Args, CallView, Layout, LowerCall, Op, Payload, Typed, reduces_batch, register
-
 
 BATCH_NORM_SENDS = "batch_norm's sums, sums of squares and count for each channel, in f64 (under Train)"
 

@@ -15,7 +15,6 @@ from shapescript.errors import ShapeScriptError, WorkerError, note_worker_places
 from shapescript.parallel.processes import TIMEOUT_ENV, WorkerProcess, ranks_text
 from shapescript.parallel.worker import WAITING, describe_status
 
-
 FAR_LOOKS_PER_TIMEOUT = 10  # a wait's looks at whether workers on other hosts are stopped, per collective timeout
 
 

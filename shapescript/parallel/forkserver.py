@@ -428,8 +428,8 @@ def _fork_as_server(fd: int, cwd: str) -> ControllerFork:
             os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
             _as_fresh_interpreter()
             os.chdir(cwd)
-            import shapescript.parallel.program_handlers  # noqa: F401 (SERVER_MAIN's imports)
-            import shapescript.parallel.worker  # noqa: F401
+            import shapescript.parallel.program_handlers
+            import shapescript.parallel.worker
             import shapescript.runtime.core  # noqa: F401
             serve(["--fd", str(fd), "--parent", str(controller)])
         finally:
@@ -511,7 +511,7 @@ def _preload() -> None:
     Workers forked after this get it for nothing. Importing starts no thread, so forking stays safe."""
     try:
         import torch._dynamo  # noqa: F401
-    except Exception:  # noqa: BLE001 (a worker imports it itself, and meets whatever failed, as before)
+    except Exception:
         pass
 
 

@@ -117,7 +117,7 @@ def _note_early(signum: int, frame: FrameType | None) -> None:
         _early = now
 
 
-class preparing_a_call:  # noqa: N801 (used as a function: `with preparing_a_call(where, devices):`)
+class preparing_a_call:
     """Around a call on the workers from its start (checking and encoding its arguments) to its
     end: a Ctrl-C that comes before the call reaches the workers is noted, and the call's wait
     (`until_the_step_ends`) takes it as its first, so that the step runs and StepInterrupt follows;
@@ -143,7 +143,7 @@ class preparing_a_call:  # noqa: N801 (used as a function: `with preparing_a_cal
             raise step_interrupt(self._where, self._devices)
 
 
-class until_the_step_ends:  # noqa: N801 (used as a function: `with until_the_step_ends() as seen:`)
+class until_the_step_ends:
     """Around waiting for the workers' replies: Ctrl-C is noted, not raised (a second one within
     SECOND_INTERRUPT_S raises KeyboardInterrupt). Only the main thread gets signals; elsewhere
     nothing changes (runtime/sigint.py holds Ctrl-C without a handler install per call)."""
@@ -163,7 +163,7 @@ class until_the_step_ends:  # noqa: N801 (used as a function: `with until_the_st
         sigint.release_ctrl_c(self._token)
 
 
-class held_step(until_the_step_ends):  # noqa: N801 (used as a function: `with held_step(...) as seen:`)
+class held_step(until_the_step_ends):
     """until_the_step_ends around sending a call and waiting for its answers; a second Ctrl-C, or a
     failure of our own (anything but a WorkerError), calls `stop` with why: the workers' state is
     then unknown."""

@@ -21,15 +21,24 @@ import threading
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from shapescript.devices import shares
-from shapescript.runtime.data import Batch, DataSpec, batch_fields, generic_dims, load_items, pad_batch, padded_sizes, trusted_batch
+from shapescript.runtime.data import (
+    Batch,
+    DataSpec,
+    batch_fields,
+    generic_dims,
+    load_items,
+    pad_batch,
+    padded_sizes,
+    trusted_batch,
+)
 from shapescript.runtime.loops import batch_bounds, shuffle_order, with_progress
 
 _handles = itertools.count(1_000_000)  # apart from the models' handles
@@ -136,7 +145,7 @@ def _why_not_sendable(base: Any) -> str:
         return "it is defined in the main script, which the workers never import"
     try:
         pickle.dumps(base)
-    except Exception as e:  # noqa: BLE001 (whatever pickle refuses, the answer is the same)
+    except Exception as e:
         return f"it can't be pickled: {e}"
     return ""
 
@@ -386,7 +395,7 @@ def _done(f: Callable[..., Staged], *args: Any) -> Future[Staged]:
     future: Future[Staged] = Future()
     try:
         future.set_result(f(*args))
-    except Exception as e:  # noqa: BLE001 (raised again where the batch is taken)
+    except Exception as e:
         future.set_exception(e)
     return future
 

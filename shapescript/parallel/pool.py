@@ -34,19 +34,31 @@ from typing import Any, Self
 
 from shapescript.devices import DeviceSet
 from shapescript.errors import ClusterNeededError, WorkerError
-# collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
-from shapescript.parallel.processes import (MAX_TIMEOUT, STOPPED_BY_CONTROLLER, TIMEOUT_ENV,  # noqa: F401
-                                           WorkerExit, WorkerProcess, collective_timeout, current_collective_timeout,
-                                           loopback, ranks_text, shutdown, sweep_stale_folders,
-                                           timeout_seconds, torch_settings)
 from shapescript.parallel import forkserver, shared, spin
 from shapescript.parallel.failures import FailureReports, StoppedLooks
 from shapescript.parallel.interrupts import held_step, step_interrupt
 from shapescript.parallel.pipeline import InFlight
+
+# collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
+from shapescript.parallel.processes import (  # noqa: F401
+    MAX_TIMEOUT,
+    STOPPED_BY_CONTROLLER,
+    TIMEOUT_ENV,
+    WorkerExit,
+    WorkerProcess,
+    collective_timeout,
+    current_collective_timeout,
+    loopback,
+    ranks_text,
+    shutdown,
+    sweep_stale_folders,
+    timeout_seconds,
+    torch_settings,
+)
 from shapescript.parallel.timeline import Timeline
 from shapescript.parallel.worker import VERDICT, WAITING, dumps
-from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime import shm_reduce
+from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import require_visible
 from shapescript.runtime.steps import between_steps
 

@@ -11,17 +11,16 @@ from typing import Any
 
 import torch
 
-from shapescript.parallel import loading, shared, sharded_state
-from shapescript.parallel.timeline import timed
+from shapescript.parallel import loading, sharded_state, shared
 from shapescript.parallel.handlers import handler
+from shapescript.parallel.timeline import timed
 from shapescript.runtime import calls, checkpoint, collectives, optim, recorded, sharding
-from shapescript.runtime.ledger import Ledger, kind_of
 from shapescript.runtime.data import TensorDataset, trusted_batch
+from shapescript.runtime.ledger import Ledger, kind_of
 from shapescript.runtime.model import Model, leaves
 from shapescript.runtime.modes import Mode, stream_key
 from shapescript.runtime.optim import Optimizer
 from shapescript.runtime.steps import StepSkipped
-
 
 # Mixed into the program's seed for the workers' random states, so that they are other streams than
 # `Train(seed=...)`'s draws of the same number (modes.stream_key).

@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Any, cast
 from shapescript.errors import WorkerError
 from shapescript.parallel.cluster import Cluster, missing_module_help, ray_module, track
 from shapescript.parallel.handshake import NotConnected, accept_workers
-from shapescript.parallel.ray_relay import Mailbox, RelayedConnection
 from shapescript.parallel.processes import WorkerProcess, is_stopped, shutdown, torch_settings
+from shapescript.parallel.ray_relay import Mailbox, RelayedConnection
 from shapescript.parallel.worker import UNKNOWN, dumps, read_status
 
 if TYPE_CHECKING:
@@ -170,9 +170,10 @@ class ShapeScriptWorker:
     def serve_on(self, conn: Connection) -> str:
         """Take the settings, join the process group and answer calls until told to stop; "stopped",
         or "disconnected" if the controller's side closed first."""
+        import torch.distributed as dist
+
         from shapescript.parallel import worker
         from shapescript.runtime import calls
-        import torch.distributed as dist
         try:
             config = pickle.loads(conn.recv_bytes())
             interface = interface_of(node_address())

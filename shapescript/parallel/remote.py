@@ -26,10 +26,10 @@ from shapescript.names import MEMBER_PREFIX
 from shapescript.parallel import pipeline
 from shapescript.parallel.loading import OWN_SHARE, RemoteBatch, RemoteBatches
 from shapescript.parallel.shared import SharedRows, share_rows
-from shapescript.runtime.data import Batch, batch_fields, trusted_batch
-from shapescript.runtime.modes import Mode
 from shapescript.runtime import model as model_module
+from shapescript.runtime.data import Batch, batch_fields, trusted_batch
 from shapescript.runtime.model import ModelSpec, SubSpec, members_text, param_names, refuse_change
+from shapescript.runtime.modes import Mode
 
 _handles = itertools.count(1)
 
@@ -55,7 +55,7 @@ class RemoteModel:
         return pool
 
     @classmethod
-    def init(cls, program: Any, spec: Any, seed: int) -> "RemoteModel":
+    def init(cls, program: Any, spec: Any, seed: int) -> RemoteModel:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"{spec.name}.init: seed must be an int, got {type(seed).__name__}")
         handle = next(_handles)
@@ -83,7 +83,7 @@ class RemoteModel:
     def params(self) -> list[torch.Tensor]:
         return list(self.state_dict().values())
 
-    def _make_optimizer(self, kind: str, hyper: dict[str, Any]) -> "RemoteOptimizer":
+    def _make_optimizer(self, kind: str, hyper: dict[str, Any]) -> RemoteOptimizer:
         """adamw(m, ...) and sgd(m, ...) of a handle: the state is made on every worker."""
         handle = next(_handles)
         self._workers().call("make_optimizer", (handle, self._handle, kind, hyper), where=kind.lower())

@@ -152,7 +152,7 @@ class _Loading:
         self._clock._data += time.perf_counter() - self._began
 
 
-class timed:  # noqa: N801 (used as a function: `with timed(clock):`)
+class timed:
     """Around a call of the program's code (the "call" handler); then `clock.take()` is its timing."""
 
     def __init__(self, clock: StepClock) -> None:
@@ -267,7 +267,7 @@ class Timeline:
         for listener in list(LISTENERS):
             try:
                 listener(self)
-            except Exception as exc:  # noqa: BLE001 (a display's failure must not fail the step)
+            except Exception as exc:
                 warnings.warn(f"the timeline's display failed: {type(exc).__name__}: {exc}", stacklevel=2)
         return step
 
@@ -314,7 +314,7 @@ class TimelineTable:
         self.steps, self.devices, self.message = steps, devices, message
         self.say: Callable[[str], str] = lambda text: text  # how its titles and headers say the program's places
 
-    def said_by(self, say: Callable[[str], str]) -> "TimelineTable":
+    def said_by(self, say: Callable[[str], str]) -> TimelineTable:
         """The same table, saying the program's places ("notebook.ss:12:5") as `say` does (a notebook's
         cells), before its columns are lined up."""
         table = TimelineTable(self.steps, self.devices, self.message)

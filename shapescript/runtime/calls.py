@@ -6,7 +6,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -24,10 +24,17 @@ from safetensors import SafetensorError, safe_open
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.leftovers import TEMP_NAME, sweep, temp_beside, temp_name
-from shapescript.runtime.steps import between_steps
 from shapescript.runtime.model import Model, check_state, copy_state, leaves, param_names, type_text
-from shapescript.runtime.optim import (EXTRA_RULES, HYPER_RULES, Optimizer, checked_hyper, grouped_names,
-                                       named_state, torch_optimizer)
+from shapescript.runtime.optim import (
+    EXTRA_RULES,
+    HYPER_RULES,
+    Optimizer,
+    checked_hyper,
+    grouped_names,
+    named_state,
+    torch_optimizer,
+)
+from shapescript.runtime.steps import between_steps
 
 FORMAT = 1
 _META = "shapescript"

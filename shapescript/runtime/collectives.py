@@ -31,9 +31,10 @@ import enum
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -105,7 +106,7 @@ class CallCollectives:
 issued: CallCollectives | None = None
 
 
-class collective:  # noqa: N801 (used as `with collective(...)`, as a function would be)
+class collective:
     """Around each collective the compiled code starts: noted in `issued`, and the worker's status
     says where it waits (`waiting_at`). A class, not a generator: it runs around every sum."""
 
@@ -331,7 +332,7 @@ def average_grads(grads: list[torch.Tensor], where: str = "value_and_grad") -> l
     by_dtype: dict[torch.dtype, list[int]] = {}
     for k, g in enumerate(grads):
         by_dtype.setdefault(g.dtype, []).append(k)
-    for dtype, ks in by_dtype.items():
+    for ks in by_dtype.values():
         flat = torch.cat([grads[k].reshape(-1) for k in ks])
         _all_reduce(flat, where)
         flat /= n

@@ -2,21 +2,49 @@
 
 from shapescript.runtime.calls import python_call, show
 from shapescript.runtime.checkpoint import load, save
-from shapescript.runtime.collectives import (all_batch_norm, all_cross_entropy, all_masked_cross_entropy, all_masked_mean,
-                                              all_mean, all_sum, world)
+from shapescript.runtime.collectives import (
+                                              all_batch_norm,
+                                              all_cross_entropy,
+                                              all_masked_cross_entropy,
+                                              all_masked_mean,
+                                              all_mean,
+                                              all_sum,
+                                              world,
+)
 from shapescript.runtime.data import Batch, DataSpec, FieldSpec, TensorDataset
-from shapescript.runtime.guards import (AxisCheck, ArgDims, BatchGuard, DimFormula, KindGuard,  # GUARDS, PYTHON_RESULTS
-                                         NotFromPython, Param, ResultGuard, TensorGuard)
-from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec
-from shapescript.runtime.patterns import rearrange, reduce, repeat, split_parts
-from shapescript.runtime.modes import Eval, Mode, Train, dropout
-from shapescript.runtime.ops import (affine_layer_norm, batch_norm, causal, causal_mask, clip_norm, first, grad_norm, masked_cross_entropy,
-                                     masked_mean, masked_sum, topk, valid)
-from shapescript.runtime.optim import Grads, Optimizer, adamw, sgd, update, value_and_grad
+from shapescript.runtime.guards import (  # GUARDS, PYTHON_RESULTS
+                                              ArgDims,
+                                              AxisCheck,
+                                              BatchGuard,
+                                              DimFormula,
+                                              KindGuard,
+                                              NotFromPython,
+                                              Param,
+                                              ResultGuard,
+                                              TensorGuard,
+)
 from shapescript.runtime.heads import cut_heads, gather_heads
 from shapescript.runtime.loops import batches, shuffle
-from shapescript.runtime.sharding import gather_param
+from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec
+from shapescript.runtime.modes import Eval, Mode, Train, dropout
+from shapescript.runtime.ops import (
+                                              affine_layer_norm,
+                                              batch_norm,
+                                              causal,
+                                              causal_mask,
+                                              clip_norm,
+                                              first,
+                                              grad_norm,
+                                              masked_cross_entropy,
+                                              masked_mean,
+                                              masked_sum,
+                                              topk,
+                                              valid,
+)
+from shapescript.runtime.optim import Grads, Optimizer, adamw, sgd, update, value_and_grad
+from shapescript.runtime.patterns import rearrange, reduce, repeat, split_parts
 from shapescript.runtime.products import matmul
+from shapescript.runtime.sharding import gather_param
 from shapescript.runtime.sinks import Logs, Sink, logs, write
 
 __all__ = ["affine_layer_norm", "ArgDims", "AxisCheck", "BatchGuard", "DimFormula", "KindGuard", "NotFromPython", "Param", "ResultGuard", "TensorGuard", "all_batch_norm", "all_cross_entropy", "all_masked_cross_entropy", "all_masked_mean", "all_mean", "all_sum", "masked_cross_entropy", "matmul", "masked_mean", "masked_sum", "valid", "batch_norm", "Eval", "Mode", "Train", "causal", "causal_mask", "clip_norm", "first", "dropout", "gather_param", "gather_heads", "cut_heads", "world", "grad_norm", "Batch", "DataSpec", "FieldSpec", "Grads", "Logs", "Model", "ModelSpec", "Optimizer", "ParamSpec",

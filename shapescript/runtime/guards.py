@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime.data import (Batch, as_given, DataSpec, batch_from_python, dense_problem, given_batch,
-                                      in_bounds, trusted_batch, wrong_dim)
+from shapescript.runtime.data import (
+    Batch,
+    DataSpec,
+    as_given,
+    batch_from_python,
+    dense_problem,
+    given_batch,
+    in_bounds,
+    trusted_batch,
+    wrong_dim,
+)
 from shapescript.runtime.model import Model, ModelSpec, dtype_name, shape_text
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer

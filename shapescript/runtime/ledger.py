@@ -160,7 +160,7 @@ class Ledger:
                 collectives.agree_to_update(device, failed=True)  # raises StepSkipped: the sum is > 0
         except StepSkipped:  # the flag's sum: every worker skips the step
             return True
-        except Exception:  # noqa: BLE001 (a peer gone, a timeout: the pool reports the call)
+        except Exception:
             return False
         # No flag after the error: it came after the call's last update, which every worker made (as
         # one device, which updated before raising); the peers end the call as it was.

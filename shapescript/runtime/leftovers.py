@@ -23,7 +23,6 @@ import shutil
 import signal
 import stat
 
-
 PID_LIMIT = 2**31 - 1  # pid_t's largest: no process has a pid above it
 
 

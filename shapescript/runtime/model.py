@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from shapescript.dtypes import ELEMENTS
-from shapescript.inits import INITS  # an init not there is a code generator bug
 from shapescript.errors import DeviceError, DomainError, ShapeError
+from shapescript.inits import INITS  # an init not there is a code generator bug
 from shapescript.names import MEMBER_PREFIX, MODEL_RESERVED, is_reserved, reserved_text
 from shapescript.runtime.steps import between_steps
 
@@ -82,7 +82,7 @@ Keep = Callable[["ModelSpec", ParamSpec, torch.Tensor], torch.Tensor]
 @dataclass(frozen=True)
 class SubSpec:
     name: str
-    model: "ModelSpec"
+    model: ModelSpec
     where: str
     count: int | None = None  # a stack of `count` models, as `blocks: [L] Block`
 
@@ -236,7 +236,7 @@ class Model:
 
     @classmethod
     def init(cls, spec: ModelSpec, seed: int, device: str | torch.device = "cpu",
-             keep: Keep | None = None) -> "Model":
+             keep: Keep | None = None) -> Model:
         """Deterministic: one CPU generator seeded with `seed` draws every member in order. `keep`
         (a worker's, with the layout options): the part of each param it keeps, given the model
         declaring it, the param and the whole drawn value, so that no more than one param is ever
@@ -255,7 +255,7 @@ class Model:
         return cls._build(spec, torch.Generator().manual_seed(int(seed)), where, keep)
 
     @classmethod
-    def _build(cls, spec: ModelSpec, g: torch.Generator, device: torch.device, keep: Keep | None = None) -> "Model":
+    def _build(cls, spec: ModelSpec, g: torch.Generator, device: torch.device, keep: Keep | None = None) -> Model:
         kind = model_class(spec)
         m = kind.__new__(kind)
         values: dict[str, object] = {}

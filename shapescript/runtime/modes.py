@@ -50,7 +50,7 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def Train(seed: int) -> Mode:  # noqa: N802 (the language's spelling)
+def Train(seed: int) -> Mode:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"Train(seed=...) takes an int, not {type(seed).__name__}")
     return Mode(True, seed)

@@ -8,8 +8,14 @@ import functools
 import torch
 
 from shapescript.errors import ShapeError
-from shapescript.runtime.collectives import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, all_sum, caller_location,
-                                            check_statistics_count, running_statistics)
+from shapescript.runtime.collectives import (
+    BATCH_NORM_EPS,
+    BATCH_NORM_MOMENTUM,
+    all_sum,
+    caller_location,
+    check_statistics_count,
+    running_statistics,
+)
 from shapescript.runtime.optim import Grads
 
 

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime.fused_step import optimizer_step
-from shapescript.runtime.sigint import deliver_ctrl_c, hold_ctrl_c, release_ctrl_c
-from shapescript.runtime.collectives import BucketedAverage, average_grads, bucketed_average
-from shapescript.runtime.sharding import keeping_pieces, sharding
-from shapescript.runtime.steps import between_steps
 from shapescript.names import similar
+from shapescript.runtime.collectives import BucketedAverage, average_grads, bucketed_average
+from shapescript.runtime.fused_step import optimizer_step
 from shapescript.runtime.model import Model, ModelSpec, leaves, param_names, type_text
+from shapescript.runtime.sharding import keeping_pieces, sharding
+from shapescript.runtime.sigint import deliver_ctrl_c, hold_ctrl_c, release_ctrl_c
+from shapescript.runtime.steps import between_steps
 
 
 class Grads:
@@ -252,7 +252,11 @@ TORCH_KINDS: dict[str, type[torch.optim.Optimizer]] = {"AdamW": torch.optim.Adam
 
 # Set by runtime/recorded.py, which records steps on cuda devices: whether an optimizer of params on
 # this device is made capturable. Nothing records in a standalone build: none is.
-capturable_on: Callable[[torch.device], bool] = lambda device: False
+def _never(device: torch.device) -> bool:
+    return False
+
+
+capturable_on: Callable[[torch.device], bool] = _never
 
 
 def _make(kind: str, m: Model, hyper: dict[str, Any]) -> Optimizer:

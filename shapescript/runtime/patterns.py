@@ -10,7 +10,8 @@ are also what the tests compare the printed lines with.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

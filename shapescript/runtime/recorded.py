@@ -335,7 +335,7 @@ class Recorder:
         try:
             outputs = graph.capture(lambda: fn(*static))
             problem = _output_problem(outputs)
-        except Exception as e:  # noqa: BLE001 (any failure to capture: the step runs eagerly instead)
+        except Exception as e:
             outputs, problem = None, f"capture failed: {type(e).__name__}: {e}"
         finally:
             collectives.status_hook, collectives.operation_hook = hooks

@@ -101,7 +101,7 @@ class Presses:
                 handler(signal.SIGINT, self.frame)
 
 
-class held_back:  # noqa: N801 (used as a function: `with held_back(): ...`)
+class held_back:
     """Ctrl-C held back for a block that must not be cut short: code that takes a lock and gives it
     back (tqdm's, a widget library's) would leave it taken if KeyboardInterrupt came between the two,
     and every later user of the lock would wait forever. A Ctrl-C that comes meanwhile is passed on

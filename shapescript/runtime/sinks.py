@@ -93,7 +93,7 @@ class Sink(abc.ABC):
     def close(self) -> None:
         self.closed = True
 
-    def __enter__(self) -> "Sink":
+    def __enter__(self) -> Sink:
         return self
 
     def __exit__(self, *exc: object) -> None:

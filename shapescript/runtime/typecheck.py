@@ -103,7 +103,7 @@ def _tensor_problem(value: Any, spec: Spec, where: Where, frame: Frame) -> str:
     got = f"{shape_text(value.shape)} {dtype_name(value.dtype)}"
     if value.dim() != len(axes) or dtype_name(value.dtype) != dtype:
         return f"is {got} at run time, but its type is {shown}"
-    for (label, want), size in zip(axes, value.shape):  # bare generics seen for the first time are bound
+    for (_, want), size in zip(axes, value.shape):  # bare generics seen for the first time are bound
         if isinstance(want, str) and want not in frame:
             frame[want] = (int(size), where[0])
     sizes = frame.sizes()

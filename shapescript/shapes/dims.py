@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from types import MappingProxyType
 from typing import TypeAlias
 
 import sympy
@@ -48,7 +49,7 @@ def symbols(d: Dim) -> list[sympy.Symbol]:
     return [s for s in d.free_symbols if isinstance(s, sympy.Symbol)]
 
 
-_DERIVED: ContextVar[dict[str, Dim]] = ContextVar("derived_dims", default={})
+_DERIVED: ContextVar[Definitions] = ContextVar("derived_dims", default=MappingProxyType({}))
 
 
 @contextmanager

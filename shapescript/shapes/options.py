@@ -7,18 +7,17 @@ dropout where the batch axis lies) makes a new one with `dataclasses.replace`.""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 # A dim's size as a function reads it at run time: a number, or (parameter, axis) for a generic dim
 # read off a parameter's shape (axis "size": a dataset's length). None where a declared dim still
 # waits for its value (given when loading: the build refuses to go on without it).
-ParamSize = tuple[str, Union[int, str]]
-SizeSource = Union[int, ParamSize]
+ParamSize = tuple[str, int | str]
+SizeSource = int | ParamSize
 # Where a broadcast operand's axes go among the result's: ":" keeps an axis, None inserts one.
-Placing = tuple[Union[str, None], ...]
+Placing = tuple[str | None, ...]
 # A pattern's split of each operand axis into its atoms' sizes (None: the axis stays one atom); a
 # size is a number, -1 (inferred) or ("axis", k), the size of the operand's whole axis k.
-PatternSplit = tuple[Union[tuple[Union[int, tuple[str, int]], ...], None], ...]
+PatternSplit = tuple[tuple[int | tuple[str, int], ...] | None, ...]
 
 
 @dataclass(frozen=True)

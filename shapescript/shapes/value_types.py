@@ -26,11 +26,11 @@ class AxisT:
             return "(" + " ".join(D.show(p) for p in self.parts) + ")"
         return D.show(self.size)
 
-    def same(self, other: "AxisT", derived: D.Definitions | None = None) -> bool:
+    def same(self, other: AxisT, derived: D.Definitions | None = None) -> bool:
         """One size (`derived`: the program's derived dims, for a stage after the checker)."""
         return D.equal(self.size, other.size, derived)
 
-    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> "AxisT":
+    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> AxisT:
         if not mapping:
             return self
         parts = tuple(D.substitute(p, mapping) for p in self.parts) if self.parts else None
@@ -72,10 +72,10 @@ class TensorT(Ty):
     def is_float(self) -> bool:
         return self.dtype in FLOAT_DTYPES
 
-    def with_axes(self, axes: tuple[AxisT, ...]) -> "TensorT":
+    def with_axes(self, axes: tuple[AxisT, ...]) -> TensorT:
         return TensorT(tuple(axes), self.dtype, self.index)
 
-    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> "TensorT":
+    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> TensorT:
         if not mapping:
             return self
         index = D.substitute(self.index, mapping) if self.index is not None else None
@@ -114,7 +114,7 @@ class BatchT(Ty):
             t = t.subs({g: own[n] for n, g in self.data.generics.items() if n in own})
         return t.with_axes(self.axes + t.axes)
 
-    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> "BatchT":
+    def subs(self, mapping: Mapping[D.Dim, D.Dim]) -> BatchT:
         padded = tuple((n, D.substitute(d, mapping)) for n, d in self.padded)
         return BatchT(tuple(a.subs(mapping) for a in self.axes), self.data, padded)
 
@@ -125,7 +125,7 @@ class MemberT:
     name: str
     node: A.Member
     tensor: TensorT | None = None
-    model: "ModelT | None" = None
+    model: ModelT | None = None
     count: D.Dim | None = None  # a stack of `count` sub-models
     init: str = ""
     init_args: dict[str, float] = field(default_factory=dict)

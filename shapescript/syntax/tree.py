@@ -27,8 +27,8 @@ class DimInt(Node):
 @dataclass(eq=False)
 class DimBin(Node):
     op: str  # + - * /
-    left: "DimExpr"
-    right: "DimExpr"
+    left: DimExpr
+    right: DimExpr
 
 
 DimExpr = DimName | DimInt | DimBin
@@ -47,14 +47,14 @@ Axis = DimExpr | GroupAxis
 class ShapeType(Node):
     """`[b D]`, `[b D] f16`, `[] Index[C]`, `[b] Digit`: a shape and what each element is."""
     axes: list[Axis]
-    element: "NamedType | None"  # None: f32 tensor
+    element: NamedType | None  # None: f32 tensor
 
 
 @dataclass(eq=False)
 class NamedType(Node):
     """`f16`, `Digit`, `AdamW[Mlp]`, `Dataset[Digit]`, `Index[C]`, `Axis[D]`, `Sink`."""
     name: str
-    args: list["TypeExpr | DimExpr"] = field(default_factory=list)
+    args: list[TypeExpr | DimExpr] = field(default_factory=list)
 
 
 TypeExpr = ShapeType | NamedType
@@ -89,33 +89,33 @@ class BoolLit(Node):
 
 @dataclass(eq=False)
 class Attr(Node):
-    obj: "Expr"
+    obj: Expr
     name: str
     name_span: Span
 
 
 @dataclass(eq=False)
 class Subscript(Node):
-    obj: "Expr"
-    index: "Expr"
+    obj: Expr
+    index: Expr
 
 
 @dataclass(eq=False)
 class Binary(Node):
     op: str
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
 
 
 @dataclass(eq=False)
 class Unary(Node):
     op: str  # - not
-    operand: "Expr"
+    operand: Expr
 
 
 @dataclass(eq=False)
 class TupleExpr(Node):
-    items: list["Expr"]
+    items: list[Expr]
 
 
 @dataclass(eq=False)
@@ -123,7 +123,7 @@ class PatAxis(Node):
     """One axis of a pattern: a name, a literal size, or a group of them."""
     name: str | None = None
     size: int | None = None
-    group: list["PatAxis"] | None = None
+    group: list[PatAxis] | None = None
 
 
 @dataclass(eq=False)
@@ -135,12 +135,12 @@ class Pattern(Node):
 
 @dataclass(eq=False)
 class Arg(Node):
-    value: "Expr | Pattern"
+    value: Expr | Pattern
     keyword: str | None = None
     mut: bool = False
 
     @property
-    def expr(self) -> "Expr":
+    def expr(self) -> Expr:
         """The value where only an expression can be: the parser gives a pattern no keyword and no
         `mut`, and a call that takes no pattern refuses one before it reads its arguments."""
         assert not isinstance(self.value, Pattern), "a pattern where an expression was expected"
@@ -149,7 +149,7 @@ class Arg(Node):
 
 @dataclass(eq=False)
 class Call(Node):
-    func: "Expr"
+    func: Expr
     args: list[Arg]
     piped: bool = False  # `x |> f(y)`: the first arg came from the pipe
 
@@ -174,7 +174,7 @@ class Return(Node):
 class For(Node):
     var: Name
     iter: Expr
-    body: list["Stmt"]
+    body: list[Stmt]
 
 
 @dataclass(eq=False)

@@ -240,7 +240,7 @@ def _check_the_themes(page) -> None:
         timeline.screenshot(path=str(ARTIFACTS / f"timeline_{'light' if light == 'true' else 'dark'}.png"))
 
 
-def _check_reopened(page, lab: Lab) -> None:  # noqa: ANN001
+def _check_reopened(page, lab: Lab) -> None:
     """Issue 37, item 8: the notebook saved (as JupyterLab saves it by default, without the widgets'
     state), its kernel shut down, and opened again, in a fresh kernel: the table, the bar and the
     timeline show as they ended, and nothing says "Error displaying widget"; a screenshot of it."""
@@ -306,7 +306,7 @@ def _wait_until_done(page, seconds: float = RUN_TIMEOUT_MS / 1000) -> None:
     raise AssertionError(f"the notebook didn't finish in {seconds} s: prompts {texts}")
 
 
-def launch(playwright):  # noqa: ANN001, ANN201 (playwright's types are imported only when it runs)
+def launch(playwright):
     """Our Chromium, quiet: no sandbox (CI runs as root), no GPU, nothing fetched from the network."""
     return playwright.chromium.launch(executable_path=CHROMIUM, args=[
         "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",

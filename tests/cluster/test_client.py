@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from ray_support import digit_batches, eventually_nothing_left, train
+from safetensors.torch import load_file
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.usefixtures("ray_cluster")

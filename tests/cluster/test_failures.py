@@ -16,11 +16,11 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from programs import README
+from ray_support import NODE, assert_same, digit_batches, eventually_nothing_left, ours_on_the_cluster, train
+from support import interrupted_once, interrupted_twice
 
 import shapescript as ss
-from ray_support import NODE, assert_same, digit_batches, eventually_nothing_left, ours_on_the_cluster, train
-from programs import README
-from support import interrupted_once, interrupted_twice
 from shapescript.api import parse_devices
 from shapescript.errors import WorkerError
 from shapescript.parallel import cluster as clusters

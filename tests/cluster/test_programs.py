@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 import torch
+from programs import GPT, LINEAR, README
+from ray_support import assert_same, digit_batches, train
 from safetensors.torch import load_file
+from support import ROOT
 
 import shapescript as ss
-from ray_support import assert_same, digit_batches, train
-from programs import GPT, LINEAR, README
 from shapescript.parallel import cluster as clusters
 from shapescript.parallel import shared
 from shapescript.runtime.calls import ExternImportError
-from support import ROOT
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.usefixtures("ray_cluster"),

@@ -10,10 +10,10 @@ from typing import Any
 
 import psutil
 import pytest
+from programs import README
+from ray_support import assert_same, digit_batches, eventually_nothing_left, ours_on_the_cluster, train
 
 import shapescript as ss
-from ray_support import assert_same, digit_batches, eventually_nothing_left, ours_on_the_cluster, train
-from programs import README
 from shapescript.parallel import cluster as clusters
 from shapescript.parallel.handlers import listening_sockets
 

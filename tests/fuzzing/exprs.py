@@ -7,7 +7,6 @@ from typing import NamedTuple
 
 from fuzzing.rand import Rand
 
-
 FLOATS = ("f16", "bf16", "f32", "f64")
 
 

@@ -3,7 +3,7 @@ README's training functions), deep nesting and long chains, and every generator 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from fuzzing.exprs import TT, Ex, Param, Sig, atom
 from fuzzing.library import Library
@@ -222,7 +222,7 @@ class ProgramGen(Library):
                 params = params + [params[0]]
         elif kind == 11:  # a builtin with wrong arguments
             result = Ex(r.choice([f"softmax({a.text})", f"cross_entropy({a.text}, {b.text}, over=C)",
-                                  f"relu({a.text}, {b.text})", f"mean(over=C)", f"argmax({a.text})",
+                                  f"relu({a.text}, {b.text})", "mean(over=C)", f"argmax({a.text})",
                                   f"value_and_grad({a.text})", f"batches({a.text}, 0)",
                                   f"update({a.text}, {b.text}, {a.text})"]), a.ty, True)
         elif kind == 12:  # dtype mix
@@ -277,7 +277,7 @@ class ProgramGen(Library):
         if bad == 8:
             extra = "        l2, g2 = value_and_grad(loss, m, batch)\n"
         if r.chance(0.5):
-            extra += f"        print(\"step\", l)\n"
+            extra += "        print(\"step\", l)\n"
         save = r.choice(["", "    save(\"ck.safetensors\", m, opt)\n", "    save(\"ck.safetensors\", m)\n"])
         if bad == 9:
             save = "    load(\"ck.safetensors\", m, opt)\n"

@@ -21,9 +21,10 @@ for _path in (TESTS.parent, TESTS):  # the package, and tests/ for `fuzzing` and
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from test_fuzz import CompilerRecursion, compile_program, outcome  # noqa: E402
+
 from fuzzing.grammar import KINDS  # noqa: E402
 from fuzzing.rand import RandomRand  # noqa: E402
-from test_fuzz import CompilerRecursion, compile_program, outcome  # noqa: E402
 
 
 def bug_key(exc: BaseException) -> str:
@@ -50,7 +51,7 @@ def bug_key(exc: BaseException) -> str:
 def _fails_same(src: str, key: str) -> bool:
     try:
         compile_program(src)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return bug_key(e) == key
     return False
 
@@ -84,7 +85,7 @@ def hunt(n: int, start: int = 0) -> None:
             src = make(RandomRand(seed * 7919 + len(kind)))
             try:
                 compile_program(src)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 key = bug_key(e)
                 if key not in found or len(src) < len(found[key][0]):
                     found[key] = (src, e)
@@ -93,7 +94,7 @@ def hunt(n: int, start: int = 0) -> None:
         small = minimize(src, key)
         try:
             compile_program(small)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-4:])
         print("=" * 100)
         print(key)

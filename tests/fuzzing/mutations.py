@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from shapescript.codes import CODES
-
 from fuzzing.rand import Rand
+from shapescript.codes import CODES
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

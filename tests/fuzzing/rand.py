@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 try:
     from hypothesis import strategies as st

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from test_kernel import LINEAR_STEP, Kernel, cell, kernel  # noqa: F401  (kernel: the module's fixture)
 
 INTERRUPT_POINTS = Path(__file__).with_name("interrupt_points.py")

@@ -11,6 +11,8 @@ from typing import Any
 
 import IPython.display
 import pytest
+from programs import epochs_of
+from test_widgets import FIT, Bar, FakeHTML, bars, dataset, points  # noqa: F401  (bars: the fixture)
 
 import shapescript as ss
 from shapescript.notebook import live, progress
@@ -18,8 +20,6 @@ from shapescript.notebook.live import LiveSink, charts_html, svg_chart
 from shapescript.runtime import loops
 from shapescript.runtime.loops import batches, shuffle
 from shapescript.runtime.sinks import Value
-from programs import epochs_of
-from test_widgets import FIT, Bar, FakeHTML, bars, dataset, points  # noqa: F401  (bars: the fixture)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PASSES, TRAIN_BATCH, EVAL_BATCH = 3, 8, 5  # FIT's `fit` loops over shuffled batches of 8

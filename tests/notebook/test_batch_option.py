@@ -18,7 +18,6 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
-
 from support import ROOT
 from test_kernel import MLP
 from test_session import Notebook, opened

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 import torch
+from ray_support import eventually_nothing_left, ours_on_the_cluster  # skips without Ray
+from test_kernel import MLP, Kernel, Run, cell, children
 
 import shapescript as ss
-from ray_support import eventually_nothing_left, ours_on_the_cluster  # skips without Ray
 from shapescript.parallel.ray_workers import GROUP_PREFIX
-from test_kernel import MLP, Kernel, Run, cell, children
 
 STEPS, ROWS = 5, 64  # 64 rows: as tests/several/test_equivalence.py, within 1e-5 of one device
 # The batches, made by the same code in the kernel and here.

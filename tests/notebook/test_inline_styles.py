@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 
 import pytest
-
-import shapescript as ss
 from support import ROOT
 
+import shapescript as ss
 from shapescript.notebook import markup as M
 from shapescript.notebook.device_table import DeviceTableView
 from shapescript.notebook.models import model_html

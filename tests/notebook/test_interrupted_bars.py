@@ -13,13 +13,13 @@ import threading
 
 import pytest
 import torch
+from interrupt_points import interrupted_at, lines_run, lock_free, points
+from test_widgets import FIT, dataset
 from tqdm.std import tqdm  # type: ignore[import-untyped]
 
 import shapescript as ss
 from shapescript.notebook import progress
 from shapescript.runtime import loops, steps
-from interrupt_points import interrupted_at, lines_run, lock_free, points
-from test_widgets import FIT, dataset
 
 TEXT_BARS = functools.partial(tqdm, file=io.StringIO(), mininterval=0)  # every update draws: more code to land in
 WAIT_S = 20.0  # for a background run of three batches, and a read, on a loaded machine
@@ -95,7 +95,7 @@ def test_ctrl_c_while_waiting_for_a_step_gives_up_the_wait_without_the_lock(prog
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            m.w  # waits for the step, until the Ctrl-C
+            m.w  # noqa: B018  (a read that waits for the step, until the Ctrl-C)
     finally:
         timer.cancel()
         release.set()

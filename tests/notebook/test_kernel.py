@@ -27,6 +27,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient.exceptions import CellExecutionError
 from support import README_MLP_SHAPES, ROOT, param_and_adamw_bytes
+
 from shapescript.parallel.interrupts import DOUBLE_SAID, FIRST_SAID
 
 KERNEL = "shapescript-test"

@@ -12,17 +12,16 @@ run in three, from a round between 5 and 35 on)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
-
-from shapescript.notebook.workers import ask_workers, give_back_freed_memory, held_objects, pool_of, status_table
 from support import README_MLP_SHAPES, ROOT, param_and_adamw_bytes
 from test_kernel import Kernel, cell, fresh, kernel  # noqa: F401  (the fixtures)
 from test_session import Notebook, opened
+
+from shapescript.notebook.workers import ask_workers, give_back_freed_memory, held_objects, pool_of, status_table
 
 # The README's program on two CPUs, with bigger batches: fewer steps a round, the same objects.
 PROGRAM = ((ROOT / "examples" / "readme" / "mlp.ss").read_text()
@@ -101,7 +100,7 @@ def test_twenty_rounds_in_a_session_keep_memory_bounded_and_status_lists_the_liv
 
 
 @pytest.mark.slow
-def test_twenty_rounds_in_a_kernel_keep_memory_bounded(fresh: Kernel) -> None:  # noqa: F811
+def test_twenty_rounds_in_a_kernel_keep_memory_bounded(fresh: Kernel) -> None:
     fresh.ok(cell(PROGRAM))
     kernel_pid = fresh.pid()
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import torch
+from test_kernel import ANSI, TIMEOUT, Kernel, kernel  # noqa: F401  (kernel: the module's own kernel fixture)
 
 from shapescript.errors import ShapeError
 from shapescript.notebook.cells import Cell
 from shapescript.notebook.report import FULL_TRACEBACK
 from shapescript.notebook.session import Session
-from test_kernel import ANSI, TIMEOUT, Kernel, kernel  # noqa: F401  (kernel: the module's own kernel fixture)
 
 DIMS = "dim D = 4\n"
 # A function whose `x` doesn't take a [b 5] tensor, and one whose extern fn (torch.ravel, which

@@ -13,7 +13,6 @@ import re
 import nbformat
 import pytest
 from nbformat import NotebookNode
-
 from programs import LINEAR, epochs_of
 from test_notebooks import WIDGET_VIEW, execute, python3_kernel
 

@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-
 from support import ROOT
 
 from shapescript.notebook.cells import DEVICES, Cell, merge, split_cell
-from shapescript.notebook.report import CellCompileError, NotebookError
+from shapescript.notebook.report import CellCompileError
 from shapescript.notebook.session import PROGRAM_VARIABLE, Session
 
 

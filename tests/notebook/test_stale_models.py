@@ -10,11 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from test_session import Notebook, opened
 
 import shapescript as ss
 from shapescript.errors import ShapeError
-
-from test_session import Notebook, opened
 
 PROGRAM = ("dim D = 4\n"
            "dim Hd = 3\n"

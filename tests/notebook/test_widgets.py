@@ -16,24 +16,24 @@ import pytest
 import sympy
 import torch
 from IPython.core.formatters import DisplayFormatter
+from support import ROOT
 
 import shapescript as ss
 from shapescript.check.comms_text import bytes_text, number_text, report
 from shapescript.devices import DeviceSet
-from shapescript.notebook import progress
 from shapescript.notebook import markup as M
+from shapescript.notebook import progress
+from shapescript.notebook.cells import Cell
 from shapescript.notebook.device_table import DeviceTableView, compact_place
 from shapescript.notebook.live import LiveSink, charts_html, svg_chart
 from shapescript.notebook.magic import _show_models
 from shapescript.notebook.models import model_html, summary
 from shapescript.notebook.session import Session
-from shapescript.notebook.cells import Cell
 from shapescript.notebook.widgets import Shown, device_table_widget, model_widget, show_device_table
 from shapescript.parallel.loading import RemoteBatch, RemoteBatches
 from shapescript.parallel.remote import RemoteModel
 from shapescript.runtime import loops
 from shapescript.runtime.loops import batches, shuffle
-from support import ROOT
 
 README = ROOT / "examples" / "readme" / "mlp.ss"
 
@@ -250,7 +250,10 @@ class FakePool:
         return [self.model.state_dict()] * self.world
 
 
-def remote(program: ss.Program, seed: int = 0, devices: DeviceSet = DeviceSet("cpu", (0, 1))
+TWO_CPUS = DeviceSet("cpu", (0, 1))
+
+
+def remote(program: ss.Program, seed: int = 0, devices: DeviceSet = TWO_CPUS
            ) -> tuple[RemoteModel, FakePool]:
     pool = FakePool(program.Lin.init(seed=seed))
     stub = types.SimpleNamespace(_pool=pool, devices=devices)
@@ -320,7 +323,7 @@ def test_a_summary_of_a_local_param_and_of_a_missing_one(fit_cpu: ss.Program) ->
 class Bar:
     """A bar as tqdm's, recording what it is told."""
 
-    made: list["Bar"] = []
+    made: list[Bar] = []
 
     def __init__(self, total: int, desc: str, unit: str) -> None:
         self.total, self.desc, self.unit, self.n, self.closed = total, desc, unit, 0, False

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from programs import LINEAR
 from test_kernel import MLP, Kernel, Run, cell, fresh, kernel  # noqa: F401  (the fixtures)
 

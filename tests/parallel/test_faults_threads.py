@@ -18,13 +18,13 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from support import fork_server_pids
 
 import shapescript as ss
 from shapescript.api import parse_devices
 from shapescript.errors import WorkerError
 from shapescript.parallel import pool as pool_mod
 from shapescript.parallel.pool import WorkerPool
-from support import fork_server_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 WHERE = "`train_step` (train.ss:32:4)"
@@ -153,7 +153,7 @@ def test_two_threads_calling_one_program_each_get_their_own_results(
             together.wait()
             for x in inputs[k]:  # a mean over the batch: each call's all-reduce mixes its workers' parts
                 got[k].append(prog.centered({"x": x}))
-        except BaseException as exc:  # noqa: BLE001 (reported below, with the thread's results)
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]

@@ -17,13 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from support import importable
 
 import shapescript as ss
 from shapescript.api import parse_devices
 from shapescript.errors import WorkerError
 from shapescript.parallel import forkserver
 from shapescript.parallel.pool import WorkerPool
-from support import importable
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = """\

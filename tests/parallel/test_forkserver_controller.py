@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from test_forkserver import PROGRAM as ROWS  # its `centered`; the probe is this file's own
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,13 +9,12 @@ import time
 
 import pytest
 import torch
+from programs import README
+from support import LONG_STEP, interrupted_once, interrupted_twice
 
 import shapescript as ss
 from shapescript.errors import WorkerError
 from shapescript.parallel.interrupts import StepInterrupt
-
-from programs import README
-from support import LONG_STEP, interrupted_once, interrupted_twice
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +45,7 @@ def test_a_second_interrupt_stops_the_workers_at_once(no_stray_interrupts: None)
         assert f"were stopped in the middle of {LONG_STEP}" in "\n".join(interrupt.__notes__)
         assert not pool.alive
         with pytest.raises(WorkerError, match="workers that have stopped"):
-            m.w1
+            m.w1  # noqa: B018  (a read, refused)
     finally:
         prog.stop()
 

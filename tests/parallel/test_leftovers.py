@@ -18,14 +18,14 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from programs import LINEAR
 from safetensors.torch import load_file
+from support import ROOT
 
+import shapescript as ss
 from shapescript.parallel.pool import sweep_stale_folders
 from shapescript.parallel.worker import WAITING, read_status
-import shapescript as ss
 from shapescript.runtime.leftovers import TEMP_NAME, owner_tag
-from programs import LINEAR
-from support import ROOT
 
 # Starts the workers of a small program, says where they are, then waits (or keeps them busy: worker 0
 # blocked in a Gloo all-reduce that worker 1, asleep, never joins) until it is killed.

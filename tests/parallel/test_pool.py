@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import fork_server_pids, importable
 
 from shapescript.api import parse_devices
 from shapescript.errors import ShapeError, WorkerError
@@ -27,7 +28,6 @@ from shapescript.parallel import pool as pool_mod
 from shapescript.parallel import worker as worker_mod
 from shapescript.parallel.handlers import listening_sockets
 from shapescript.parallel.pool import STOP_GRACE, WorkerPool, collective_timeout, current_collective_timeout
-from support import fork_server_pids, importable
 
 ROOT = Path(__file__).resolve().parents[2]
 WHERE = "`train_step` (train.ss:32:4)"

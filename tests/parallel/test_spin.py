@@ -5,6 +5,7 @@ each process's sleeps shows."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import threading
@@ -12,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import select
 
 from shapescript.api import parse_devices
 from shapescript.errors import WorkerError

@@ -4,14 +4,14 @@ torch (a batch of BATCH examples; no figure depends on it), and the values' layo
 
 from __future__ import annotations
 
+import programs as P
 import sympy
 import torch
 import torch.nn.functional as F
-
-import programs as P
 from facts import build, line_of
-from shapescript.check.comms import DeviceTable
 from support import README_MLP_SHAPES, param_and_adamw_bytes
+
+from shapescript.check.comms import DeviceTable
 
 BATCH = 8
 D, C = 4, 3  # LIN_HEADER's dims

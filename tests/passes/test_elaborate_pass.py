@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from facts import FILE, build, combined_ops, line_of
 from programs import LIN_HEADER, LINEAR, SPLIT_OPS
-from shapescript.shapes import value_types as T
+
 from shapescript.ir import nodes as N
 from shapescript.ir.elaborate import elaborate
 from shapescript.ir.walk import walk
+from shapescript.shapes import value_types as T
 from shapescript.syntax import tree as A
 
 

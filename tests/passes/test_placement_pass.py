@@ -4,9 +4,9 @@ gives, and E1803 for device work in a function that runs in the controller."""
 from __future__ import annotations
 
 import pytest
-
 from facts import FILE, build, diagnostics, line_of
 from programs import LIN_HEADER, PLACES, PRINTING_STEP, SHOWING_STEP, TRAINING_LOOP
+
 from shapescript.check.program import Placement
 
 # Each function of PLACES: where it runs, and why (the manual's list, "Where functions run").

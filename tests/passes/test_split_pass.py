@@ -4,9 +4,8 @@ diagnostics for what can't be split (E1801, E1802, E1804, E1901)."""
 
 from __future__ import annotations
 
-import pytest
-
 import programs as P
+import pytest
 from facts import FILE, Split, build, combined_ops, diagnostics, line_of, split_of
 
 SPLIT_OPS_FNS = ["total", "average", "overall", "per_example", "gram", "gram_einsum", "column_sums", "loss",

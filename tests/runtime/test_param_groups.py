@@ -126,6 +126,7 @@ def test_a_checkpoint_naming_no_param_is_refused_and_changes_nothing(net: ModelS
     meta, tensors = checkpoint._read(str(tmp_path / "c.safetensors"))
     meta["hyper"]["no_decay"] = ["gone"]
     import json
+
     from safetensors.torch import save_file
     save_file(tensors, str(tmp_path / "bad.safetensors"), {checkpoint._META: json.dumps(meta)})
     other = Model.init(net, seed=4)

@@ -5,7 +5,8 @@ turned off (or with torch's oneDNN disabled) `matmul` is `@`."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from shapescript.errors import DomainError, ShapeError
-from shapescript.runtime.data import (Batch, DataSpec, FieldSpec, TensorDataset, batch_fields,
-                                      batch_from_python, check_batch, check_item)
+from shapescript.runtime.data import (
+    Batch,
+    DataSpec,
+    FieldSpec,
+    TensorDataset,
+    batch_fields,
+    batch_from_python,
+    check_batch,
+    check_item,
+)
 from shapescript.runtime.loops import batches, shuffle
 
 

@@ -5,8 +5,9 @@ every param and every value of the optimizer's state bit for bit, and whole tens
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load_file

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from programs import LINEAR
 
 import shapescript as ss
 from shapescript.background import BackgroundRun
 from shapescript.runtime import steps
 from shapescript.runtime.sinks import Sink, Value
-from programs import LINEAR
 
 DEVICES = ["cpu", "cpu[0 1]"]
 STEPS = 40  # batches of 8 in one pass

@@ -9,14 +9,13 @@ from collections import Counter
 
 import pytest
 import torch
+from programs import BATCH_NORM, GPT, GPT_DIMS, README
+from test_equivalence import digits
 
 import shapescript as ss
 from shapescript.api import compile_program
 from shapescript.check.comms import DTYPE_BYTES
 from shapescript.check.comms_text import hover_text, report
-
-from programs import BATCH_NORM, GPT, GPT_DIMS, README
-from test_equivalence import digits
 
 TORCH_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
                "int32": "i32", "bool": "bool"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from programs import BATCH_NORM, GPT, GPT_DIMS, README
 
 import shapescript as ss
-from programs import BATCH_NORM, GPT, GPT_DIMS, README
 
 DEVICES = ["cpu[0 1]", "cpu[0 1 2]"]
 

@@ -11,11 +11,11 @@ import weakref
 import psutil
 import pytest
 import torch
+from programs import LINEAR
+from support import param_and_adamw_bytes
 
 import shapescript as ss
 from shapescript.notebook.workers import status_table
-from programs import LINEAR
-from support import param_and_adamw_bytes
 
 
 def held(prog: ss.Program) -> list[dict]:

@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 import torch
+from programs import LINEAR
+from sample_data import Rows, Sequences
 
 import shapescript as ss
-from programs import LINEAR
 from shapescript.parallel import loading
 from shapescript.parallel.loading import INLINE, STAGED, Transfer, WorkerLoop, keep, transfer_for
 from shapescript.runtime.data import Batch, DataSpec, batch_fields, load_items, pad_batch, padded_sizes
 from shapescript.runtime.loops import batches, shuffle
-
-from sample_data import Rows, Sequences
 
 SEQUENCES = "dim V = 6\n\ndata Seq:\n    tokens: [n] Index[V]\n    targets: [n] Index[V]\n"
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -12,7 +12,8 @@ One program per device count, shared by the tests (each makes its own models).""
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch

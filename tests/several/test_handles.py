@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from programs import LINEAR
 
 import shapescript as ss
 from shapescript.errors import CompileError
@@ -20,7 +21,6 @@ from shapescript.parallel.loading import RemoteBatch
 from shapescript.parallel.remote import RemoteModel, RemoteOptimizer
 from shapescript.runtime.data import Batch
 from shapescript.runtime.model import Model
-from programs import LINEAR
 
 # Members and fields named as the handles' attributes were before they kept them out of the way.
 CLASHES = textwrap.dedent("""\

@@ -8,12 +8,12 @@ import textwrap
 
 import pytest
 import torch
-
-import shapescript as ss
+from checkpoints import check_checkpoints_move
 from programs import GPT
 from test_comms import _compare_a_step
-from checkpoints import check_checkpoints_move
 from test_equivalence import compare, run
+
+import shapescript as ss
 
 pytestmark = pytest.mark.slow
 

@@ -7,13 +7,12 @@ import types
 
 import pytest
 import torch
+from test_remote import PROGRAM
 
 import shapescript as ss
 from shapescript.parallel.loading import WorkerLoop
 from shapescript.runtime.data import DataSpec
 from shapescript.runtime.loops import batches, shuffle
-
-from test_remote import PROGRAM
 
 
 def _spec() -> DataSpec:

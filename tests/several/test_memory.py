@@ -8,6 +8,8 @@ import re
 
 import pytest
 import torch
+from programs import README
+from support import README_MLP_SHAPES, param_and_adamw_bytes
 
 import shapescript as ss
 from shapescript.notebook.cells import Cell
@@ -15,9 +17,6 @@ from shapescript.notebook.device_table import DeviceTableView
 from shapescript.notebook.session import Session
 from shapescript.notebook.workers import short_bytes, status_table
 from shapescript.parallel.memory import CPU_PEAK, WorkerMemory
-
-from programs import README
-from support import README_MLP_SHAPES, param_and_adamw_bytes
 
 MLP_PARAMS = 4 * (784 * 256 + 256 * 10)  # f32 w1 [D Hd] and w2 [Hd C], as the spec declares them
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from programs import HEADS_NET, LIN_HEADER, LIN_LOSS
 
 import shapescript as ss
-from programs import HEADS_NET, LIN_HEADER, LIN_LOSS
 
 # A loop whose step takes a Mode (dropout), and one whose step doesn't (sent ahead, pipelined).
 PROGRAM = LIN_HEADER + "\n" + LIN_LOSS + textwrap.dedent("""\

@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-
-import shapescript as ss
-
 from programs import LIN_HEADER, LIN_STEP
 from support import importable, loaded_with_timeout
+
+import shapescript as ss
 
 DEVICES = ["cpu", "cpu[0 1]", "cpu[0 1 2]"]
 TIMEOUT_S = 5.0

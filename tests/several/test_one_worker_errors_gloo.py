@@ -20,12 +20,11 @@ from typing import Any
 
 import pytest
 import torch
+from programs import HEADS_NET
+from support import importable, loaded_with_timeout
 
 import shapescript as ss
 from shapescript.runtime import shm_reduce
-
-from programs import HEADS_NET
-from support import importable, loaded_with_timeout
 
 DEVICES = ["cpu", "cpu[0 1]", "cpu[0 1 2]"]
 TIMEOUT_S = 5.0

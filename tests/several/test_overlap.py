@@ -12,13 +12,12 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
+from programs import BATCH_NORM, README
+from test_equivalence import digits
 
 import shapescript as ss
 from shapescript.runtime import collectives, shm_reduce
 from shapescript.runtime.collectives import BucketedAverage, average_grads, plan_buckets
-
-from programs import BATCH_NORM, README
-from test_equivalence import digits
 
 # Params of several sizes and two dtypes, and one the loss never uses (its gradient is zeros).
 # `unused` comes first, so its bucket is the last and the others are sent during the backward.

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from programs import LIN_HEADER, LIN_LOSS, LIN_STEP, LINEAR, README
+from support import importable
 
 import shapescript as ss
 from shapescript.api import parse_devices
 from shapescript.parallel.interrupts import StepInterrupt
 from shapescript.parallel.pool import WorkerPool
-
-from programs import LIN_HEADER, LIN_LOSS, LIN_STEP, LINEAR, README
-from support import importable
 
 # -- which calls are sent without waiting: a fact of the typed program --------------------------------
 

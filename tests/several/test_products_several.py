@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from programs import README
+from test_readme_mlp import HandMlp, batches
 
 import shapescript as ss
-from programs import README
 from shapescript.runtime import products
-from test_readme_mlp import HandMlp, batches
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(products._LINEAR is None, reason="this torch has no oneDNN linear kernel here")]

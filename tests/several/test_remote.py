@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
+from programs import LINEAR
 
 import shapescript as ss
-from programs import LINEAR
 
 PROGRAM = LINEAR
 

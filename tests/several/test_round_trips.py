@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import torch
+from programs import LINEAR
 
 import shapescript as ss
-from programs import LINEAR
 from shapescript.errors import WorkerError
-from shapescript.parallel import worker as worker_mod
 from shapescript.parallel import memory as memory_mod
+from shapescript.parallel import worker as worker_mod
 from shapescript.parallel.memory import CPU_LIFETIME_PEAK, CPU_PEAK, Meter
 from shapescript.parallel.timeline import WorkerTiming
 

@@ -4,16 +4,15 @@ DeviceTable's sizes against what the workers hold, and checkpoints between every
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
-import shapescript as ss
+from checkpoints import check_checkpoints_move
 from programs import BATCH_NORM, GPT, GPT_DIMS, README
 from test_cli import cli
 from test_comms import sharded
-from checkpoints import check_checkpoints_move
 from test_equivalence import compare, digits, run
+
+import shapescript as ss
 
 pytestmark = pytest.mark.slow
 

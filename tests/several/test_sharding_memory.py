@@ -42,15 +42,14 @@ import sys
 
 import pytest
 import torch
+from programs import README
+from support import ROOT
+from test_comms import sharded
 
 import shapescript as ss
 from shapescript.api import compile_program
 from shapescript.check.comms_text import report
 from shapescript.parallel.memory import CPU_PEAK
-
-from programs import README
-from support import ROOT
-from test_comms import sharded
 
 needs_clear_refs = pytest.mark.skipif(sys.platform != "linux", reason="a call's own peak RSS needs /proc/self/clear_refs")
 

@@ -11,7 +11,6 @@ import os
 import stat
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +19,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
+from support import importable
 
 import shapescript as ss
 from shapescript.api import parse_devices
-from shapescript.parallel.pool import WorkerPool
 from shapescript.errors import WorkerError
+from shapescript.parallel.pool import WorkerPool
 from shapescript.runtime import shm_reduce
-from support import importable
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "examples" / "readme" / "mlp.ss"

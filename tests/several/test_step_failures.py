@@ -18,13 +18,12 @@ from typing import Any
 
 import pytest
 import torch
-
-import shapescript as ss
-from shapescript.runtime.sinks import Sink
-
 from programs import LIN_HEADER, LIN_LOSS, LIN_STEP
 from sample_data import Rows, RowsBadAt, RowsBadLabelAt
 from support import loaded_with_timeout
+
+import shapescript as ss
+from shapescript.runtime.sinks import Sink
 
 DEVICES = ["cpu", "cpu[0 1]", "cpu[0 1 2]"]
 BATCH = 8
@@ -63,7 +62,7 @@ def fit(prog: Any, data: Any, sink: Sink | None = None) -> tuple[Outcome, Any, A
     error = None
     try:
         prog.fit(m, opt, data, sink)
-    except Exception as e:  # noqa: BLE001 (compared with the reference's)
+    except Exception as e:
         error = (type(e), str(e))
     records = getattr(sink, "records", [])
     return Outcome(error, [r["loss"] for r in records], m.state_dict()["w"], opt.state_dict()), m, opt

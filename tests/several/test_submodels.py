@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+from programs import GPT
 
 import shapescript as ss
-from programs import GPT
 
 pytestmark = pytest.mark.slow
 

@@ -17,14 +17,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from programs import README
 
 import shapescript as ss
 from shapescript.notebook.throttle import Throttle
 from shapescript.notebook.timeline import MEAN_OF, view_for
 from shapescript.parallel.timeline import StepClock, WorkerTiming, timed
 from shapescript.runtime.collectives import UPDATE_WHERE
-
-from programs import README
 
 HIDDEN, BATCH, STEPS = 1024, 512, 10  # enough work per call that the timing's noise is small
 SLEEP = 0.2  # seconds rank 1 sleeps in each forward pass of the slow program: far more than its work
@@ -331,6 +330,7 @@ def test_no_bar_runs_off_the_drawing_when_a_workers_own_time_is_longer_than_the_
     of it (its messages come out negative, drawn as nothing): the bars are scaled to the longest, so
     each fits the drawing (issue 37, item 9: a bar ran off it in notebook 02)."""
     import re as re_
+
     from shapescript.notebook.timeline import NAME, WIDTH, bars_svg
     from shapescript.parallel.timeline import Step, WorkerTiming
     step = Step(1, "`step` (x.ss:3:4)", wall=0.010,
