@@ -1,6 +1,6 @@
-"""The cost of checking the arguments of a call from Python (issue 15, item 1): the function's own
+"""The cost of checking the arguments of a call from Python: the function's own
 short way (runtime/guards.py's `signature_check`, made at its first call), the guards' short way
-without it (session 8: runtime/data.py's `as_given` in each batch guard) and the full check alone,
+without it (the earlier way: runtime/data.py's `as_given` in each batch guard) and the full check alone,
 side by side in one run.
 
     python benchmarks/arg_checks.py
@@ -85,7 +85,7 @@ def main() -> None:
                 for name, fn in tasks.items():
                     figures.setdefault((name, way), []).append(per_call(fn, CALLS[name]))
     print(f"machine: {cpu_model()}, {platform.system()}, torch {torch.__version__}, 1 thread")
-    print("medians; the function's short way (signature), the guards' own (session 8), the full check")
+    print("medians; the function's short way (signature), the guards' own (the earlier way), the full check")
     for name, what in (("checks", "argument checks"), ("call", "whole call of train_step")):
         for clock, kind in ((0, "wall"), (1, "CPU")):
             med = {way: statistics.median(f[clock] for f in figures[(name, way)]) for way in WAYS}

@@ -1,4 +1,4 @@
-"""What running the workers on Ray costs (issue 16): the README MLP's own loop on `cpu[0 1]` with its
+"""What running the workers on Ray costs: the README MLP's own loop on `cpu[0 1]` with its
 workers as Ray actors against the same program on this machine's own worker processes, and the cold
 start of each, side by side in one run.
 

@@ -1,4 +1,4 @@
-"""The gradients' all-reduce during the backward pass (issue 15, item 3; runtime/collectives.py's
+"""The gradients' all-reduce during the backward pass (runtime/collectives.py's
 BucketedAverage) against after it (SHAPESCRIPT_OVERLAP=off), side by side in one run.
 
     python benchmarks/overlap.py                        # cpu[0 1], about a minute

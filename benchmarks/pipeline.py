@@ -1,4 +1,4 @@
-"""Pipelined steps (issue 15, item 2): the program's own loop on several devices with each step sent
+"""Pipelined steps: the program's own loop on several devices with each step sent
 before the answer to the one before it is read, against waiting for every answer
 (SHAPESCRIPT_PIPELINE=off), side by side in one run.
 

@@ -1,4 +1,5 @@
-"""A call's round trip on several devices, before and after (issue 15, item 2), side by side in one run.
+"""A call's round trip on several devices, before the round trips were cut and after, side by side
+in one run.
 
     python benchmarks/round_trip.py                   # cpu[0 1], against commit ef5b030: about a minute
     python benchmarks/round_trip.py --against REV     # against another commit of this repository
@@ -20,7 +21,7 @@ median of the rounds' ratios.
 With `--apart`, only one side is alive at a time: each round starts a fresh controller (and its
 workers) for each side in turn, runs a block of each call, and stops it. On 2 cores the other side's
 idle processes, though they wait on their sockets, made every round trip several times slower
-(session 12: `ping` 443 µs side by side against 138 µs apart), so apart is the fairer figure there.
+(once measured: `ping` 443 µs side by side against 138 µs apart), so apart is the fairer figure there.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
 
-BASELINE = "ef5b030"  # issue 15's start, before the round trips were cut
+BASELINE = "ef5b030"  # the commit before the round trips were cut
 
 SOURCE = """\
 dim D = 4

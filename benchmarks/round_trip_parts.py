@@ -1,4 +1,4 @@
-"""Where a call's round trip goes on several devices (issue 15, item 2): three calls, in one run.
+"""Where a call's round trip goes on several devices: three calls, in one run.
 
     python benchmarks/round_trip_parts.py            # cpu[0 1], about half a minute
     python benchmarks/round_trip_parts.py --quick    # a smoke test, not a figure

@@ -1,4 +1,4 @@
-"""Batches from Python through shared memory (issue 15, item 4) against the pipes, side by side.
+"""Batches from Python through shared memory against the pipes, side by side.
 
     python benchmarks/shared_batches.py                 # cpu[0 1], batch 6144: about a minute
     python benchmarks/shared_batches.py --quick         # a smoke test

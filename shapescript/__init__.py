@@ -27,6 +27,8 @@ from shapescript.errors import (
 )
 
 if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
     from shapescript import parallel, sinks
     from shapescript.api import Program, cluster, load
     from shapescript.parallel import collective_timeout
@@ -79,6 +81,6 @@ __all__ = ["Batch", "CompileError", "DeviceError", "Diagnostic", "DomainError", 
            "adamw", "build", "cluster", "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]
 
 
-def load_ipython_extension(ip: object) -> None:  # `%load_ext shapescript`; IPython is imported only then
+def load_ipython_extension(ip: InteractiveShell) -> None:  # `%load_ext shapescript`; IPython is imported only then
     from shapescript.notebook.magic import load_ipython_extension as load_magics
     load_magics(ip)

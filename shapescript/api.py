@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .background import BackgroundRun, stop_runs_of
+from .check.comms import device_table
 from .check.program import Checked, FnInfo
 from .devices import DeviceSet
 from .errors import ClusterNeededError, ShapeScriptError, Span
@@ -212,7 +213,7 @@ class Program:
     @property
     def device_table(self) -> Any:
         """How values lie on the devices and what each line sends (check/comms.py's DeviceTable)."""
-        return self.checked.devices
+        return device_table(self.checked)
 
     def locate(self, exc: BaseException) -> list[tuple[str, Span]]:
         """The (function, .ss location) of each generated frame in an exception's traceback, outermost first."""

@@ -12,6 +12,7 @@ can't cut short.
 from __future__ import annotations
 
 import contextvars
+import enum
 import html
 import threading
 import time
@@ -23,7 +24,17 @@ from .runtime import steps
 
 _runs: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()  # every run not yet collected
 
-RUNNING, FINISHED, STOPPED, FAILED = "running", "finished", "stopped", "failed"
+class RunState(enum.StrEnum):
+    """A background run's state: running, or ended (finished its loop, stopped by `stop()`, or failed:
+    its error is kept). A StrEnum: it reads and prints as its word."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+RUNNING, FINISHED, STOPPED, FAILED = RunState.RUNNING, RunState.FINISHED, RunState.STOPPED, RunState.FAILED
 
 
 class BackgroundRun:
@@ -72,7 +83,7 @@ class BackgroundRun:
     # -- asking -------------------------------------------------------------------------------------
 
     @property
-    def state(self) -> str:
+    def state(self) -> RunState:
         return self._state
 
     @property
@@ -135,7 +146,7 @@ class BackgroundRun:
 
     def describe(self) -> str:
         """"background `fit`: running; batch 12 of 64 (Digit), 12 steps in all, 3.1 s", and so on."""
-        state = self._state
+        state: str = self._state
         if state == FAILED and self._error is not None:
             state = f"failed: {type(self._error).__name__}: {self._error}"
         elif state == STOPPED:

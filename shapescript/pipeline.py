@@ -15,7 +15,7 @@
 
 Each stage reads only what the one before it gives; the front ends (api.py, cli.py, lsp.py, the
 notebook) call these functions rather than the stages. The DeviceTable (check/comms.py) is worked
-out from `Checked` when first asked for (`checked.devices`): a build for one device never needs it.
+out from `Checked` when first asked for (`check.comms.device_table(checked)`): a build for one device never needs it.
 """
 
 from __future__ import annotations

@@ -66,8 +66,8 @@ def test_members_are_attributes(prog) -> None:
 
 
 def test_a_fn_shows_its_ss_signature_to_help_and_to_ipython(prog) -> None:
-    """`prog.step?` and help() show the .ss parameters and types, not `(*args, **kwargs)` (issue 37,
-    item 9); calling by those names works."""
+    """`prog.step?` and help() show the .ss parameters and types, not `(*args, **kwargs)`;
+    calling by those names works."""
     import inspect
 
     from IPython.core.oinspect import Inspector

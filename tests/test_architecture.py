@@ -14,6 +14,7 @@ from support import ROOT
 
 import shapescript as ss
 from shapescript.check.calls import RULES
+from shapescript.check.comms import device_table
 from shapescript.devices import DeviceSet
 from shapescript.ops import OPS, Op
 from shapescript.pipeline import check_source
@@ -46,7 +47,7 @@ def test_the_declared_op_is_checked_lowered_and_run_like_torch(softplus: Op) -> 
 
 def test_on_two_devices_it_works_on_each_example_and_sends_nothing(softplus: Op) -> None:
     source = "dim D = 4\n\ndata Ex:\n    x: [D]\n\nfn f(batch: [b] Ex) -> [] = sum(softplus(batch.x))\n"
-    table = check_source(source, "sp.ss", DeviceSet("cpu", (0, 1))).devices
+    table = device_table(check_source(source, "sp.ss", DeviceSet("cpu", (0, 1))))
     sent = [item.collective.what for items in table.lines.values() for item in items if item.collective]
     assert sent == ["`sum`'s partial sums, every device's part of the batch added up"]  # the sum's, none of its own
 

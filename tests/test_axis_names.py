@@ -1,5 +1,5 @@
 """Every message that names an axis by position says `dim k`, with k counted as PyTorch counts it:
-the bad tensor's `.shape[k]` is the wrong size (issue 11). The reference is the tensor itself (or, at
+the bad tensor's `.shape[k]` is the wrong size. The reference is the tensor itself (or, at
 compile time, the shape its declared type gives): the test finds the wrong axis by comparing shapes,
 then reads the number from the message."""
 

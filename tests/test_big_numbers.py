@@ -1,4 +1,4 @@
-"""Every size a program can write gets an answer in bounded time (issue 36, item 4): a diagnostic
+"""Every size a program can write gets an answer in bounded time: a diagnostic
 where the size can't run, the figures in words where it can. Each case runs under a CPU-time alarm
 (`cpu_bound`), so a hang fails the test in seconds instead of stalling the suite; the property test
 puts 500 programs with sizes up to 10^30 through check, comms, build and a hover of the language

@@ -9,6 +9,7 @@ import torch
 from support import ROOT
 
 import shapescript as ss
+from shapescript.check.comms import device_table
 from shapescript.errors import CompileError
 from shapescript.pipeline import check_source
 from shapescript.shapes import value_types as T
@@ -25,7 +26,7 @@ def body_expr(checked, fn: str, k: int = -1):
 
 def test_readme_types_and_placement() -> None:
     c = check_source((ROOT / "examples" / "readme" / "mlp.ss").read_text(), "mlp.ss")
-    assert c.device_set.count == 3 and c.device_set.kind == "cuda" and c.devices.count == 3
+    assert c.device_set.count == 3 and c.device_set.kind == "cuda" and device_table(c).count == 3
     assert c.type_of(body_expr(c, "forward")).show() == "[b C]"
     assert {n: c.placement(n).where for n in c.fns} == {
         "forward": "workers", "loss": "workers", "train_step": "workers", "run": "controller"}

@@ -226,7 +226,7 @@ def test_any_file_name_builds_the_same_code(tmp_path_factory: pytest.TempPathFac
     assert namespace["SS_FILE"] == str(path) and namespace["SS_LINES"] == reference().namespace["SS_LINES"]
 
 
-# ---- item 9: python and extern fns' results are checked on every target ------------------------
+# ---- python and extern fns' results are checked on every target --------------------------------
 
 RESULTS = textwrap.dedent("""\
     devices DEVICES

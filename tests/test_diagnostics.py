@@ -1,4 +1,4 @@
-"""Diagnostics that say what to do (issue 11): each points at the right place and its help names the
+"""Diagnostics that say what to do: each points at the right place and its help names the
 fix the user has to make, never the opposite one."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from support import ROOT
 
 import shapescript as ss
 from shapescript.api import parse_devices
+from shapescript.check.comms import device_table
 from shapescript.check.comms_text import CROSSES_HOSTS, line_text, report, to_json
 from shapescript.devices import DeviceSet
 from shapescript.errors import ClusterNeededError
@@ -187,7 +188,7 @@ def test_the_report_marks_every_collective_and_otherwise_says_what_one_host_says
 def test_a_hover_on_a_line_that_sends_names_the_hosts() -> None:
     checked = readme_on("2 x cpu[0 1]").checked
     line = next(n for n, text in enumerate(checked.source.splitlines(), 1) if "value_and_grad(" in text)
-    hover = line_text(checked.devices, line)
+    hover = line_text(device_table(checked), line)
     assert hover is not None and hover.startswith("Sent between the 4 devices on 2 hosts by this line")
     assert hover.count(CROSSES_HOSTS) == 2
 

@@ -1,7 +1,7 @@
 """A .ss file is code: its `python fn` and `extern fn` import and call what they name. Loading with
 Python refused (`ss.load(..., python=False)`, `shapescript run --no-python`) rejects such a program
-at compile time (E0701); and the tools that only read a program never import what it names
-(issue 36, item 12). The language server's side is tests/lsp/test_lsp_imports.py."""
+at compile time (E0701); and the tools that only read a program never import what it names.
+The language server's side is tests/lsp/test_lsp_imports.py."""
 
 from __future__ import annotations
 

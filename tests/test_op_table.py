@@ -9,6 +9,7 @@ import pytest
 from support import ROOT
 
 from shapescript.check.calls import BUILTIN_NAMES, RULES
+from shapescript.check.comms import device_table
 from shapescript.devices import DeviceSet
 from shapescript.errors import CompileError
 from shapescript.ops import OPS, Across
@@ -112,7 +113,7 @@ def test_the_tables_entry_decides_across_the_batch_axis(call: str, sends: tuple[
             check_source(source, "t.ss", devices)
         assert info.value.codes == ["E1801"]
         return
-    table = check_source(source, "t.ss", devices).devices
+    table = device_table(check_source(source, "t.ss", devices))
     sent = [item.collective for items in table.lines.values() for item in items if item.collective]
     assert len(sent) == 1 and sent[0].what.startswith(sends[0]) and int(sent[0].count) == sends[1]
 

@@ -526,7 +526,7 @@ def test_a_cuda_graph_replays_new_inputs_and_a_failed_capture_leaves_the_stream(
         return x * float(x.sum().item())  # waits for the device: no capture can hold it
 
     for _ in range(8):
-        x = torch.randn(4, 5, device="cuda:0")  # after syncs' failed capture too (issue 36, item 13)
+        x = torch.randn(4, 5, device="cuda:0")  # after syncs' failed capture too
         torch.testing.assert_close(recorder.call("product", product, [x, w]), torch.relu(x @ w))
         rng = torch.cuda.get_rng_state("cuda:0")
         torch.testing.assert_close(recorder.call("syncs", syncs, [x]), x * float(x.sum()))

@@ -219,8 +219,8 @@ def test_the_status_table_says_what_is_recorded(monkeypatch: pytest.MonkeyPatch)
 # a plain one with lr). So what the comparison can promise scales with RHO, a bound on rho_t:
 # - a loss after k steps moves by RHO x its sensitivity to ln(lr), which for this model, data and lr
 #   is at most 1.3 over 42 steps (plain runs at lr and lr * (1 - 1e-3..1e-5), on the CPU: a property
-#   of the training, not of the device): 3.9e-5 at most; an H200 saw 1.06e-5 against a bound of 1e-5
-#   (issue 36, item 13). LOSS_TOLERANCE leaves a factor 2.5 for the rest of float32's rounding.
+#   of the training, not of the device): 3.9e-5 at most; an H200 saw 1.06e-5 against an earlier
+#   bound of 1e-5. LOSS_TOLERANCE leaves a factor 2.5 for the rest of float32's rounding.
 # - a weight moves by RHO x how far training moved it, except where the shift flips a ReLU for a
 #   row: that unit's gradients then differ, and AdamW, which divides each gradient by its own running
 #   size, turns that into steps of up to lr (1e-3 of the distance trained, relatively, in the CPU runs

@@ -1,4 +1,4 @@
-"""User text reaches a screen as text (issue 36, item 7): a control character in a source line, a
+"""User text reaches a screen as text: a control character in a source line, a
 name, a string or a file's name is shown as its escape by the command line, the diagnostics, the
 language server and the notebook, with the caret still under what it points at; and W0106 warns of
 a text-direction character (U+202E...) in a comment or a string, as rustc's text_direction lints do.

@@ -38,6 +38,7 @@ from fuzzing.rand import RandomRand  # noqa: E402
 
 import shapescript as ss  # noqa: E402
 from shapescript.check.program import FnInfo  # noqa: E402
+from shapescript.dtypes import INT_DTYPES  # noqa: E402
 from shapescript.errors import CompileError, ShapeError  # noqa: E402
 from shapescript.runtime import calls, sinks, typecheck  # noqa: E402
 from shapescript.shapes import dims as D  # noqa: E402
@@ -82,7 +83,7 @@ class Arguments:
             return torch.randint(0, self.size(t.index), shape, generator=self.torch_rng)
         if t.dtype == "bool":
             return torch.randint(0, 2, shape, generator=self.torch_rng).bool()
-        if t.dtype in T.INT_DTYPES:
+        if t.dtype in INT_DTYPES:
             return torch.randint(-3, 6, shape, generator=self.torch_rng).to(DTYPES[t.dtype])
         return torch.randn(shape, generator=self.torch_rng).to(DTYPES[t.dtype])
 

@@ -1,4 +1,4 @@
-"""Types are the truth for values from outside (issue 11): a batch's fields are converted only where
+"""Types are the truth for values from outside: a batch's fields are converted only where
 no value can change, anything else is a ShapeError with the fix, the same on one device and on two;
 and a python or extern fn's result is checked against the generic dims its arguments bound."""
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..dtypes import INT_DTYPES
 from ..errors import Span
+from ..names import similar
 from ..ops import RULES
 from ..ops.args import broadcast, matmul
 from ..ops.checking import Label, Use
@@ -20,7 +22,8 @@ from ..shapes.options import NO_OPTIONS, CallOptions, Recipe
 from ..syntax import tree as A
 from . import calls as B
 from . import origins
-from .checker import Context, misspelled_dim, similar
+from .calls import misspelled_dim
+from .context import Context
 from .program import CallInfo, FnInfo, ParamInfo
 from .rules import number_arith, number_negation, whole_tensor_power
 
@@ -399,7 +402,7 @@ class BodyChecker:
             if node.op in ARITH and ld == "bool":
                 self.error("E0308", f"`{node.op}` of bool tensors", node.span, "bool", "use `and`, `or`, `not`")
                 return None
-            return "f32" if node.op == "/" and ld in T.INT_DTYPES else ld  # true division, as torch's
+            return "f32" if node.op == "/" and ld in INT_DTYPES else ld  # true division, as torch's
         known = ld or rd
         scalar = right if ld else left
         assert isinstance(scalar, T.ScalarT) and known is not None

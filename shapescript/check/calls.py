@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import sympy
+
 from ..errors import Span
+from ..names import similar
 from ..ops import RULES
 from ..ops.args import labels, same_value
 from ..shapes import dims as D
@@ -106,7 +109,6 @@ def check_argument(ck: BodyChecker, fn: FnInfo, p: ParamInfo, arg: A.Arg, t: T.T
                          secondary=labels((bound_at, f"`{s.name}` is {D.show(mapping[s])} here")
                                           if bound_at else None))
             else:
-                from .checker import misspelled_dim  # the checker imports this module
                 ck.error("E0301", f"{where} is {expected.show()}{ck.dim_note(expected)}, but this is "
                          f"{t.show()}{ck.dim_note(t)}", span,
                          f"dim {k} is {a.show()}, not {e.show()}",
@@ -156,6 +158,23 @@ def _check_element(ck: BodyChecker, where: str, expected: T.TensorT, t: T.Tensor
                      f"bound {D.show(t.index)}, not {D.show(expected.index)}")
             return False
     return True
+
+
+def misspelled_dim(expected: T.Ty, actual: T.Ty) -> str:
+    """A help when a generic dim is spelled like a declared one (`k` for `K`): a lower-case name in a
+    signature is a new generic dim, so the mismatch is really a typo."""
+    if not (isinstance(expected, T.TensorT) and isinstance(actual, T.TensorT)):
+        return ""
+    for e, a in zip(expected.axes, actual.axes):
+        sizes = [d for d in (e.size, a.size) if isinstance(d, sympy.Symbol)]
+        if e.same(a) or len(sizes) != 2:  # two dims of a name each
+            continue
+        generic = [d for d in sizes if D.is_generic(d)]
+        fixed = [d for d in sizes if not D.is_generic(d)]
+        if len(generic) == 1 and len(fixed) == 1 and similar(generic[0].name, [fixed[0].name]):
+            return (f"`{generic[0].name}` is a generic dim (any size), not the declared dim `{fixed[0].name}`: "
+                    f"did you mean `{fixed[0].name}`?")
+    return ""
 
 
 BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "AdamW", "Sgd", "Index", "Axis", "Grad", "Mode"}

@@ -7,11 +7,13 @@ silences the errors that would follow from it) and returns a `Checked` or raises
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 
 import sympy
 
-from ..devices import MAX_DEVICES
+from ..devices import MAX_DEVICES, DeviceSet
+from ..dtypes import DTYPES
 from ..errors import CompileError, Diagnostic, Span
 from ..inits import INITS
 from ..names import DATA_RESERVED, MODEL_RESERVED, STD_EXTERNS, is_reserved, reserved_text, similar
@@ -19,55 +21,20 @@ from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..syntax import tree as A
 from ..syntax.lexer import MAX_INT_DIGITS
+from .bodies import check_bodies
+from .calls import BUILTIN_NAMES
 from .constants import NotConstant, constant, derive_dims
-from .program import Checked, DeviceSet, FnInfo, ParamInfo
+from .context import Context
+from .layout import heads_facts, lay_out
+from .placement import place
+from .program import Checked, FnInfo, ParamInfo
+from .split import split_batches
 
 OPTIMIZERS = {"AdamW", "Sgd"}
 SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
 
 
 _PYTHON_TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
-
-
-class Context:
-    """Shared state of one check: the tables being built and the diagnostics found."""
-
-    def __init__(self, program: A.Program, file: str, devices: DeviceSet | None,
-                 dims: dict[str, int] | None, python: bool = True) -> None:
-        self.program = program
-        self.file = file
-        self.python = python  # False: a `python fn` or `extern fn` naming Python code is E0701
-        self.diagnostics: list[Diagnostic] = []
-        self.dim_values: dict[str, int | None] = {}
-        self.derived: dict[str, D.Dim] = {}  # `dim D = H * Dh`: D's definition in dims that aren't derived
-        self.dim_override = dict(dims or {})
-        self.device_override = devices
-        self.data: dict[str, T.DataT] = {}
-        self.models: dict[str, T.ModelT] = {}
-        self.fns: dict[str, FnInfo] = {}
-        self._checked: Checked | None = None
-        self.defined: dict[str, Span] = {}
-
-    @property
-    def checked(self) -> Checked:
-        """The tables the bodies fill: made once the items are collected, before anything reads them."""
-        assert self._checked is not None, "read before the items were collected"
-        return self._checked
-
-    @checked.setter
-    def checked(self, checked: Checked) -> None:
-        self._checked = checked
-
-    def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
-              secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
-        """Record an error; `secondary` labels other places it involves (where a dim was bound)."""
-        self.diagnostics.append(Diagnostic(code, message, span, label, tuple(h for h in help if h),
-                                           secondary=secondary))
-        return T.UNKNOWN
-
-    def dim_note(self, t: T.Ty) -> str:
-        """`with D = 784, C = 10` for the declared dims in a type, to say what sizes it means."""
-        return T.dims_note(t, self.dim_values)
 
 
 def require_sizes(checked: Checked) -> None:
@@ -86,9 +53,6 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
                   dims: dict[str, int] | None = None, python: bool = True) -> Checked:
     """`python=False`: refuse every `python fn` and `extern fn` but those of ShapeScript's standard
     library (E0701), for a program from someone one doesn't trust. Checking never imports them."""
-    from .bodies import check_bodies  # the body checker imports this module's Context
-    from .placement import place
-
     ctx = Context(program, file, devices, dims, python)
     with D.derived(ctx.derived):  # while checking, a derived dim equals its definition
         device_set = collect(ctx)
@@ -101,8 +65,6 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         if not ctx.diagnostics:
             checked = ctx.checked = dataclasses.replace(checked, placements=place(ctx))
         if not ctx.diagnostics and checked.device_set.count > 1:
-            from .layout import heads_facts, lay_out
-            from .split import split_batches
             # With `split H` batches are whole on every device: no batch split.
             split = heads_facts(checked) if checked.device_set.split else split_batches(ctx)
             checked = dataclasses.replace(checked, split=split)
@@ -430,7 +392,7 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
         el = node.element
         if el is None:
             return T.TensorT(tuple(axes))
-        if el.name in T.DTYPES and not el.args:
+        if el.name in DTYPES and not el.args:
             return T.TensorT(tuple(axes), el.name)
         if el.name == "Index":
             bound = index_bound(ctx, el, generics, allow_generic, what)
@@ -449,7 +411,7 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
                          "`Index[...]` or a data type", el.span, "unexpected here",
                          "write `[b D]`, `[b D] f16`, `[] Index[C]` or `[b] Digit`")
     name = node.name
-    if name in T.DTYPES and not node.args:
+    if name in DTYPES and not node.args:
         return T.TensorT((), name)
     if name in SCALAR_TYPES and not node.args:
         return SCALAR_TYPES[name]
@@ -477,7 +439,7 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
                          f"expected {name}[{'Digit' if name == 'Dataset' else 'Model'}]",
                          f"the program declares {describe_names(ctx, name)}")
     return ctx.error("E0204", f"unknown type `{name}`", node.span, "not a type",
-                     similar(name, list(ctx.data) + list(ctx.models) + list(T.DTYPES) + ["Dataset", "Sink"]))
+                     similar(name, list(ctx.data) + list(ctx.models) + list(DTYPES) + ["Dataset", "Sink"]))
 
 
 def padded_dims(data: T.DataT, generics: dict[str, D.Dim]) -> tuple[tuple[str, D.Dim], ...]:
@@ -547,8 +509,8 @@ def resolve_dim(ctx: Context, node: A.DimExpr, generics: dict[str, D.Dim], allow
     right = resolve_dim(ctx, node.right, generics, allow_generic, what)
     if left is None or right is None:
         return None
-    result = {"+": lambda: left + right, "-": lambda: left - right, "*": lambda: left * right,
-              "/": lambda: left / right}[node.op]()
+    result: sympy.Expr = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}[node.op](
+        left, right)
     expanded = D.expand_derived(result)  # `D - H*Dh` is 0 when D = H*Dh, sized or not
     exact = sympy.sympify(expanded.xreplace({s: ctx.dim_values[s.name] for s in _declared(expanded)
                                             if ctx.dim_values.get(s.name) is not None}))
@@ -567,21 +529,3 @@ def show_type_expr(node: A.TypeExpr) -> str:
     return node.name if isinstance(node, A.NamedType) else "shape"
 
 
-def misspelled_dim(expected: T.Ty, actual: T.Ty) -> str:
-    """A help when a generic dim is spelled like a declared one (`k` for `K`): a lower-case name in a
-    signature is a new generic dim, so the mismatch is really a typo."""
-    if not (isinstance(expected, T.TensorT) and isinstance(actual, T.TensorT)):
-        return ""
-    for e, a in zip(expected.axes, actual.axes):
-        sizes = [d for d in (e.size, a.size) if isinstance(d, sympy.Symbol)]
-        if e.same(a) or len(sizes) != 2:  # two dims of a name each
-            continue
-        generic = [d for d in sizes if D.is_generic(d)]
-        fixed = [d for d in sizes if not D.is_generic(d)]
-        if len(generic) == 1 and len(fixed) == 1 and similar(generic[0].name, [fixed[0].name]):
-            return (f"`{generic[0].name}` is a generic dim (any size), not the declared dim `{fixed[0].name}`: "
-                    f"did you mean `{fixed[0].name}`?")
-    return ""
-
-
-from .calls import BUILTIN_NAMES  # noqa: E402  (the table of built-in names lives with their rules)

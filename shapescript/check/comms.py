@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..devices import shares, shares_text
-from ..dtypes import ELEMENTS
+from ..dtypes import ELEMENTS, FLOAT_DTYPES
 from ..errors import Span
 from ..ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
 from ..shapes import value_types as T
 from ..shapes.plans import Where
 from ..syntax import tree as A
-from .layout import head_axis, model_params
+from .layout import Dims, head_axis, model_params
 from .program import Checked, FnInfo, ShardedRead
 from .split import iter_nodes, split_axes
 
@@ -47,7 +47,8 @@ class Collective:
 
     @property
     def bytes(self) -> sympy.Expr:
-        return self.count * DTYPE_BYTES[self.dtype]
+        size: sympy.Expr = self.count * DTYPE_BYTES[self.dtype]
+        return size
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class Sent:
 
     @property
     def bytes(self) -> sympy.Expr:
-        return self.collective.bytes * self.times
+        size: sympy.Expr = self.collective.bytes * self.times
+        return size
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,18 @@ class FnPlan:
         return sympy.Add(*(s.bytes for s in self.sent))
 
 
+def device_table(checked: Checked) -> DeviceTable:
+    """How values are laid out over the devices and what every line sends between them: worked out
+    when first asked for (a one-device build never needs it), then kept on `checked`."""
+    if checked.table is None:  # a frozen Checked's one field filled late, as cached_property would
+        object.__setattr__(checked, "table", DeviceTable.of(checked))
+        assert checked.table is not None
+    return checked.table
+
+
 @dataclass
 class DeviceTable:
-    """Checked.devices: the program's layout and communication on its device set."""
+    """device_table(checked): the program's layout and communication on its device set."""
     devices: str
     count: int
     batch: int | None  # the batch size of the program's batches(n), for shares
@@ -181,7 +192,8 @@ class _Builder:
         self.sharding = checked.device_set.shard_params and self.count > 1
 
     def size(self, expr: sympy.Expr) -> sympy.Expr:
-        return sympy.expand(expr.xreplace(self.values)) if self.values else sympy.expand(expr)
+        size: sympy.Expr = sympy.expand(expr.xreplace(self.values)) if self.values else sympy.expand(expr)
+        return size
 
     def build(self) -> DeviceTable:
         batch, batch_span = self._batch_size()
@@ -256,7 +268,7 @@ class _Builder:
                 yield dataclasses.replace(item, repeats=times)
             collective = self.collective(fn, node) or self.sharded(fn, node)
             if collective is not None:
-                twice = differentiated and collective.dtype in T.FLOAT_DTYPES
+                twice = differentiated and collective.dtype in FLOAT_DTYPES
                 yield LineItem(node.span, fn.name, (Sent(collective, 2 if twice else 1),), collective, repeats=times)
                 continue
             info = self.c.calls.get(id(node))
@@ -332,7 +344,7 @@ class _Builder:
             if mark.kind == SUM:
                 total = Collective("all-reduce", f"the partial results of every device's part of "
                                    f"{self.c.layout.heads}, added up", fn.name, node.span, values, t.dtype)
-                twice = differentiated and t.dtype in T.FLOAT_DTYPES
+                twice = differentiated and t.dtype in FLOAT_DTYPES
                 yield LineItem(node.span, fn.name, (Sent(total, 2 if twice else 1),), total)
                 continue
             axis = t.axes[mark.axes[0]] if mark.axes and mark.axes[0] is not None else None
@@ -341,7 +353,7 @@ class _Builder:
                                 node.span, values, t.dtype)
             scatter = Collective("reduce-scatter", "its gradient, every device's added up and cut into the "
                                  "parts", fn.name, node.span, values, t.dtype)
-            floats = t.dtype in T.FLOAT_DTYPES
+            floats = t.dtype in FLOAT_DTYPES
             sent = (Sent(gather), Sent(scatter)) if differentiated and floats else (Sent(gather),)
             yield LineItem(node.span, fn.name, sent, gather, backward=scatter if floats else None)
 
@@ -376,7 +388,7 @@ class _Builder:
     def where(self, fn: FnInfo) -> str:
         return self.c.placement(fn.name).where
 
-    def split_dims(self, fn: FnInfo) -> frozenset:
+    def split_dims(self, fn: FnInfo) -> Dims:
         split = self.c.split_of(fn.name)
         return split.dims if split is not None else frozenset()
 
@@ -439,7 +451,7 @@ class _Builder:
     def param_bytes(self, model: T.ModelT) -> sympy.Expr:
         """The bytes of one device's part of each of a model's trained params: 1/N of each with H
         (`split H`); ceil(n / N) values of every other one with `shard params`, else all of it."""
-        total = sympy.Integer(0)
+        total: sympy.Expr = sympy.Integer(0)
         for p in model_params(model):
             values = numel(p.tensor)
             if (p.owner, p.name) in self.c.layout.head_params:
@@ -495,7 +507,7 @@ def param_bytes(model: T.ModelT) -> sympy.Expr:
 
 def model_bytes(model: T.ModelT) -> sympy.Expr:
     """Params and buffers, as each device's copy holds them."""
-    total = sympy.Integer(0)
+    total: sympy.Expr = sympy.Integer(0)
     for m in model.members.values():
         if m.kind in ("param", "buffer") and m.tensor is not None:
             total += numel(m.tensor) * DTYPE_BYTES[m.tensor.dtype]

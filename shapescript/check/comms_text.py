@@ -10,7 +10,7 @@ import sympy
 
 from ..shapes import dims as D
 from ..shapes.plans import Where
-from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent
+from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent, device_table
 from .program import Checked
 
 UNITS = ("KiB", "MiB", "GiB", "TiB")
@@ -205,7 +205,7 @@ def line_text(table: DeviceTable, line: int) -> str | None:
 def hover_text(checked: Checked, line: int, column: int) -> str | None:
     """Markdown for a hover at 1-based (line, column): the function or value under the cursor, and
     what the line sends; None where there is nothing to say."""
-    table = checked.devices
+    table = device_table(checked)
     parts = []
     f = table.fn_at(line, column)
     if f is not None:
@@ -229,8 +229,13 @@ def hover_text(checked: Checked, line: int, column: int) -> str | None:
 def report(checked: Checked, batch: int | None = None, batch_hint: str = CLI_BATCH_HINT) -> str:
     """`shapescript comms`: every function, model, value and line that sends, in words. `batch_hint`
     says how to give a batch size when neither `batch` nor the program's batches(n) does."""
-    table = checked.devices
-    out = [f"{checked.file} on {table.devices}"]
+    return table_report(device_table(checked), checked.file, checked.source, batch, batch_hint)
+
+
+def table_report(table: DeviceTable, file: str, program_text: str, batch: int | None = None,
+                 batch_hint: str = CLI_BATCH_HINT) -> str:
+    """`report` of a table met without its program: `file` is named, `program_text` quoted."""
+    out = [f"{file} on {table.devices}"]
     if table.count > 1 and table.heads:
         out[0] += f": split along {table.heads}, every device holding whole batches"
     elif table.count > 1:
@@ -253,7 +258,8 @@ def report(checked: Checked, batch: int | None = None, batch_hint: str = CLI_BAT
             out.append("  none: nothing is sent between the devices")
         for line in sorted(table.lines):
             text = line_text(table, line) or ""
-            source = checked.source.splitlines()[line - 1].strip() if line <= len(checked.source.splitlines()) else ""
+            lines = program_text.splitlines()
+            source = lines[line - 1].strip() if line <= len(lines) else ""
             out.append(f"  {line:>4}  {source}")
             out += [f"        {t}" if t else "" for t in text.splitlines()[2:]]
     return "\n".join(out).replace("\n\n\n", "\n\n")
@@ -305,7 +311,7 @@ def sent_json(s: Sent) -> dict[str, Any]:
 
 
 def to_json(checked: Checked, batch: int | None = None) -> dict[str, Any]:
-    table = checked.devices
+    table = device_table(checked)
     return {
         "file": checked.file, "devices": table.devices, "count": table.count,
         "hosts": table.hosts, "per_host": table.per_host, "crosses_hosts": table.crosses_hosts,

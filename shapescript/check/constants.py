@@ -9,6 +9,7 @@ program is checked. Dims may be declared in any order; a dim defined from itself
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ from ..syntax import tree as A
 from ..syntax.lexer import MAX_INT_DIGITS
 
 if TYPE_CHECKING:
-    from .checker import Context
+    from .context import Context
 
 # ---- dims defined from other dims -------------------------------------------------------------
 
@@ -148,7 +149,8 @@ def _sympy(node: A.DimExpr) -> D.Dim:
     if isinstance(node, A.DimName):
         return D.declared(node.name)
     left, right = _sympy(node.left), _sympy(node.right)
-    return {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[node.op]
+    combined: sympy.Expr = {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[node.op]
+    return combined
 
 
 def _written(ctx: Context, node: A.Dim) -> str:
@@ -212,11 +214,13 @@ def constant(node: A.Expr, dim_values: dict[str, int | None], members: dict[str,
                       f"an initializer runs once, when the model is made: its arguments are {ALLOWED}")
 
 
+_OPERATORS: dict[str, Callable[[float, float], float | complex]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "**": operator.pow}
+
+
 def _arithmetic(node: A.Binary, left: float, right: float) -> float:
     try:
-        value: float | complex = {"+": lambda: left + right, "-": lambda: left - right,
-                                  "*": lambda: left * right, "/": lambda: left / right,
-                                  "**": lambda: left ** right}[node.op]()
+        value: float | complex = _OPERATORS[node.op](left, right)
     except ZeroDivisionError:
         raise NotConstant(node, "a division by zero", "divides by 0", "divide by a number that isn't 0") from None
     except OverflowError:

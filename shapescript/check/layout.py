@@ -99,7 +99,7 @@ def _sharded_reads(checked: Checked, fns: list[FnInfo], head_params: dict[tuple[
     return reads
 
 
-def head_axis(dims: Dims | frozenset, t: T.Ty | None) -> int | None:
+def head_axis(dims: Dims, t: T.Ty | None) -> int | None:
     """The axis along which a value of type `t` is split, in a function that splits `dims`: its one
     axis of such a size, or one group axis starting with one; None: whole."""
     if not isinstance(t, T.TensorT):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..errors import Diagnostic
 from ..ops.checking import Use
 from ..shapes.plans import Where
-from .checker import Context
+from .context import Context
 from .program import ANYWHERE, FnInfo, Placement
 
 CONTROLLER_USES = {

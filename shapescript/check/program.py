@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -131,13 +130,9 @@ class Checked:
     split: SplitFacts = NO_SPLIT  # on several devices, what the batch split found
     layout: LayoutFacts = NO_LAYOUT  # on several devices, the layout options' plan (check/layout.py)
     derived: Mapping[str, D.Dim] = field(default_factory=dict)  # each derived dim's definition (`dim D = H * Dh`)
+    # the DeviceTable, once comms.device_table has worked it out (a one-device build never needs it)
+    table: DeviceTable | None = field(default=None, init=False, compare=False, repr=False)
 
-    @functools.cached_property
-    def devices(self) -> DeviceTable:
-        """How values are laid out over the devices and what every line sends between them (worked
-        out when first asked for: a one-device build never needs it)."""
-        from .comms import DeviceTable
-        return DeviceTable.of(self)
 
     @property
     def warnings(self) -> tuple[Diagnostic, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..dtypes import FLOAT_DTYPES
 from ..ops.args import literal_number
 from ..shapes import value_types as T
 from ..shapes.options import NO_RECIPE
@@ -33,7 +34,7 @@ def number_arith(ck: BodyChecker, node: A.Binary, left: T.ScalarT, right: T.Scal
 def whole_tensor_power(ck: BodyChecker, node: A.Binary, dtype: str, number: T.ScalarT) -> bool:
     """`x ** k` of an integer or bool tensor and a whole number k: torch refuses a k below 0, so k
     must be known to be at least 0. False (with the error given) where it isn't."""
-    if node.op != "**" or dtype in T.FLOAT_DTYPES or number.kind not in ("int", "bool"):
+    if node.op != "**" or dtype in FLOAT_DTYPES or number.kind not in ("int", "bool"):
         return True
     exponent = _whole_exponent(ck, node, f"of an {dtype} tensor is refused by torch for an exponent below 0")
     if exponent is not None and exponent < 0:

@@ -19,10 +19,10 @@ from ..errors import Span
 from ..ops.table import OPS, PARTIAL, CallView
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..shapes.options import NO_RECIPE, CallOptions
+from ..shapes.options import NO_RECIPE, CallOptions, ParamSize
 from ..shapes.plans import BatchSplit, Where
 from ..syntax import tree as A
-from .checker import Context
+from .context import Context
 from .program import CallInfo, Checked, FnInfo, SplitFacts
 
 SplitDims = set[Any]  # a function's generic dims that are the batch axis
@@ -107,7 +107,7 @@ def propagate(ctx: Context, fns: list[FnInfo], dims: dict[str, SplitDims]) -> No
         for generic, dim in mapping.items():
             if dim in dims[caller.name]:
                 first_split.setdefault((callee.name, generic), node.span)
-    reported: set = set()
+    reported: set[tuple[str, D.Dim]] = set()
     for caller, node, callee, mapping in sites:
         for generic, dim in mapping.items():
             key = (callee.name, generic)
@@ -252,7 +252,7 @@ class Classifier:
                            "the batch axis, split across the devices",
                            "give the extern fn another axis, compute it per example, or declare one device")
 
-    def is_split_param(self, source: tuple) -> bool:
+    def is_split_param(self, source: ParamSize) -> bool:
         param, axis = source
         p = next(p for p in self.fn.params if p.name == param)
         if axis == "size":

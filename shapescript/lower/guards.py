@@ -8,7 +8,7 @@ lowering builds no runtime object.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import sympy
 
@@ -67,12 +67,16 @@ def _compute(c: ir.Module, size: D.Dim) -> RtCall | None:
     fixed = {s: c.dims[s.name] for s in D.symbols(size)
              if not D.is_generic(s) and c.dims.get(s.name) is not None}
     try:
-        return rt("DimFormula", tree=_formula(sympy.sympify(size.xreplace(fixed))))
+        return rt("DimFormula", tree=formula(sympy.sympify(size.xreplace(fixed))))
     except ValueError:
         return None  # not arithmetic the runtime evaluates: that axis is left unchecked
 
 
-def _formula(expr: sympy.Basic) -> Any:
+# DimFormula's tree: a number, a dim's key, or (operator, operands...) with `/` and `**` of numbers
+Formula: TypeAlias = int | str | tuple["Formula", ...]
+
+
+def formula(expr: sympy.Basic) -> Formula:
     """A dim expression as DimFormula's tree (+ - * / of dims give sums, products and powers)."""
     if isinstance(expr, sympy.Integer):
         return int(expr)
@@ -81,9 +85,9 @@ def _formula(expr: sympy.Basic) -> Any:
     if isinstance(expr, sympy.Symbol):
         return expr.name
     if isinstance(expr, (sympy.Add, sympy.Mul)):
-        return ("+" if isinstance(expr, sympy.Add) else "*",) + tuple(_formula(a) for a in expr.args)
+        return ("+" if isinstance(expr, sympy.Add) else "*",) + tuple(formula(a) for a in expr.args)
     if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer):
-        return ("**", _formula(expr.base), int(expr.exp))
+        return ("**", formula(expr.base), int(expr.exp))
     raise ValueError(f"no formula for {expr}")
 
 

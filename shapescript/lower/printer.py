@@ -209,7 +209,7 @@ class BodyPrinter:
         # An argument that gets an index or a method call after it needs its own parentheses.
         wrapped = [f"({text})" if _needs_parentheses(a) else text for text, a in zip(args, node.args)]
 
-        def place(k: int, index: tuple | None) -> str:
+        def place(k: int, index: N.Placing | None) -> str:
             return wrapped[k] + placing_text(index) if index else args[k]
 
         call = LowerCall(args, wrapped, node.options, literal(str(node.span)), place, node.recipe, size_text, literal,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..dtypes import ELEMENTS
+from ..errors import Span
 from ..ir import nodes as ir
 from ..shapes import dims as D
 from ..shapes import value_types as T
@@ -32,7 +33,7 @@ def axis_sizes(c: ir.Module, t: T.TensorT, fixed: bool) -> list[tuple[str, int |
     return out
 
 
-def where(span) -> str:
+def where(span: Span) -> str:
     return str(span)
 
 

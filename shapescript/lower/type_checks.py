@@ -9,14 +9,14 @@ batches (`loop`: each batch's own dims forgotten before the next).
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sympy
 
 from ..errors import Span
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .guards import _formula
+from .guards import Formula, formula
 from .text import literal
 
 if TYPE_CHECKING:
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 FRAME = "_types"  # the frame's local; user names starting with `_` are renamed, so none meets it
 MODULE = "_tc"  # runtime/typecheck.py, as the module imports it
 IMPORT = f"from shapescript.runtime import typecheck as {MODULE}"
+# A value's type as runtime/typecheck.py reads it, printed as a literal: ("tensor", shown, axes,
+# dtype, index), ("scalar", kind), ("tuple", items) or ("batch", fields)
+TypeSpec = tuple[Any, ...]
 
 
 class TypeChecks:
@@ -69,7 +72,7 @@ class TypeChecks:
 
     # ---- types as specs -------------------------------------------------------------------------
 
-    def spec(self, t: T.Ty) -> tuple | None:
+    def spec(self, t: T.Ty) -> TypeSpec | None:
         if isinstance(t, T.TensorT):
             index = None if t.index is None else (D.show(t.index), self.want(t.index))
             shown = T.show_axes(t.axes) + (f" Index[{D.show(t.index)}]" if t.index is not None else f" {t.dtype}")
@@ -83,7 +86,7 @@ class TypeChecks:
             return ("batch", tuple((name, self.spec(t.field(name))) for name in t.data.fields))
         return None
 
-    def want(self, size: D.Dim) -> int | str | tuple | None:
+    def want(self, size: D.Dim) -> Formula | None:
         """An axis' size as the runtime checks it: fixed, a generic's key, or a formula of them."""
         fixed = D.value(size, self.c.dims)
         if fixed is not None:
@@ -94,7 +97,7 @@ class TypeChecks:
                  if not D.is_generic(s) and self.c.dims.get(s.name) is not None}
         keys = {s: sympy.Symbol(self.dim_key(s)) for s in generics(size)}
         try:
-            return _formula(sympy.sympify(size.xreplace({**known, **keys})))
+            return formula(sympy.sympify(size.xreplace({**known, **keys})))
         except ValueError:
             return None  # not arithmetic the runtime evaluates: left unchecked
 

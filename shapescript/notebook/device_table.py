@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from ..check.comms import DeviceTable, FnPlan, Layout
+from ..check.comms import DeviceTable, FnPlan, Layout, device_table
 from ..check.comms_text import (
     bytes_text,
     first_values,
@@ -27,8 +27,8 @@ from ..check.comms_text import (
     hosts_note,
     item_lines,
     layout_text,
-    report,
     sum_bytes,
+    table_report,
     value_text,
 )
 from ..check.program import Checked
@@ -72,15 +72,6 @@ def batch_option(args: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class _Source:
-    """What comms_text.report reads of a Checked, for a table met without its program."""
-
-    devices: DeviceTable
-    file: str
-    source: str
-
-
-@dataclass(frozen=True)
 class DeviceTableView:
     """A DeviceTable with the program text its line numbers refer to, and (in the notebook) a way to
     name a line by the cell it came from. `_repr_html_` and `__repr__` show it anywhere."""
@@ -98,7 +89,7 @@ class DeviceTableView:
             return thing
         checked = getattr(thing, "checked", thing)  # a Program holds its Checked
         if isinstance(checked, Checked):
-            return cls(checked.devices, checked.source)
+            return cls(device_table(checked), checked.source)
         if isinstance(thing, DeviceTable):
             return cls(thing, _file_text(thing.file))
         raise TypeError(f"expected a DeviceTable (prog.device_table) or a Program, got {type(thing).__name__}")
@@ -127,8 +118,7 @@ class DeviceTableView:
 
     def text(self) -> str:
         """`shapescript comms`'s report of the table, and what the workers measured if they did."""
-        source = _Source(self.table, self.table.file or "the program", self.source)
-        text = report(source, self.batch, NOTEBOOK_BATCH_HINT)  # type: ignore[arg-type]
+        text = table_report(self.table, self.table.file or "the program", self.source, self.batch, NOTEBOOK_BATCH_HINT)
         notes = [f"- `{name}`: {note.removeprefix('measured: ')}" for name in self.table.models
                  if (note := self.measured_note(name))]
         return text + "".join(f"\n{line}" for line in ["", "Measured on the workers:", *notes]) if notes else text

@@ -60,6 +60,8 @@ USAGE = f"""\
 class ShapeScriptMagics(Magics):
     """The magics, over one `Session` per IPython shell."""
 
+    shell: InteractiveShell  # Magics' may be None; ours is given to __init__
+
     def __init__(self, shell: InteractiveShell) -> None:
         super().__init__(shell)
         self.session = Session(shell.user_ns)
@@ -248,20 +250,21 @@ def _short_runtime_errors(ip: InteractiveShell, session: Session) -> None:
 
     def shorter(exc_tuple: Any = None, *args: Any, **kwargs: Any) -> Any:
         error = (exc_tuple or sys.exc_info())[1]
-        ours = isinstance(error, StepInterrupt) or isinstance(error, ShapeScriptError)
-        if (not ours or isinstance(error, CompileError)
+        if (not isinstance(error, (StepInterrupt, ShapeScriptError)) or isinstance(error, CompileError)
                 or hasattr(error, "_render_traceback_") or getattr(error, "_shapescript_shown", False)):
             return show(exc_tuple, *args, **kwargs)
-        error._shapescript_shown = True  # type: ignore[attr-defined]  # the next showing, %tb's, is whole
+        # Attributes no exception class declares, IPython's and ours: in the error's own __dict__.
+        marks = vars(error)
+        marks["_shapescript_shown"] = True  # the next showing, %tb's, is whole
         # Called by IPython, which falls back to the plain traceback should the lines fail.
-        error._render_traceback_ = lambda: session.error_lines(error)  # type: ignore[attr-defined]
+        marks["_render_traceback_"] = lambda: session.error_lines(error)
         try:
             return show(exc_tuple, *args, **kwargs)
         finally:
-            del error._render_traceback_  # type: ignore[attr-defined]
+            del marks["_render_traceback_"]
             _say_in_cells(error, session.in_cells)  # for %tb too
 
-    ip.showtraceback = shorter  # type: ignore[method-assign]
+    vars(ip)["showtraceback"] = shorter  # in place of the method, on this shell alone
 
 
 def _say_in_cells(error: BaseException, in_cells: Callable[[str], str]) -> None:
@@ -279,6 +282,7 @@ def _show_models(ip: InteractiveShell) -> None:
     nothing of notebooks, so the extension tells IPython how to show their types."""
     from ..parallel.remote import RemoteModel
     from ..runtime.model import Model
+    assert ip.display_formatter is not None  # InteractiveShell.__init__ makes it (a trait that allows None)
     html = ip.display_formatter.formatters["text/html"]
     for kind in (Model, RemoteModel):  # for_type covers subclasses: every model class is made per spec
         html.for_type(kind, model_html)
@@ -287,6 +291,7 @@ def _show_models(ip: InteractiveShell) -> None:
 def _show_device_tables(ip: InteractiveShell, session: Session) -> None:
     """`ss_program.device_table` as a cell's result shows the table: its HTML in Jupyter, the
     report's text in a terminal (IPython's formatters, since the DeviceTable is the checker's)."""
+    assert ip.display_formatter is not None  # InteractiveShell.__init__ makes it (a trait that allows None)
     formatters = ip.display_formatter.formatters
     formatters["text/html"].for_type(DeviceTable, lambda t: session.view_of(t).html(open_=True))
     formatters["text/plain"].for_type(DeviceTable, lambda t, p, cycle: p.text(session.view_of(t).text()))

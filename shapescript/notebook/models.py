@@ -11,7 +11,7 @@ here imports IPython or ipywidgets.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, TypeGuard, Union
 
 import sympy
 import torch
@@ -28,7 +28,7 @@ AnyModel = Union["Model", "RemoteModel"]
 FIRST = 8  # how many of a param's values "show values" lists
 
 
-def is_remote(m: AnyModel) -> bool:
+def is_remote(m: AnyModel) -> TypeGuard[RemoteModel]:
     from ..parallel.remote import RemoteModel  # imported here: runtime/model.py calls this module
     return isinstance(m, RemoteModel)
 
@@ -87,7 +87,7 @@ def _owner(spec: ModelSpec, dotted: str) -> tuple[str, ParamSpec]:
     raise KeyError(dotted)
 
 
-def _held(m: AnyModel) -> str:
+def _held(m: RemoteModel) -> str:
     """How a RemoteModel's params lie, in a few words, from the program's layout options."""
     devices = m._program.devices
     if devices.shard_params:

@@ -208,7 +208,7 @@ class NotebookBars(Bars):
     widget: model not found" instead, where the HTML shows the bars as they ended."""
 
     def __init__(self) -> None:
-        from tqdm.notebook import tqdm as notebook_tqdm  # type: ignore[import-untyped]
+        from tqdm.notebook import tqdm as notebook_tqdm
 
         from .widgets import ipywidgets
         widgets = ipywidgets()
@@ -366,7 +366,7 @@ def _hook(make: Callable[[], Bars]) -> Callable[[Iterator[Any], int, str], Itera
 
 def _tqdm() -> BarFactory:
     try:
-        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+        from tqdm.auto import tqdm
     except ImportError:
         raise ImportError("progress bars need tqdm: pip install 'shapescript[notebook]' (or pip install tqdm)") from None
     return tqdm

@@ -286,7 +286,7 @@ class Session:
             return f"{found[0].cell.label}, line {found[1]}" if found is not None else None
 
         measured = tuple(measured_memory(program, "the DeviceTable"))  # () unless the workers are running
-        return DeviceTableView(program.checked.devices, program.checked.source, place, measured, batch)
+        return DeviceTableView(program.device_table, program.checked.source, place, measured, batch)
 
     def view_of(self, table: DeviceTable) -> DeviceTableView:
         """A DeviceTable as the notebook shows it: the program's with its text and cells, another as it is."""

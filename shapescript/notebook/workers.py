@@ -24,7 +24,7 @@ from ..background import running
 from ..errors import ShapeScriptError
 from ..parallel.loading import Datasets
 from ..parallel.memory import CUDA_PEAK, WorkerMemory
-from ..parallel.pool import WorkerPool
+from ..parallel.pool import PoolState, WorkerPool
 from ..parallel.processes import STOPPED_BY_CONTROLLER
 from ..parallel.remote import RemoteModel, RemoteOptimizer
 from .models import _size  # the model table's wording of bytes
@@ -86,7 +86,7 @@ def _named_handles(pool: WorkerPool, user_ns: Mapping[str, Any], datasets: Datas
 def ask_workers(pool: WorkerPool, handler: str = "objects", where: str = "%shapescript status") -> list[Any] | None:
     """Each worker's answer to `handler` ("objects": what it holds and its device memory; "memory":
     its WorkerMemory), or None if it can't be asked now (still starting, or stopped)."""
-    if pool.state != "running":
+    if pool.state != PoolState.RUNNING:
         return None
     try:
         return pool.call(handler, (), where=where)
@@ -141,7 +141,7 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
     answers = ask_workers(pool)
     measured = ask_workers(pool, "memory") if answers else None
     state = pool.state  # after asking, which may have found a worker gone
-    if state == "dead" and (ended := ended_table(pool)) is not None:
+    if state == PoolState.DEAD and (ended := ended_table(pool)) is not None:
         return ended
     rss = _memory(pool.pids)
     header = ["rank", "device", "pid", "memory (RSS)", "objects"]
@@ -158,13 +158,13 @@ def status_table(program: Program | None, user_ns: Mapping[str, Any]) -> Rich:
         if cuda:
             row.append(_mib(answer["device_memory"]) if answer else "?")
         rows.append(row + _memory_cells(measured[rank] if measured else None))
-    held = held_objects(pool, user_ns, answers, program.datasets) if state == "running" else []
+    held = held_objects(pool, user_ns, answers, program.datasets) if state == PoolState.RUNNING else []
     notes = [f"Every worker holds: {', '.join(map(str, held))}." if held else "The workers hold nothing."]
     notes += _memory_notes(measured or [])
     if cuda and answers:  # a cpu program records nothing: its table says nothing of it
         notes += recording_notes(ask_workers(pool, "recording") or [])
     notes += _background_notes()
-    if state == "starting":
+    if state == PoolState.STARTING:
         notes = ["The workers are starting; the next call waits for them."]
     return render_rows(f"ShapeScript workers on {pool.devices}: {state}", header, rows, notes)
 
@@ -194,7 +194,7 @@ def _background_notes() -> list[str]:
 def ended_table(pool: WorkerPool | None) -> Rich | None:
     """How the workers of a pool that failed ended: each one's signal or exit code (processes.py's
     how_it_stopped), or that the controller stopped it with the others. None unless `pool` failed."""
-    if pool is None or pool.state != "dead" or not pool.exits:
+    if pool is None or pool.state != PoolState.DEAD or not pool.exits:
         return None
     rows = [[str(e.rank), e.label, str(e.pid), e.how] for e in pool.exits]
     first = next((e for e in pool.exits if e.how != STOPPED_BY_CONTROLLER), None)

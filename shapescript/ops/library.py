@@ -4,7 +4,7 @@ mask of a padded batch's own positions)."""
 
 from __future__ import annotations
 
-from ..dtypes import ELEMENTS
+from ..dtypes import DTYPES, ELEMENTS
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.options import CallOptions
@@ -127,9 +127,9 @@ def to_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     assert x is not None and dtype_arg is not None
     t = ck.operand(x.expr)  # a tensor or a number; anything else is reported
     dtype = dtype_arg.value
-    if not (isinstance(dtype, A.Name) and dtype.id in T.DTYPES):
+    if not (isinstance(dtype, A.Name) and dtype.id in DTYPES):
         return ck.error("E0401", "`to` takes a dtype second, as `to(x, f32)`", dtype_arg.span,
-                        "not a dtype", f"the dtypes: {', '.join(T.DTYPES)}")
+                        "not a dtype", f"the dtypes: {', '.join(DTYPES)}")
     if isinstance(t, T.ScalarT):
         ck.use(Use.TENSORS, x.span)
         return Typed(T.TensorT((), dtype.id), (x.expr,), CallOptions(dtype=dtype.id, number=True))

@@ -164,7 +164,7 @@ def _same_value(a: D.Dim, b: D.Dim, values: Mapping[str, int | None]) -> bool:
     return va is not None and va == vb
 
 
-def build_rhs(axes: list[A.PatAxis], known: dict[str, T.AxisT], new: dict[str, D.Dim]) -> tuple[Side, tuple]:
+def build_rhs(axes: list[A.PatAxis], known: dict[str, T.AxisT], new: dict[str, D.Dim]) -> tuple[Side, tuple[T.AxisT, ...]]:
     """A right side's atoms and the result's axes; names come from the left side or from `new`."""
     side = Side()
     result: list[T.AxisT] = []

@@ -7,7 +7,7 @@ the parts, `mean` by a sum of the parts and of their counts; the others are refu
 from __future__ import annotations
 
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions
+from ..shapes.options import CallOptions, Placing
 from ..syntax import tree as A
 from .args import over_axis, placed_within, tensor_arg
 from .checking import RuleChecker
@@ -38,7 +38,7 @@ def widened(name: str, dtype: str) -> str:
     return "i64" if OPS[name].widens and dtype in ("bool", "i32") else dtype
 
 
-def mask_of(ck: RuleChecker, arg: A.Arg, t: T.TensorT) -> tuple | None:
+def mask_of(ck: RuleChecker, arg: A.Arg, t: T.TensorT) -> Placing | None:
     """A `mask=` argument: bool, its dims among `t`'s; the index that places it."""
     mask = tensor_arg(ck, arg, "`mask=`")
     if mask is None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions, Recipe
+from ..shapes.options import CallOptions, Placing, Recipe
 from ..syntax import tree as A
 from .args import _unused_args
 from .checking import RuleChecker
@@ -51,7 +51,7 @@ class LowerCall:
     wrapped: list[str]  # the same, parenthesized where an index or a method call follows it
     options: CallOptions
     where: str  # the call's .ss location as a Python string literal, for run-time messages
-    place: Callable[[int, tuple | None], str]  # argument k with the index placing its axes
+    place: Callable[[int, Placing | None], str]  # argument k with the index placing its axes
     recipe: Recipe  # how the checker said to lower it (a broadcast operand's placing, `@` as a tensordot)
     size: Callable[[object], str]  # a dim's size as the function reads it (an int, or off a parameter)
     literal: Callable[[object], str]  # a value as a Python literal (user text goes through it)

@@ -9,7 +9,7 @@ import math
 import pickle
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from shapescript.errors import ShapeScriptError, WorkerError, note_worker_places
 from shapescript.parallel.processes import TIMEOUT_ENV, WorkerProcess, ranks_text
@@ -72,7 +72,8 @@ class FailureReports:
             self._die(f"{where} was skipped on some workers")
             raise WorkerError(f"{ranks_text(skipped)} skipped {where}, though no worker reported a failure; the "
                               f"workers were stopped, and what was on the devices is gone")
-        return [r[1] for r in replies]  # type: ignore[index]
+        # none pending (else _fail_stuck raised): every worker's reply is in
+        return [r[1] for r in cast("list[tuple[Any, ...]]", replies)]
 
     def _fail_dead(self, w: WorkerProcess, doing: str) -> None:
         status = w.status()

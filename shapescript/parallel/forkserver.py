@@ -1,5 +1,5 @@
 """The fork server: one process per controller that has imported torch and a worker's modules once,
-and forks each worker from there (issue 15's cold start).
+and forks each worker from there, which makes a cold start fast.
 
 A fresh worker spends about a second importing torch; two of them do it at once on the same cores,
 as DDP's spawned ranks do. The server pays that once, alone, and a fork then costs milliseconds, so

@@ -1,4 +1,4 @@
-"""Telling a pool's workers from anything else that connects to the controller's port (issue 36, item 8).
+"""Telling a pool's workers from anything else that connects to the controller's port.
 
 Each worker connects and first sends the random token only it was given (ray_workers.py). The
 controller serves every connection at once, from one selector loop: a connection that sends nothing,

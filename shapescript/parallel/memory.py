@@ -1,4 +1,4 @@
-"""What each worker's memory holds, measured on the worker (issue 13, item 6): whatever the layout
+"""What each worker's memory holds, measured on the worker: whatever the layout
 (a copy of the params on every device, or a shard of them), the figures are what the device holds,
 not what the checker expects it to hold.
 

@@ -18,6 +18,7 @@ where each worker was. A handler's own ShapeScriptError raises in the controller
 
 from __future__ import annotations
 
+import enum
 import os
 import select
 import subprocess
@@ -69,6 +70,17 @@ ERROR_GRACE = 1.0  # after one worker raised an error of its own, how long the o
 LOOK_EVERY = 0.25  # seconds between looks at the workers' processes and statuses while a call waits
 
 
+class PoolState(enum.StrEnum):
+    """Where a pool is in its life: made, starting its workers, running calls, or ended (dead: a worker
+    failed or was interrupted; stopped: by `stop()`). A StrEnum: it reads and prints as its word."""
+
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    DEAD = "dead"
+    STOPPED = "stopped"
+
+
 class WorkerPool(FailureReports):
     """One worker process per device of `devices`, in one process group. `timeout` is the collective
     timeout in seconds (default: `current_collective_timeout()` when the pool starts); `modules` are
@@ -103,7 +115,7 @@ class WorkerPool(FailureReports):
         self._shm_path: str | None = None  # the shared all-reduce buffer's file, until every worker has mapped it
         self._sums_shared = False  # the workers sum through that buffer (runtime/shm_reduce.py)
         self._resync_due = False  # a call failed on some worker: its counters are set again before the next
-        self._state = "new"  # new, starting, running, dead, stopped
+        self._state = PoolState.NEW
         self._dead_reason = ""
         self._thread: threading.Thread | None = None
         self._start_error: BaseException | None = None
@@ -128,7 +140,7 @@ class WorkerPool(FailureReports):
     def start(self) -> None:
         """Start the workers and return when every one is ready."""
         with self._exclusive():
-            if self._state == "new":
+            if self._state == PoolState.NEW:
                 self._spawn()
                 self._await_ready()
             self._join_start()
@@ -137,7 +149,7 @@ class WorkerPool(FailureReports):
     def start_background(self) -> None:
         """Start the workers without waiting for them; any later call waits."""
         with self._exclusive():
-            if self._state != "new":
+            if self._state != PoolState.NEW:
                 return
             self._spawn(background=True)
             self._thread = threading.Thread(target=self._await_ready_in_thread, name="shapescript-workers-start",
@@ -145,7 +157,7 @@ class WorkerPool(FailureReports):
             self._thread.start()
 
     def _spawn(self, background: bool = False) -> None:
-        self._state = "starting"
+        self._state = PoolState.STARTING
         self._t0 = time.perf_counter()
         self.timeout = self.timeout if self.timeout is not None else current_collective_timeout()
         if self._launcher is not None:  # workers elsewhere: it sets _workers, _shutdown and _finalizer
@@ -179,7 +191,7 @@ class WorkerPool(FailureReports):
         try:
             with self._launching:
                 for rank, index in enumerate(self.indices):
-                    if self._state != "starting":  # stopped meanwhile (Ctrl-C in the thread that waits)
+                    if self._state != PoolState.STARTING:  # stopped meanwhile (Ctrl-C in the thread that waits)
                         return
                     self._workers.append(forkserver.start_worker(rank, f"{self.devices.kind}:{index}", server, env,
                                                                  sys_path, self._folder))
@@ -200,7 +212,7 @@ class WorkerPool(FailureReports):
     def _await_ready(self) -> None:
         if self._launch is not None:
             self._launch_workers()
-            if self._state != "starting":  # stopped while the fork server was getting ready
+            if self._state != PoolState.STARTING:  # stopped while the fork server was getting ready
                 return
         try:
             replies, pending, _ = self._gather("starting")
@@ -222,7 +234,7 @@ class WorkerPool(FailureReports):
             self._die("a worker didn't start")
             raise WorkerError(f"{ranks_text(pending)} of {self.devices} didn't start within {self.timeout:g} s of the others")
         self.cold_start_s = time.perf_counter() - self._t0
-        self._state = "running"
+        self._state = PoolState.RUNNING
 
     def _await_ready_in_thread(self) -> None:
         try:
@@ -252,26 +264,25 @@ class WorkerPool(FailureReports):
     def _exclusive(self) -> threading.RLock:
         """The lock that a call or a start holds throughout. In a forked child this raises at once
         instead: the workers aren't its own, and a thread of the parent may have held the lock."""
-        if self._state != "new" and self._foreign():
+        if self._state != PoolState.NEW and self._foreign():
             self._check_running()
         return self._lock
 
     def _check_running(self) -> None:
-        if self._state != "new" and self._foreign():
+        if self._state != PoolState.NEW and self._foreign():
             raise WorkerError(f"the workers on {self.devices} belong to process {self._owner}, from which this "
                               f"process ({os.getpid()}) was forked; it can't use them: start new ones here")
-        if self._state != "running":
-            how = f"stopped after an error ({self._dead_reason})" if self._state == "dead" else "stopped"
+        if self._state != PoolState.RUNNING:
+            how = f"stopped after an error ({self._dead_reason})" if self._state == PoolState.DEAD else "stopped"
             raise WorkerError(f"the workers on {self.devices} were {how}; start new ones")
 
     @property
     def alive(self) -> bool:
         """Started (or starting) by this process, and not stopped or failed."""
-        return self._state in ("starting", "running") and not self._foreign()
+        return self._state in (PoolState.STARTING, PoolState.RUNNING) and not self._foreign()
 
     @property
-    def state(self) -> str:
-        """new, starting, running, dead (a worker failed or was interrupted) or stopped."""
+    def state(self) -> PoolState:
         return self._state
 
     @property
@@ -283,7 +294,7 @@ class WorkerPool(FailureReports):
     @property
     def settled(self) -> bool:
         """Running, with no `first` call pending: the next call goes straight to the workers."""
-        return self._state == "running" and self._first is None
+        return self._state == PoolState.RUNNING and self._first is None
 
     def first(self, handler: str, args: tuple[Any, ...], where: str) -> None:
         """Run `handler` on every worker just before the next call (as loading a program into
@@ -321,13 +332,13 @@ class WorkerPool(FailureReports):
                 except BaseException:
                     pass  # a failed start already stopped them
                 self._release(STOP_GRACE)
-        if self._state != "dead":
-            self._state = "stopped"
+        if self._state != PoolState.DEAD:
+            self._state = PoolState.STOPPED
 
     def _die(self, reason: str) -> None:
         """Stop every worker at once: after a failure or an interrupt, the devices' state is gone."""
-        if self._state != "dead":
-            self._state, self._dead_reason = "dead", reason
+        if self._state != PoolState.DEAD:
+            self._state, self._dead_reason = PoolState.DEAD, reason
         self._release(0.0)
 
     def _release(self, grace: float) -> None:
@@ -364,11 +375,11 @@ class WorkerPool(FailureReports):
         """Forget the workers' object `handle` with the next call: its last holder in the controller
         is gone. Called by finalizers, at any time and from any thread, so it only takes note (a
         list's append is atomic); the workers hear of it before the next message."""
-        if self._state not in ("dead", "stopped"):
+        if self._state not in (PoolState.DEAD, PoolState.STOPPED):
             self._released.append(handle)
 
     def _free_released(self) -> None:
-        if not self._released or self._state not in ("running", "starting"):
+        if not self._released or self._state not in (PoolState.RUNNING, PoolState.STARTING):
             return
         handles, self._released = self._released, []
         self._call("free", (handles,), "freeing what no handle holds any more")
@@ -379,7 +390,7 @@ class WorkerPool(FailureReports):
         return len(self._released)
 
     def _ready_for_a_call(self, waited: bool = True) -> None:
-        if self._state == "new":
+        if self._state == PoolState.NEW:
             self.start()
         self._join_start()
         self._check_running()
@@ -489,16 +500,16 @@ class WorkerPool(FailureReports):
         one anyway (a handler other than a program's call, which takes no verdict), the workers no
         longer agree, and are stopped."""
         flights, self._in_flight = list(self._in_flight), deque()
-        if flights and self._state == "running":
+        if flights and self._state == PoolState.RUNNING:
             self._send_verdict(False)
             self._resync_due = self._sums_shared  # one may have raised an error of its own
         ran = False
         for flight in flights:
-            if self._state == "running":
+            if self._state == PoolState.RUNNING:
                 replies, pending, _ = self._gather(f"skipping {flight.where}")
                 ran = ran or bool(pending) or any(r is not None and r[0] == "ok" for r in replies)
             flight.answered(None)
-        if ran and self._state == "running":
+        if ran and self._state == PoolState.RUNNING:
             self._die(f"the workers disagree after a failed call ({flights[0].where} ran on some only)")
 
     def _send(self, payloads: list[bytes], where: str) -> None:
@@ -578,7 +589,7 @@ class WorkerPool(FailureReports):
                 if answer_deadline == never:
                     answer_deadline = time.monotonic() + self.timeout + min(30.0, max(2.0, self.timeout))
                 if reply[0] == "err":
-                    if self._state == "starting":
+                    if self._state == PoolState.STARTING:
                         return replies, sorted(pending), False
                     if reply[1]["collective"]:
                         collective_deadline = min(collective_deadline, time.monotonic() + COLLECTIVE_GRACE)

@@ -7,7 +7,7 @@ of any call that ends within it. Between polls the process yields its core (sche
 thread with work to do there runs first: where the processes outnumber the cores (cpu[0 1] on 2 cores,
 a controller and two workers), the one polling doesn't hold up the one it waits for.
 
-Measured on 2 cores (session 17, docs/benchmarks.md): a bare `ping` on cpu[0 1] 126–164 µs sleeping,
+Measured on 2 cores (docs/benchmarks.md): a bare `ping` on cpu[0 1] 126–164 µs sleeping,
 about 62 µs polling first; `prog.ident` 0.69–0.71 of commit ef5b030's, 0.49–0.51 polling; a
 README step at batch 64 or 6144 neither faster nor slower. Polling without yielding made the same
 `ping` twice as slow on those 2 cores. The budget bounds what a wait costs: a long step spends one

@@ -1,4 +1,4 @@
-"""Where each worker's time goes in a call on the workers (issue 14, item 5): computing, loading
+"""Where each worker's time goes in a call on the workers: computing, loading
 data, in each collective (by its .ss line), waiting for the other workers, and the controller's
 messages. One step is one call of a program's function on the workers (`train_step`).
 

@@ -113,7 +113,7 @@ def _reduce_tensor(t: torch.Tensor) -> tuple[Any, ...]:
         array = data.numpy()  # any shape: its buffer is contiguous
     except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16...), or a conjugate view: as bytes
         array = data.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8).numpy()
-    raw = pickle.PickleBuffer(memoryview(array))  # no copy until pickled
+    raw = pickle.PickleBuffer(array.data)  # its memoryview: no copy until pickled
     return _rebuild_tensor, (raw, str(data.dtype).removeprefix("torch."), tuple(data.shape), t.requires_grad)
 
 

@@ -17,7 +17,7 @@ import errno
 import json
 import math
 import os
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -35,6 +35,9 @@ from shapescript.runtime.optim import (
     torch_optimizer,
 )
 from shapescript.runtime.steps import between_steps
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 FORMAT = 1
 _META = "shapescript"
@@ -78,7 +81,8 @@ def _check_path(path: Any, op: str) -> None:
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise TypeError(f"{op}: a checkpoint's path is a str or os.PathLike, not {type(path).__name__}")
     if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, f"{op}: {os.fspath(path)} is a folder, not a checkpoint file",
+        # !s: a bytes path shows as b'...'
+        raise IsADirectoryError(errno.EISDIR, f"{op}: {os.fspath(path)!s} is a folder, not a checkpoint file",
                                 os.fspath(path))
 
 
@@ -196,7 +200,8 @@ def _write_safetensors(f: BinaryIO, tensors: dict[str, torch.Tensor], metadata: 
     head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
     f.write(len(head).to_bytes(8, "little") + head)
     for name in order:
-        f.write(tensors[name].detach().reshape(-1).view(torch.uint8).numpy())
+        # an ndarray is a Buffer; numpy's stubs say so only for Python 3.12 on (`__buffer__`)
+        f.write(cast("Buffer", tensors[name].detach().reshape(-1).view(torch.uint8).numpy()))
 
 
 def _read(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -34,7 +34,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
-from typing import NamedTuple
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,9 @@ from shapescript.errors import ShapeError
 from shapescript.names import MEMBER_PREFIX
 from shapescript.runtime.shm_reduce import SharedMemoryAllReduce
 from shapescript.runtime.steps import StepSkipped
+
+if TYPE_CHECKING:  # modes.py imports this module
+    from shapescript.runtime.modes import Mode
 
 # Set by a worker: a context manager around each collective, given its .ss location, so that a
 # worker stuck there can be reported ("was waiting for the other workers at train.ss:30:12").
@@ -128,8 +132,9 @@ class collective:
             self.noted.open += 1
         self.status.__enter__()
 
-    def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        self.status.__exit__(kind, exc, tb)  # type: ignore[arg-type]
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.status.__exit__(kind, exc, tb)
         if self.noted is not None and kind is None:
             self.noted.open -= 1
 
@@ -264,14 +269,14 @@ class _AllSum(torch.autograd.Function):
     of every use of the sum, its own and the other workers'."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, where: str) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, where: str) -> torch.Tensor:
         ctx.where = where
         y = x.detach().clone()
         _all_reduce(y, where)
         return y
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         total = grad.detach().clone()
         _all_reduce(total, ctx.where)
         return total, None
@@ -457,10 +462,10 @@ BATCH_NORM_MOMENTUM = 0.1
 BATCH_NORM_EPS = 1e-5
 
 
-def all_batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int, where: str = "") -> torch.Tensor:
+def all_batch_norm(x: torch.Tensor, stats: object, mode: Mode, axis: int, where: str = "") -> torch.Tensor:
     """batch_norm with the batch's statistics from every worker: the sums and sums of squares per
     channel and the count, 2·C + 1 values in f64, in one all-reduce."""
-    if not mode.training:  # type: ignore[attr-defined]  (Eval: the running statistics, nothing to share)
+    if not mode.training:  # Eval: the running statistics, nothing to share
         moved = x.movedim(axis, 1)
         out = F.batch_norm(moved, *running_statistics(stats), training=False, eps=BATCH_NORM_EPS)
         return out.movedim(1, axis)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numbers
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -21,10 +22,11 @@ from shapescript.errors import DomainError, ShapeError
 from shapescript.names import DATA_RESERVED, is_reserved, similar
 from shapescript.runtime.model import dtype_name, shape_text
 
+np: ModuleType | None
 try:  # numpy is optional; only needed to copy read-only arrays torch would warn about
     import numpy as np
 except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
+    np = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class DataSpec:
     name: str
     fields: tuple[FieldSpec, ...]
     where: str
+    # Set by __post_init__: each field's name, dtype, shape after the batch axis and Index bound when every
+    # dim of every field has a size (None when some field has a generic dim): what `as_given` compares with.
+    as_given: tuple[tuple[str, torch.dtype, tuple[int, ...], int | None], ...] | None = field(
+        init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Emitted by the code generator, so a bad spec is our bug: fail when the program loads.
@@ -52,8 +58,6 @@ class DataSpec:
                 raise ValueError(f"{f.where}: field name `{f.name}` is repeated or reserved "
                                  f"in data {self.name}")
             seen.add(f.name)
-        # Each field's name, dtype, shape after the batch axis and Index bound when every dim of every
-        # field has a size (None when some field has a generic dim): what `as_given` compares with.
         given = tuple((f.name, f.dtype, tuple(size for _, size in f.dims), f.index_bound) for f in self.fields)
         object.__setattr__(self, "as_given", None if any(None in shape for _, _, shape, _ in given) else given)
 
@@ -361,7 +365,7 @@ def as_given(spec: DataSpec, record: Any, rows: int | None) -> dict[str, torch.T
 def given_rows(spec: DataSpec, record: Any, rows: int | None) -> int:
     """How many rows `record` has if `as_given` would take it as it is (0 for a spec without fields
     and no `rows`), else -1; it copies nothing."""
-    fields = spec.as_given  # type: ignore[attr-defined]
+    fields = spec.as_given
     if fields is None or type(record) is not dict or len(record) != len(fields):
         return -1
     for name, dtype, shape, bound in fields:  # dtypes and layouts are singletons: `is` compares them
@@ -402,9 +406,9 @@ def _check_record(spec: DataSpec, record: Any, origin: _Origin) -> dict[str, tor
     for f in spec.fields:
         if f.name not in record:
             near = [key for key in extra if isinstance(key, str) and similar(key, [f.name])]
-            given = (f"; it has `{near[0]}`, which {spec.name} does not declare: did you mean `{f.name}`?"
-                     if near else "")
-            raise ShapeError(f"{origin.record()} has no field `{f.name}` {origin.declared(f)}{given}")
+            hint = (f"; it has `{near[0]}`, which {spec.name} does not declare: did you mean `{f.name}`?"
+                    if near else "")
+            raise ShapeError(f"{origin.record()} has no field `{f.name}` {origin.declared(f)}{hint}")
     if extra:
         raise ShapeError(f"{origin.record()} has a field `{extra[0]}` that {spec.name} does not "
                          f"declare (its fields: {fields}; declared at {spec.where})")

@@ -185,7 +185,7 @@ class BatchGuard:
     padded: tuple[tuple[AxisCheck, str, int], ...] = ()
 
     def __call__(self, value: Any, bindings: Bindings) -> Batch:
-        if self.device is None and not self.padded:  # the short way of a right batch (issue 15)
+        if self.device is None and not self.padded:  # the short way of a right batch
             fields = as_given(self.spec, value, None)
             if fields:
                 batch = trusted_batch(self.spec, fields)
@@ -214,9 +214,9 @@ class BatchGuard:
 
     def quick(self, v: str, out: QuickChecks, specs: Mapping[str, ModelSpec]) -> str | None:
         """A dict that `as_given` takes as it is, with rows (on the device); or a Batch of this type."""
-        if self.padded or self.spec.as_given is None or not _plain_axes(self.axes[:1]):  # type: ignore[attr-defined]
+        if self.padded or self.spec.as_given is None or not _plain_axes(self.axes[:1]):
             return None
-        spec, fields = out.constant(self.spec), self.spec.as_given  # type: ignore[attr-defined]
+        spec, fields = out.constant(self.spec), self.spec.as_given
         out.line(f"if type({v}) is dict:")  # what data.py's `given_rows` checks, written out
         out.require(f"len({v}) == {len(fields)}", indent="    ")
         for k, (name, dtype, shape, bound) in enumerate(fields):
@@ -350,7 +350,7 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-# -- a function's short way through its checks (issue 15) ----------------------------------------
+# -- a function's short way through its checks --------------------------------------------------
 
 class QuickChecks:
     """The text of a function's short way through its argument checks (`signature_check`), as its
@@ -394,7 +394,7 @@ def _plain_axes(axes: tuple[AxisCheck, ...]) -> bool:
 
 def signature_check(guards: Sequence[Any], specs: Mapping[str, ModelSpec]
                     ) -> Callable[[Sequence[Any]], list[Any] | None] | None:
-    """A function's short way through its argument guards, written once (issue 15): given the
+    """A function's short way through its argument guards, written once: given the
     arguments in order, the values the guards would give, or None where any argument needs more than
     a look at cached metadata (then the guards themselves run, and word what is wrong). None where
     some guard has no quick check. `specs`: the program's model specs by name."""

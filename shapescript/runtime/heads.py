@@ -43,12 +43,12 @@ def _scatter(whole: torch.Tensor, axis: int, where: str) -> torch.Tensor:
 
 class _GatherHeads(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, part: torch.Tensor, axis: int, where: str) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, part: torch.Tensor, axis: int, where: str) -> torch.Tensor:
         ctx.axis, ctx.where = axis, where
         return gather_along(part, axis, where)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return _scatter(grad, ctx.axis, ctx.where), None, None
 
 

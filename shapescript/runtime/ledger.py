@@ -1,5 +1,5 @@
 """What a worker that raised an error of its own in a call does, so that the others never wait for it
-and no worker updates a model (issue 36, item 2).
+and no worker updates a model.
 
 The workers of several devices run the same code in step: every collective a call starts, every
 worker starts too, in the same order. One worker whose own code raises (an extern fn that refuses

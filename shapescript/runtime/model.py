@@ -154,7 +154,7 @@ def require_visible(indices: tuple[int, ...], asked: str, what: str) -> None:
                       f"(--devices '{plain}'), or on the CUDA devices there are")
 
 
-def _bytes_text(n: int) -> str:
+def _bytes_text(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB"):
         if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"

@@ -72,10 +72,10 @@ def dropout(x: torch.Tensor, p: float, mode: Mode, batch_axis: int | None = None
     generator = mode.generator(x.device)
     part = batch_part() if batch_axis is not None else None
     shape = list(x.shape)
-    if part is not None:
-        shape[batch_axis] = part[1]  # type: ignore[index]
+    if part is not None and batch_axis is not None:  # (part is None without an axis)
+        shape[batch_axis] = part[1]
     # A contiguous mask of the whole batch's shape, so the values don't depend on x's strides.
     keep = torch.empty(shape, dtype=x.dtype, device=x.device).bernoulli_(1.0 - p, generator=generator)
-    if part is not None:
-        keep = keep.narrow(batch_axis, part[0], x.shape[batch_axis])  # type: ignore[arg-type]
+    if part is not None and batch_axis is not None:
+        keep = keep.narrow(batch_axis, part[0], x.shape[batch_axis])
     return x * keep / (1.0 - p)

@@ -4,6 +4,7 @@ the causal mask, and `first` with its check of the count."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,10 @@ from shapescript.runtime.collectives import (
     running_statistics,
 )
 from shapescript.runtime.optim import Grads
+
+if TYPE_CHECKING:
+    from shapescript.runtime.data import Batch
+    from shapescript.runtime.modes import Mode
 
 
 def grad_norm(g: Grads, where: str = "norm") -> torch.Tensor:
@@ -82,26 +87,26 @@ def topk(x: torch.Tensor, k: int, axis: int, along: str, where: str) -> tuple[to
     return values, indices
 
 
-def batch_norm(x: torch.Tensor, stats: object, mode: object, axis: int) -> torch.Tensor:
+def batch_norm(x: torch.Tensor, stats: object, mode: Mode, axis: int) -> torch.Tensor:
     """PyTorch's batch_norm with the channels on `axis`: batch statistics and a momentum update of
     the running ones in Train, the running ones in Eval."""
-    if mode.training and x.numel() == x.shape[axis]:  # type: ignore[attr-defined]  (our error, not torch's)
+    if mode.training and x.numel() == x.shape[axis]:  # our error, not torch's
         check_statistics_count(1, caller_location())
     moved = x if axis == 1 else x.movedim(axis, 1)
-    out = torch.nn.functional.batch_norm(moved, *running_statistics(stats), training=mode.training,  # type: ignore
+    out = torch.nn.functional.batch_norm(moved, *running_statistics(stats), training=mode.training,
                                          momentum=BATCH_NORM_MOMENTUM, eps=BATCH_NORM_EPS)
     return out if axis == 1 else out.movedim(1, axis)
 
 
-def valid(batch: object, label: str) -> torch.Tensor:
+def valid(batch: Batch, label: str) -> torch.Tensor:
     """[b n] bool: true where an item has its own values along the padded dim `label`."""
-    spec = batch.spec  # type: ignore[attr-defined]
+    spec = batch.spec
     size = next(getattr(batch, f.name).shape[1 + k] for f in spec.fields
                 for k, (name, fixed) in enumerate(f.dims) if name == label and fixed is None)
-    lengths = batch.lengths.get(label)  # type: ignore[attr-defined]
+    lengths = batch.lengths.get(label)
     if lengths is None:  # a batch from Python, or stacked by the dataset itself: nothing padded
         first = getattr(batch, spec.fields[0].name)
-        return torch.ones(batch.size, size, dtype=torch.bool, device=first.device)  # type: ignore[attr-defined]
+        return torch.ones(batch.size, size, dtype=torch.bool, device=first.device)
     return torch.arange(size, device=lengths.device)[None, :] < lengths[:, None]
 
 

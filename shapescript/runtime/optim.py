@@ -10,7 +10,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -120,6 +120,13 @@ class Optimizer:
         return f"{self.kind}[{self.model.spec.name}]({args})"
 
 
+class _RemoteModel(Protocol):
+    """What `_make` uses of parallel/remote.py's RemoteModel (the run time imports nothing of parallel/).
+    Its optimizer is a RemoteOptimizer, which stands for an Optimizer as the model does for a Model."""
+
+    def _make_optimizer(self, kind: str, hyper: dict[str, Any]) -> Any: ...
+
+
 def named_state(opt: Optimizer) -> tuple[dict[str, torch.Tensor], list[str]]:
     """`opt`'s state by `param.key` as detached copies, and the names of the values torch keeps as
     Python numbers (made 0-d f64 tensors here)."""
@@ -197,7 +204,8 @@ def _setting_text(value: Any) -> str:
 
 
 def _rate(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+    # `not 0 <= value < math.inf` (NaN too) in the `<` that numbers.Real declares: 0 <= value needs its >=
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0 or not value < math.inf:
         raise ValueError("a finite number >= 0")
     try:
         return float(value)
@@ -207,7 +215,7 @@ def _rate(value: Any) -> float:
 
 def _betas(value: Any) -> tuple[float, float]:
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(
-            isinstance(b, numbers.Real) and not isinstance(b, bool) and 0 <= b < 1 for b in value)):
+            isinstance(b, numbers.Real) and not isinstance(b, bool) and not b < 0 and b < 1 for b in value)):
         raise ValueError("two numbers in [0, 1)")
     return float(value[0]), float(value[1])
 
@@ -266,7 +274,7 @@ def _make(kind: str, m: Model, hyper: dict[str, Any]) -> Optimizer:
     hyper = checked_hyper(kind, {**hyper, "no_decay": no_decay_names(m.spec, hyper["no_decay"], kind)},
                           f"{kind.lower()}: ")
     if remote:  # a model on several devices: the state is made on every worker
-        return m._make_optimizer(kind, hyper)  # type: ignore[attr-defined,no-any-return]
+        return cast(_RemoteModel, m)._make_optimizer(kind, hyper)  # is_remote: a RemoteModel
     if not m.params():
         raise DomainError(f"{kind.lower()}: model {m.spec.name} (declared at {m.spec.where}) has "
                           f"no trained params")
@@ -288,11 +296,11 @@ def torch_optimizer(kind: str, m: Model, hyper: Mapping[str, Any]) -> torch.opti
     elif params and params[0].device.type == "cpu" and all(p.is_contiguous() for p in params):
         # torch's fused kernels on cpu: one pass over each param instead of a dozen tensor ops
         # (AdamW on the README's MLP 77 µs a step against 458; SGD's results are bitwise the same,
-        # AdamW's within rounding). See docs/benchmarks.md, session 12.
+        # AdamW's within rounding). See docs/benchmarks.md.
         settings["fused"] = True
     made = TORCH_KINDS[kind](torch_groups(m, hyper), **settings)
     if capturable:  # torch's warning that such a step is slower uncaptured: warm-ups are so by design
-        made._warned_capturable_if_run_uncaptured = True  # type: ignore[attr-defined]
+        made._warned_capturable_if_run_uncaptured = True
     return made
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -50,7 +52,7 @@ def vendor() -> str:
     return ""
 
 
-def _linear_op() -> object | None:
+def _linear_op() -> Callable[..., torch.Tensor] | None:
     """torch's oneDNN linear kernel on plain strided tensors (what torch.compile lowers linear layers
     to on the CPU), or None where this torch has none."""
     if not torch.backends.mkldnn.is_available() or platform.machine().lower() not in ("x86_64", "amd64"):
@@ -103,8 +105,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _onednn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b through oneDNN: its linear op computes input @ weight^T, with the weight as [n k]."""
     rows = a.reshape(-1, a.shape[-1]) if a.dim() > 2 else a
+    assert _LINEAR is not None  # called only where `_on`: ENABLED, which needs the kernel
     try:
-        out = _LINEAR(rows.contiguous(), b.t(), None, "none", [None], "")  # type: ignore[operator]
+        out = _LINEAR(rows.contiguous(), b.t(), None, "none", [None], "")
     except RuntimeError:  # a layout or size oneDNN refuses: torch's product, which the rule only meant to beat
         return a @ b
     return out.view(*a.shape[:-1], b.shape[1]) if a.dim() > 2 else out
@@ -122,10 +125,18 @@ def _weight_grad(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def onednn_weight_grad(rows: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
     """rows^T @ grads through oneDNN as (G^T A)^T: G^T its input, A^T its weight [k m], the result
     [n k] transposed into b's layout; torch's product where oneDNN refuses."""
+    assert _LINEAR is not None  # called only where `_on`: ENABLED, which needs the kernel
     try:
-        return _LINEAR(grads.t(), rows.t(), None, "none", [None], "").t().contiguous()  # type: ignore[operator]
+        return _LINEAR(grads.t(), rows.t(), None, "none", [None], "").t().contiguous()
     except RuntimeError:
         return rows.t() @ grads
+
+
+class _ProductCtx(Protocol):
+    """A backward's ctx as _Product reads it (torch's stubs type both as 1-tuples)."""
+
+    saved_tensors: tuple[torch.Tensor, ...]
+    needs_input_grad: tuple[bool, ...]
 
 
 class _Product(torch.autograd.Function):
@@ -139,10 +150,9 @@ class _Product(torch.autograd.Function):
         return _onednn(a, b)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        a, b = ctx.saved_tensors  # type: ignore[attr-defined]
-        need_a, need_b = ctx.needs_input_grad  # type: ignore[attr-defined]
+    def backward(ctx: _ProductCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad
         grad_a = matmul(grad, b.t()) if need_a else None
         grad_b = _weight_grad(a, grad) if need_b else None
         return grad_a, grad_b

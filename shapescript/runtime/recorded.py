@@ -1,4 +1,4 @@
-"""Recorded steps (issue 15, item 6): a step of a function in the module's `RECORDABLE` table
+"""Recorded steps: a step of a function in the module's `RECORDABLE` table
 (lower/recording.py) captured once as a CUDA graph and then replayed, so that a step costs one
 launch, its NCCL all-reduces included, rather than a launch per kernel.
 

@@ -210,7 +210,7 @@ class _Saved:
     read: _Read
     size: torch.Size
     stride: tuple[int, ...]
-    offset: int
+    offset: int | torch.SymInt
 
 
 # While a value is differentiated (`keeping_pieces`): each live gathered param by its storage.
@@ -219,7 +219,7 @@ _live: dict[int, tuple[weakref.ref[torch.Tensor], _Read]] | None = None
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, piece: torch.Tensor, shape: tuple[int, ...], where: str) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, piece: torch.Tensor, shape: tuple[int, ...], where: str) -> torch.Tensor:
         whole = gathered(piece, shape, where)
         ctx.read = _Read(piece, shape, where)
         if _live is not None:
@@ -227,7 +227,7 @@ class _Gather(torch.autograd.Function):
         return whole
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         read: _Read = ctx.read
         read.done()
         return scattered(grad, read.piece.numel(), read.where), None, None

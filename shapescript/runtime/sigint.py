@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import signal
 import threading
-
-# The C module's getsignal: `signal.getsignal` converts what it returns to an enum where it can, which
-# costs ~20 µs for Python's own handler (a failed Enum lookup, an exception) on every step.
-from _signal import getsignal as _current_handler  # type: ignore[import-not-found]
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # typeshed has no _signal; its getsignal is signal's without the enum
+    from signal import getsignal as _current_handler
+else:
+    # The C module's getsignal: `signal.getsignal` converts what it returns to an enum where it can, which
+    # costs ~20 µs for Python's own handler (a failed Enum lookup, an exception) on every step.
+    from _signal import getsignal as _current_handler
 
 SigintHandler = Callable[[int, FrameType | None], Any]
 
@@ -53,7 +56,7 @@ def _router_in_place() -> bool:
     return True
 
 
-def hold_ctrl_c(holder: SigintHandler) -> SigintHandler | None | bool:
+def hold_ctrl_c(holder: SigintHandler) -> SigintHandler | None | Literal[False]:
     """Give SIGINT to `holder` until `release_ctrl_c(token)` with the token this returns (holds nest)."""
     global _ctrl_c_holder
     if threading.current_thread() is not _ctrl_c_main or not _router_in_place():
@@ -62,11 +65,11 @@ def hold_ctrl_c(holder: SigintHandler) -> SigintHandler | None | bool:
     return token
 
 
-def release_ctrl_c(token: SigintHandler | None | bool) -> None:
+def release_ctrl_c(token: SigintHandler | None | Literal[False]) -> None:
     """End the hold that returned `token`: the holder before it (or none) gets SIGINT again."""
     global _ctrl_c_holder
     if token is not False:
-        _ctrl_c_holder = token  # type: ignore[assignment]
+        _ctrl_c_holder = token
 
 
 def deliver_ctrl_c(frame: FrameType | None) -> None:

@@ -36,7 +36,8 @@ def generic(name: str) -> sympy.Dummy:
 
 
 def literal(value: int) -> sympy.Integer:
-    return sympy.Integer(value)
+    number: sympy.Integer = sympy.Integer(value)  # sympy's constructors are unannotated
+    return number
 
 
 def is_generic(d: sympy.Basic) -> bool:
@@ -114,27 +115,35 @@ def value(d: Dim, values: Mapping[str, int | None]) -> int | None:
 def digit_count(value: int) -> int:
     """How many digits a size has, without writing it out (Python refuses to write a long one)."""
     digits = max(1, int(value.bit_length() * 0.30103))  # log10(2) rounded down: exact or one short
-    return digits + (value >= 10 ** digits)
+    smallest_longer: int = 10 ** digits  # int ** int may be a float to mypy (a negative power)
+    return digits + (value >= smallest_longer)
 
 
 class _Printer(StrPrinter):
-    """Prints generic dims by their written name (sympy shows a Dummy as `_b`)."""
+    """Prints generic dims by their written name (sympy shows a Dummy as `_b`). StrPrinter is
+    unannotated: its methods are called through the class, where mypy knows them for sympy's."""
+
+    def __init__(self) -> None:
+        StrPrinter.__init__(self)
 
     def _print_Dummy(self, expr: sympy.Dummy) -> str:
         return expr.name
 
     def _print_Mul(self, expr: sympy.Mul) -> str:
-        return super()._print_Mul(expr).replace(" ", "")
+        text: str = StrPrinter._print_Mul(self, expr)
+        return text.replace(" ", "")
 
-    def _print_Add(self, expr: sympy.Add, order=None) -> str:
-        return super()._print_Add(expr, order).replace(" ", "")
+    def _print_Add(self, expr: sympy.Add, order: str | None = None) -> str:
+        text: str = StrPrinter._print_Add(self, expr, order)
+        return text.replace(" ", "")
 
 
 _PRINTER = _Printer()
 
 
 def show(d: Dim) -> str:
-    return _PRINTER.doprint(d)
+    text: str = StrPrinter.doprint(_PRINTER, d)
+    return text
 
 
 def names(d: Dim) -> set[str]:

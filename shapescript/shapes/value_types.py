@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..dtypes import DTYPES, FLOAT_DTYPES, INT_DTYPES  # noqa: F401  (the checker's names for them)
+from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..syntax import tree as A
 from . import dims as D
 

@@ -5,11 +5,15 @@ Every problem is a `Diagnostic` (E01xx) pointing at the token where the parser g
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from ..errors import CompileError, Diagnostic, Span
 from . import tree as A
 from .lexer import LexError, Token, describe, tokenize
 from .type_grammar import TypeGrammar
 
+Line = TypeVar("Line")  # what one line of a block parses to
 ITEM_WORDS = ("devices", "dim", "data", "model", "extern", "python")
 
 # Binding powers: higher binds tighter.
@@ -109,14 +113,14 @@ class _Parser(TypeGrammar):
             k -= 1
         return start.to(self.toks[k].span) if k >= 0 else start
 
-    def block(self, parse_line) -> list:
+    def block(self, parse_line: Callable[[], Line]) -> list[Line]:
         """NEWLINE INDENT { line } DEDENT, after a `:`."""
         self.expect_newline()
         if self.tok.kind != "INDENT":
             raise self.fail("expected an indented block", label="the block should start here",
                             help="indent the lines that belong to it")
         self.advance()
-        out = []
+        out: list[Line] = []
         while self.tok.kind not in ("DEDENT", "EOF"):
             out.append(parse_line())
         self.advance()
@@ -136,13 +140,18 @@ class _Parser(TypeGrammar):
         if t.kind == "KW" and t.text == "fn":
             return self.fn()
         if t.kind == "NAME" and t.text in ITEM_WORDS:
-            return getattr(self, "item_" + t.text)()
+            return self.item_parsers()[t.text]()
         if t.kind == "INDENT":
             raise self.fail("unexpected indentation", label="this line is indented",
                             help="top-level items start at the first column")
         raise self.fail(f"expected an item (devices, dim, data, model, fn, extern fn, python fn), "
                         f"found {describe(t)}", label="not an item",
                         help="statements go inside a `fn`")
+
+    def item_parsers(self) -> dict[str, Callable[[], A.Item]]:
+        """Each of ITEM_WORDS' parser."""
+        return {"devices": self.item_devices, "dim": self.item_dim, "data": self.item_data, "model": self.item_model,
+                "extern": self.item_extern, "python": self.item_python}
 
     def item_devices(self) -> A.Devices:
         start = self.advance().span

@@ -222,7 +222,7 @@ _CONTRAST_JS = """() => {
 
 def _check_the_themes(page) -> None:
     """The drawings' text reads in JupyterLab's light theme and in its dark one, where SVG text left
-    black was black on black (issue 37, item 7): a contrast of at least 4.5 (WCAG's AA) for every
+    black was black on black: a contrast of at least 4.5 (WCAG's AA) for every
     label, and a screenshot of the timeline in each theme."""
     from playwright.sync_api import expect
 
@@ -241,7 +241,7 @@ def _check_the_themes(page) -> None:
 
 
 def _check_reopened(page, lab: Lab) -> None:
-    """Issue 37, item 8: the notebook saved (as JupyterLab saves it by default, without the widgets'
+    """The notebook saved (as JupyterLab saves it by default, without the widgets'
     state), its kernel shut down, and opened again, in a fresh kernel: the table, the bar and the
     timeline show as they ended, and nothing says "Error displaying widget"; a screenshot of it."""
     from playwright.sync_api import expect

@@ -1,4 +1,4 @@
-"""Failures of workers that are Ray actors (issue 16 item 4), on the simulated cluster (tests/conftest.py):
+"""Failures of workers that are Ray actors, on the simulated cluster (tests/conftest.py):
 a killed worker or a lost node is a WorkerError at once naming the host, the device and Ray's death
 cause; a stuck collective's table says where each worker on each host was; and stop, an interrupt,
 or the controller's end (normal or killed) leave no actor, placement group or worker process."""

@@ -1,5 +1,5 @@
 """The language server reads a program and never imports what its `python fn` and `extern fn` name:
-opening, editing and hovering over such a program leaves the module unimported (issue 36, item 12)."""
+opening, editing and hovering over such a program leaves the module unimported."""
 
 from __future__ import annotations
 

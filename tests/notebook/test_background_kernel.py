@@ -1,7 +1,7 @@
-"""Training in the background through a real kernel (issue 14, item 4's Done-when): a cell starts
+"""Training in the background through a real kernel: a cell starts
 `fit(..., background=True)` on cpu[0 1] and returns at once; the next cells read the model and
 `%shapescript status` while it trains, then stop it at a step boundary; the model trains on. And
-after Ctrl-C landed all over the notebook's progress bars (issue 37, item 1), a run still trains."""
+after Ctrl-C landed all over the notebook's progress bars, a run still trains."""
 
 from __future__ import annotations
 

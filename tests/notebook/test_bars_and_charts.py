@@ -246,7 +246,8 @@ def test_the_live_charts_final_state_goes_into_their_output_when_the_call_ends(
 
 
 def test_a_chart_follows_the_cells_width_labels_its_range_whole_and_smooths_if_asked() -> None:
-    """Issue 37, item 9: a chart was a fixed 360×130 whose y-min label was cut off at the left."""
+    """A chart was a fixed 360×130 whose y-min label was cut off at the left: now it follows the
+    cell's width, shows its range's labels whole, and smooths the values if asked."""
     values = [-0.000123456 * k for k in range(1, 30)] + [-1234.5]  # long labels at both ends of the range
     svg = svg_chart("loss", list(enumerate(values, 1)))
     assert 'width="100%"' in svg and f'viewBox="0 0 {live.WIDTH} {live.HEIGHT}"' in svg
@@ -276,8 +277,8 @@ def test_a_chart_follows_the_cells_width_labels_its_range_whole_and_smooths_if_a
 
 
 def test_a_background_run_stopped_at_a_step_shows_the_steps_its_handle_counts(prog: ss.Program, bars: list[Bar]) -> None:
-    """The bar of a run stopped by `h.stop()` counts the last step too, as the handle does (issue 37,
-    item 9: a stopped run's bar said 5474 while its handle said 5475). The sink holds the run at its
+    """The bar of a run stopped by `h.stop()` counts the last step too, as the handle does (a
+    stopped run's bar once said 5474 while its handle said 5475). The sink holds the run at its
     third record until the stop has been asked for, so the run stops right after that step."""
     import threading
     third, go_on = threading.Event(), threading.Event()
@@ -299,10 +300,10 @@ def test_a_background_run_stopped_at_a_step_shows_the_steps_its_handle_counts(pr
 
 
 def test_every_text_of_the_charts_and_the_timeline_takes_the_themes_colour() -> None:
-    """SVG text is black unless told, which JupyterLab's dark theme drew black on black (issue 37,
-    item 7): each <text> of a chart and of the timeline's bars is coloured by one of JupyterLab's
-    font-colour variables, falling back where there is none. The browser test measures the contrast
-    in both themes."""
+    """SVG text is black unless told, which JupyterLab's dark theme drew black on black: each
+    <text> of a chart and of the timeline's bars is coloured by one of JupyterLab's font-colour
+    variables, falling back where there is none. The browser test measures the contrast in both
+    themes."""
     from shapescript.notebook.timeline import bars_svg
     from shapescript.parallel.timeline import Step, WorkerTiming
     step = Step(1, "`step` (x.ss:3:4)", wall=0.01, devices=("cpu:0", "cpu:1"),

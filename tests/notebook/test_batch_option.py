@@ -1,4 +1,4 @@
-"""A batch size for the notebook's placement table (issue 14, item 7): where no `batches(n)` gives
+"""A batch size for the notebook's placement table: where no `batches(n)` gives
 one, `%%shapescript --batch N` and `%shapescript comms --batch N` show the shares of a batch of N,
 as `shapescript comms --batch N` does on the command line; the hint under a table without one names
 the notebook's way, the command line's names `--batch N`; a bad size is a one-line UsageError.

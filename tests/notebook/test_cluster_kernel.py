@@ -1,4 +1,4 @@
-"""`%shapescript cluster` through a real kernel (issue 16's notebook test): the kernel connects to a
+"""`%shapescript cluster` through a real kernel: the kernel connects to a
 simulated Ray cluster of 2 nodes on this machine's loopback, trains the README MLP on `cpu[0 1]`
 there, equal to the same steps on `cpu` in this process; its workers are Ray actors of ours, and a
 restart of the kernel leaves no live actor or placement group of ours on the cluster, and neither
@@ -112,7 +112,7 @@ def test_a_notebook_trains_on_the_cluster_and_a_restart_leaves_nothing(
     kernel.ok(cell("devices cpu[0 1]\n\n" + MLP))
     kernel.ok("m = Mlp.init(seed=0)")  # waits for the workers
     assert len(ours_on_the_cluster()[0]) == 2
-    refused = kernel.run("%shapescript cluster off")  # m is on them: only with --discard (issue 37, item 6)
+    refused = kernel.run("%shapescript cluster off")  # m is on them: only with --discard
     assert refused.status == "error" and "`%shapescript cluster off --discard`" in refused.traceback
     assert len(ours_on_the_cluster()[0]) == 2
     left = kernel.ok("%shapescript cluster off --discard").stdout

@@ -1,4 +1,4 @@
-"""Ctrl-C landed anywhere in a progress bar's code leaves no lock taken (issue 37, item 1): a notebook
+"""Ctrl-C landed anywhere in a progress bar's code leaves no lock taken: a notebook
 once stayed at "batch 0" for good after a few ■ presses during loops with bars, since one had landed
 inside tqdm's lock code and left its lock taken; the background run then waited for it, holding the
 step lock, and a read of `m.w1` waited for that. Each interrupt is landed at an exact line of tqdm's

@@ -338,13 +338,13 @@ def test_an_interrupt_stops_a_loop_at_a_step_and_the_model_trains_on(fresh: Kern
 
 def test_an_interrupt_that_waited_for_the_step_is_its_message_and_tb_has_the_rest(fresh: Kernel) -> None:
     """An interrupt during a call on the workers shows what became of the step and the models, in a
-    few lines (issue 37, item 4), not 40-60 lines through the package ending in an empty
+    few lines, not 40-60 lines through the package ending in an empty
     `StepInterrupt: `; %tb then shows the whole traceback."""
     import threading
 
     fresh.ok(cell(LINEAR_STEP))
     fresh.ok("m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)")
-    # A double click on ■: the second press, 0.3 s after the first, is ignored (issue 37, item 3)
+    # A double click on ■: the second press, 0.3 s after the first, is ignored
     timers = [threading.Timer(delay, fresh.manager.interrupt_kernel) for delay in (2.0, 2.3)]
     for timer in timers:
         timer.start()
@@ -397,7 +397,7 @@ def test_a_second_quick_interrupt_stops_the_workers_and_says_so(fresh: Kernel) -
 def test_stopping_or_moving_workers_that_hold_models_is_refused_without_discard(fresh: Kernel) -> None:
     """`%shapescript stop`, `%shapescript devices ...` and a cell with a new devices line would lose
     the models and optimizers on the workers: each is refused, naming them, and nothing changes,
-    until told `--discard` (issue 37, item 6). On 875fb62 each went ahead."""
+    until told `--discard`. On 875fb62 each went ahead."""
     fresh.ok(cell(LINEAR_STEP))
     fresh.ok("m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)\n"
              "step(m, opt, {'x': torch.randn(4, 3), 'y': torch.arange(4) % 2})\nbefore = m.w")
@@ -421,7 +421,7 @@ def test_stopping_or_moving_workers_that_hold_models_is_refused_without_discard(
 def test_reading_a_field_of_a_model_a_later_cell_reshaped_is_refused_as_a_call_is(fresh: Kernel) -> None:
     """A cell that changes a dim leaves the notebook's models of the old shapes: a call with one is
     refused (a ShapeError), and reading a field is refused the same way, not given silently in its
-    old shape (issue 37, item 6); its old values stay readable through state_dict()."""
+    old shape; its old values stay readable through state_dict()."""
     fresh.ok(cell(LINEAR_STEP))
     fresh.ok("m = Lin.init(seed=0)")
     fresh.ok(cell("dim D = 4"))
@@ -440,7 +440,7 @@ def test_reading_a_field_of_a_model_a_later_cell_reshaped_is_refused_as_a_call_i
 def test_every_place_a_person_reads_is_a_cell_and_its_line(fresh: Kernel) -> None:
     """The timeline, the status, a worker's error and its whole traceback (%tb) say "cell [k], line n",
     as compile errors do, not notebook.ss:L:C; the caret of a worker's error is at the line that
-    failed, not at the header of the function called from Python (issue 37, item 5)."""
+    failed, not at the header of the function called from Python."""
     program = LINEAR_STEP + textwrap.dedent("""\
         fn bad(m: Lin, x: [b D]) -> [b C]:
             y = x @ m.w
@@ -475,9 +475,10 @@ def test_every_place_a_person_reads_is_a_cell_and_its_line(fresh: Kernel) -> Non
 
 @pytest.mark.slow
 def test_a_steps_result_logged_after_another_call_is_logged_in_a_kernel(fresh: Kernel) -> None:
-    """The loop of issue 37, item 2, in a notebook on cpu[0 1]: `l = step(...)`, then another call,
-    then `write(log, logs(loss=l))`. On 875fb62 the first batch failed with `TypeError: logs: loss
-    has type Pending`; the losses logged must be the step's, as one device logs them."""
+    """The loop of tests/several/test_pipeline.py's LOGGED_AFTER, in a notebook on cpu[0 1]:
+    `l = step(...)`, then another call, then `write(log, logs(loss=l))`. On 875fb62 the first batch
+    failed with `TypeError: logs: loss has type Pending`; the losses logged must be the step's, as one
+    device logs them."""
     fit = textwrap.dedent("""\
         fn fit(mut m: Lin, mut opt: AdamW[Lin], data: Dataset[Ex], log: Sink):
             for batch in data |> batches(6):

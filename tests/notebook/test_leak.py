@@ -1,4 +1,4 @@
-"""Hours of notebook work don't grow the workers or the kernel (issue 14, item 2): twenty rounds of
+"""Hours of notebook work don't grow the workers or the kernel: twenty rounds of
 `m = Mlp.init(...)`, `opt = ss.adamw(m)` and `run(m, opt, ss.TensorDataset(...), log)` with a
 new dataset each round on cpu[0 1], as a person reassigns the same variables in a cell run again
 and again (no gc.collect: reassigning drops the last reference). Each worker's and the kernel's

@@ -195,7 +195,7 @@ def test_the_several_devices_notebook_shows_the_placement_table_as_html_that_out
         ran: Callable[[str], NotebookNode]) -> None:
     """The cell that defines train_step ends with the placement and communication table, with
     train_step's bytes per call, in a closed panel of HTML: saved in the notebook as it shows, not as
-    a widget whose state JupyterLab doesn't save (issue 37, item 8: "Error displaying widget")."""
+    a widget whose state JupyterLab doesn't save (reopened, it said "Error displaying widget")."""
     nb = ran("02_several_devices.ipynb")
     outputs = cell_with(nb, "fn train_step(").outputs
     assert not [o for o in outputs if WIDGET_VIEW in o.get("data", {})]
@@ -239,7 +239,7 @@ def test_the_training_notebook_shows_what_a_long_session_needs(ran: Callable[[st
     timeline = shown(cell_with(nb, "print(ss_program.timeline("))
     assert re.search(r"^cpu:0 ", timeline, re.M) and re.search(r"^cpu:1 ", timeline, re.M)
     assert timeline.count("<- slowest") == 1 and "notebook.ss:21:12 all-reduce" in timeline
-    # %shapescript timeline's output is HTML that later calls redraw (issue 37, item 8): saved, it
+    # %shapescript timeline's output is HTML that later calls redraw: saved, it
     # shows a call made after the next cell printed the table, with a bar per worker: a later call
     # on cpu[0 1], or the last cells' program on cpu[0 1 2] (it shows the pool that called last).
     [drawn] = cell_with(nb, "%shapescript timeline").outputs
@@ -271,7 +271,7 @@ def test_the_training_notebook_shows_what_a_long_session_needs(ran: Callable[[st
 @pytest.mark.parametrize("name", NAMES)
 def test_a_notebook_saved_without_the_widgets_state_shows_every_output_as_html(
         ran: Callable[[str], NotebookNode], name: str) -> None:
-    """Issue 37, item 8. A notebook saved as JupyterLab saves one by default, without the widgets'
+    """A notebook saved as JupyterLab saves one by default, without the widgets'
     state, keeps no widget view (which a reopened notebook would draw as "Error displaying widget:
     model not found"): the bars, the live charts, the timeline and the placement table are HTML, and
     nbconvert's HTML of it shows each of them."""

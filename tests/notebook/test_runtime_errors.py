@@ -71,7 +71,7 @@ def test_a_check_inside_the_generated_code_names_the_calls_it_passed() -> None:
     extern, extern_text = cell_line("extern fn flat(")
     call, call_text = cell_line("y = flat(x)")
     assert lines[0] == f"ShapeError: `result` of `flat` (cell [2], line {extern}): expected [b D] with D = 4, got shape [12]"
-    assert f"{call} | {call_text}" in lines  # the caret at the line that failed (issue 37, item 5)
+    assert f"{call} | {call_text}" in lines  # the caret at the line that failed
     assert f"  in `flat` at cell [2], line {extern}: {extern_text.strip()}" in lines
 
 
@@ -102,12 +102,12 @@ def test_a_kernel_shows_the_cell_not_the_packages_frames(kernel: Kernel, devices
     whole = kernel.run("%tb")  # the same error, whole
     whole_text = whole.traceback + ANSI.sub("", whole.stdout)
     assert "guards.py" in whole_text and f"`x` of `double` (cell [{count}], line {number})" in whole_text
-    assert "notebook.ss:" not in whole_text  # the cells' lines there too (issue 37, item 5)
+    assert "notebook.ss:" not in whole_text  # the cells' lines there too
 
     shown = shown_error(kernel, "flattened(torch.ones(4, 4))")  # on cpu[0 1], raised on each worker
     extern, extern_text = cell_line("extern fn flat(")
     assert f"ShapeError: `result` of `flat` (cell [{count}], line {extern})" in shown
-    failed, failed_text = cell_line("y = flat(x)")  # the caret: the line that failed (issue 37, item 5)
+    failed, failed_text = cell_line("y = flat(x)")  # the caret: the line that failed
     assert f"--> cell [{count}], line {failed}\n" in shown and f"{failed} | {failed_text}" in shown, shown
     assert f"in `flat` at cell [{count}], line {extern}: {extern_text.strip()}" in shown
     assert "shapescript/" not in shown and not re.search(r"worker \d+'s traceback", shown)

@@ -1,4 +1,4 @@
-"""Stale models in a notebook (issue 14, item 3): a cell that changes a dim a model type depends on
+"""Stale models in a notebook: a cell that changes a dim a model type depends on
 says which variables hold models made before it, and a function called with one raises a
 ShapeError naming the dim, its sizes then and now, and the variable, instead of returning shapes
 its type denies. Models whose type kept its shapes keep working. Through a Session without a
@@ -75,7 +75,7 @@ def test_a_dim_change_names_the_models_it_made_stale_and_refuses_them(nb: Notebo
         ns["step"](fresh, ns["opt"], X)
     assert torch.equal(ns["m"].state_dict()["w1"], w1)  # the refusal changed nothing
     with pytest.raises(ShapeError, match=r"reading `w1`: this Mlp was made with Hd = 3, but Hd is now 8"):
-        ns["m"].w1  # noqa: B018  (a read is refused as the calls are: issue 37, item 6)
+        ns["m"].w1  # noqa: B018  (a read is refused as the calls are)
 
     # The model whose type didn't change keeps working, checked against torch on its own values.
     assert torch.allclose(ns["scaled"](ns["k"], X), X * ns["k"].s)

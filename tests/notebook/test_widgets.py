@@ -19,6 +19,7 @@ from IPython.core.formatters import DisplayFormatter
 from support import ROOT
 
 import shapescript as ss
+from shapescript.check.comms import device_table
 from shapescript.check.comms_text import bytes_text, number_text, report
 from shapescript.devices import DeviceSet
 from shapescript.notebook import markup as M
@@ -188,7 +189,7 @@ def test_the_notebooks_table_names_each_lines_cell() -> None:
     session.run_cell(Cell("cell [1]", "%%shapescript\ndim D = 4\nmodel M:\n    param w: [D] = zeros()\n", 2))
     session.run_cell(Cell("cell [2]", "%%shapescript\n\nfn f(m: M, x: [D]) -> [D] = x * m.w\n", 2))
     view = session.device_table_view()
-    assert view is not None and view.table is session.program.checked.devices
+    assert view is not None and view.table is device_table(session.program.checked)
     page = view.table_html()
     # The location column is short and on one line; the tooltip says it in full.
     assert rows(page, "ss-fn") == [["6 cell 2:3", "f", "on the workers: it uses tensors", "—"]]

@@ -27,7 +27,7 @@ def test_a_cell_on_two_devices_shows_the_placement_table(fresh: Kernel) -> None:
     assert widgets(one) == []  # one device: nothing to show
     moved = fresh.ok("%shapescript devices cpu[0 1]")
     # A closed <details> panel of HTML, not an ipywidget: it shows the same in a notebook opened again
-    # without the widgets' state (issue 37, item 8); the report's text for a terminal.
+    # without the widgets' state; the report's text for a terminal.
     assert widgets(moved) == []
     [shown] = [b for b in moved.bundles if "ss-device-table" in b.get("text/html", "")]
     assert "<details>" in shown["text/html"] and "Placement and communication on cpu[0 1]" in shown["text/html"]
@@ -51,7 +51,7 @@ def test_a_model_shows_its_table(fresh: Kernel) -> None:
     box = fresh.ok("from shapescript.notebook.widgets import model_widget\nmodel_widget(Mlp.init(seed=0))")
     assert len(widgets(box)) == 1
     # Beside the widget's view, the table's HTML and the model's text: what nbconvert and a viewer show
-    # of a notebook saved without the widgets' state (issue 37, item 8).
+    # of a notebook saved without the widgets' state.
     assert '<table class="ss-model-table">' in box.html[-1] and box.plain[-1] == run.plain[-1]
 
 

@@ -1,4 +1,4 @@
-"""Worker pools under threads, forks and partial failures (issue 10, items 10-12): two threads
+"""Worker pools under threads, forks and partial failures: two threads
 sharing a program each get their own answers; a forked child's exit never stops its parent's
 workers; an error raised on one worker only reaches the controller at once; workers that are all
 stopped (SIGSTOP) give a WorkerError at the collective timeout instead of a hang."""
@@ -136,7 +136,7 @@ def later(seconds: float, fn: object, *args: object) -> threading.Timer:
     return timer
 
 
-# -- item 10: threads -------------------------------------------------------------------------------
+# -- threads ----------------------------------------------------------------------------------------
 
 def test_two_threads_calling_one_program_each_get_their_own_results(
         programs: tuple[ss.Program, ss.Program]) -> None:
@@ -226,7 +226,7 @@ def test_ctrl_c_while_another_thread_calls_leaves_its_call_alone(pool5: WorkerPo
     assert pool5.alive and [a["rank"] for a in pool5.call("ping", ())] == [0, 1]
 
 
-# -- item 12: one worker's error, stopped workers ------------------------------------------------
+# -- one worker's error, stopped workers ---------------------------------------------------------
 
 def test_an_error_on_one_worker_reaches_the_controller_at_once(programs: tuple[ss.Program, ss.Program]) -> None:
     prog, one = programs
@@ -256,7 +256,7 @@ def test_an_error_on_one_worker_reaches_the_controller_at_once(programs: tuple[s
     assert str(info.value) == one_device_error(only)
     notes = "\n".join(info.value.__notes__)
     assert "worker 1's traceback (cpu:1)" in notes and "ss_faulty_extern.py" in notes
-    # the sum goes through shared memory, where worker 0 sees that worker 1 failed (issue 36, item 2):
+    # the sum goes through shared memory, where worker 0 sees that worker 1 failed:
     # it gives the step up, and the workers stay up
     assert pool.alive and pool.pids == pids
     torch.testing.assert_close(prog.total({"x": good}), one.total({"x": good}))
@@ -307,7 +307,7 @@ def test_workers_all_stopped_give_a_worker_error_at_the_timeout(pool5: WorkerPoo
     assert gone(pids)  # continued and killed
 
 
-# -- item 11: forks ---------------------------------------------------------------------------------
+# -- forks ------------------------------------------------------------------------------------------
 
 FORKS = textwrap.dedent("""\
     import gc, multiprocessing, os, sys

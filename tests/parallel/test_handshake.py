@@ -1,4 +1,4 @@
-"""The controller's port while Ray workers connect (parallel/handshake.py, issue 36 item 8): every
+"""The controller's port while Ray workers connect (parallel/handshake.py): every
 connection is served at once, each with a deadline of its own, so connections that send nothing, too
 little or a wrong token are closed without holding up the real workers. In process, on the loopback:
 the "workers" are sockets of this test that send their tokens, as ShapeScriptWorker.serve does."""

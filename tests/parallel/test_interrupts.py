@@ -1,4 +1,4 @@
-"""Ctrl-C during a call on the workers (issue 14, safe interrupt): the first waits for the step to end
+"""Ctrl-C during a call on the workers, a safe interrupt: the first waits for the step to end
 on every worker, and the models stay; a second within a few seconds stops the workers at once."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_an_interrupt_while_the_arguments_are_checked_waits_for_the_step(
 def test_each_press_is_said_at_once_and_a_double_click_is_ignored(capsys: pytest.CaptureFixture[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The first Ctrl-C says what it does, on stderr, while the step still runs; a second within
-    DOUBLE_CLICK_S is the same press, ignored and said so; one later stops (issue 37, item 3). The
+    DOUBLE_CLICK_S is the same press, ignored and said so; one later stops. The
     handler itself only writes to a pipe: the saying is a thread's."""
     from types import SimpleNamespace
 

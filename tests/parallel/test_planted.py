@@ -1,4 +1,4 @@
-"""No one else's files can stop a run (issue 36, item 5): entries another local user plants under the
+"""No one else's files can stop a run: entries another local user plants under the
 names our leftovers have, in the temp folder, /dev/shm and a save's folder, are never read as ours.
 
 Every sweep runs on a private folder of the test's (the sweeps' folders are patched), with entries

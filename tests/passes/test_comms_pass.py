@@ -1,4 +1,4 @@
-"""The DeviceTable (check/comms.py, `checked.devices`): what each line sends between the devices,
+"""The DeviceTable (check/comms.py, `device_table(checked)`): what each line sends between the devices,
 in values, dtype and bytes, checked against the tensors each all-reduce combines, built here with
 torch (a batch of BATCH examples; no figure depends on it), and the values' layouts."""
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from facts import build, line_of
 from support import README_MLP_SHAPES, param_and_adamw_bytes
 
-from shapescript.check.comms import DeviceTable
+from shapescript.check.comms import DeviceTable, device_table
 
 BATCH = 8
 D, C = 4, 3  # LIN_HEADER's dims
@@ -53,7 +53,7 @@ def test_each_combined_operation_sends_what_it_combines() -> None:
     at = {name: line_of(P.SPLIT_OPS, f"fn {name}(") for name in ("total", "average", "overall", "gram",
                                                                   "gram_einsum", "column_sums", "loss",
                                                                   "mean_score")}
-    assert line_bytes(build(P.SPLIT_OPS, "cpu[0 1]").devices) == {
+    assert line_bytes(device_table(build(P.SPLIT_OPS, "cpu[0 1]"))) == {
         at["total"]: nbytes(x.sum(0)),
         at["average"]: nbytes(sums_and_count(x.mean(0))),
         at["overall"]: nbytes(sums_and_count(x.mean())),
@@ -66,9 +66,9 @@ def test_each_combined_operation_sends_what_it_combines() -> None:
 
 
 def test_the_bytes_dont_depend_on_the_device_count_and_one_device_sends_nothing() -> None:
-    two = line_bytes(build(P.SPLIT_OPS, "cpu[0 1]").devices)
-    assert line_bytes(build(P.SPLIT_OPS, "cpu[0 1 2]").devices) == two
-    assert build(P.SPLIT_OPS, "cpu").devices.lines == {}
+    two = line_bytes(device_table(build(P.SPLIT_OPS, "cpu[0 1]")))
+    assert line_bytes(device_table(build(P.SPLIT_OPS, "cpu[0 1 2]"))) == two
+    assert device_table(build(P.SPLIT_OPS, "cpu")).lines == {}
 
 
 def test_an_all_reduce_sends_its_results_dtype() -> None:
@@ -76,7 +76,7 @@ def test_an_all_reduce_sends_its_results_dtype() -> None:
     x = torch.randn(BATCH, 4, generator=g, dtype=torch.float64)
     n = torch.randint(0, 9, (BATCH, 4), generator=g, dtype=torch.int32)
     h = torch.randn(BATCH, 4, generator=g).half()
-    table = build(P.MIXED_DTYPES, "cpu[0 1]").devices
+    table = device_table(build(P.MIXED_DTYPES, "cpu[0 1]"))
     sent = {line: [(int(s.collective.count), s.collective.dtype, int(s.bytes)) for item in items for s in item.sent]
             for line, items in table.lines.items()}
     names = {torch.float64: "f64", torch.int64: "i64", torch.float16: "f16"}
@@ -95,7 +95,7 @@ def test_a_step_sends_the_gradients_and_its_loss_forward_and_backward() -> None:
     F.cross_entropy(x @ w, y).backward()
     assert w.grad is not None
     gradients, loss = nbytes(w.grad), nbytes(loss_sum_and_count(x @ w, y))
-    table = build(P.LINEAR, "cpu[0 1]").devices
+    table = device_table(build(P.LINEAR, "cpu[0 1]"))
     step_line = line_of(P.LINEAR, "value_and_grad")
     [item] = table.line(step_line)
     assert item.callee == "loss" and item.differentiated
@@ -116,7 +116,7 @@ def test_the_readmes_step_on_three_gpus_sends_the_manuals_figures() -> None:
     logits = torch.relu(x @ params[0]) @ params[1]
     F.cross_entropy(logits, y).backward()
     gradients = nbytes(*(p.grad for p in params if p.grad is not None))
-    table = build(P.README, "cuda[0 1 2]").devices
+    table = device_table(build(P.README, "cuda[0 1 2]"))
     [item] = table.line(line_of(P.README, "value_and_grad"))
     assert [int(s.bytes) for s in item.sent] == [gradients, 2 * nbytes(loss_sum_and_count(logits, y))]
     assert whole(item.bytes) == 813_072 == gradients + 16
@@ -134,7 +134,7 @@ def test_batch_norm_all_reduces_its_statistics_in_f64() -> None:
     h64 = (x @ net["w1"]).detach().double()
     statistics = torch.cat([h64.sum(0), (h64 * h64).sum(0), h64.new_tensor([BATCH])])
     loss = loss_sum_and_count(hidden @ net["w2"], y)
-    table = build(P.BATCH_NORM, "cpu[0 1]").devices
+    table = device_table(build(P.BATCH_NORM, "cpu[0 1]"))
     step_line = line_of(P.BATCH_NORM, "value_and_grad")
     assert line_bytes(table)[step_line] == gradients + 2 * nbytes(statistics) + 2 * nbytes(loss)
     assert line_bytes(table)[line_of(P.BATCH_NORM, "batch_norm(")] == nbytes(statistics)
@@ -142,7 +142,7 @@ def test_batch_norm_all_reduces_its_statistics_in_f64() -> None:
 
 def test_a_padded_dims_bytes_stay_symbolic() -> None:
     """The sum over the batch of a [b n D] field sends n·D f32s, for whatever n a batch pads to."""
-    [item] = build(P.PADDED, "cpu[0 1]").devices.line(line_of(P.PADDED, "fn total("))
+    [item] = device_table(build(P.PADDED, "cpu[0 1]")).line(line_of(P.PADDED, "fn total("))
     [n] = item.bytes.free_symbols
     for length in (1, 5):
         assert whole(item.bytes.subs(n, length)) == nbytes(torch.zeros(BATCH, length, 4).sum(0))
@@ -154,7 +154,7 @@ def test_the_values_layouts_and_sizes() -> None:
     split with its bytes per example, and the loop's batch loaded in parts."""
     params, adamw_state = param_and_adamw_bytes([(D, C)])
     x, y, _ = example_batch()
-    table = build(P.LINEAR, "cpu[0 1]").devices
+    table = device_table(build(P.LINEAR, "cpu[0 1]"))
     assert whole(table.models["Lin"].bytes) == params
     step = {v.name: v for v in table.values if v.fn == "step"}
     assert step["m"].kind == "model" and whole(step["m"].bytes) == params

@@ -1,5 +1,5 @@
 """A batch that needs nothing converted or refused takes a short way through the checks
-(runtime/data.py's `as_given`, issue 15's call path); every other batch takes the full check. Both
+(runtime/data.py's `as_given`, on a call's path from Python); every other batch takes the full check. Both
 ways must agree: for each batch here, right or wrong, the result (or the error, class and words) with
 the short way is what the full check alone gives."""
 

@@ -1,4 +1,4 @@
-"""Training in the background (issue 14, item 4): `fit(..., background=True)` returns at once; while
+"""Training in the background: `fit(..., background=True)` returns at once; while
 it trains, reads of the model and other calls see the state between two steps; `stop()` ends it at
 a step boundary with the models as that step left them. On one device and on two, against the same
 loop run in the foreground (which records the model after every step: the reference)."""

@@ -1,6 +1,6 @@
 """Strange input from Python gets a typed error that says what is wrong, the same on one device as on
 several: a hand-made batch's lengths and fields, optimizer settings past the largest float, and
-datasets whose length Python or torch can't hold (issue 36, item 9)."""
+datasets whose length Python or torch can't hold."""
 
 from __future__ import annotations
 

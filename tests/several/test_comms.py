@@ -14,7 +14,7 @@ from test_equivalence import digits
 
 import shapescript as ss
 from shapescript.api import compile_program
-from shapescript.check.comms import DTYPE_BYTES
+from shapescript.check.comms import DTYPE_BYTES, device_table
 from shapescript.check.comms_text import hover_text, report
 
 TORCH_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
@@ -104,7 +104,7 @@ def _compare_a_step(source: str, dims, model: str, args, devices: str, sizes: di
 
 def test_the_readme_figures_on_three_gpus() -> None:
     checked = compile_program(README, "mlp.ss", "cuda[0 1 2]")
-    table = checked.devices
+    table = device_table(checked)
     assert table.shares() == [22, 21, 21] and table.batch == 64
     assert int(table.models["Mlp"].bytes) == 813_056
     line = next(i for i, text in enumerate(README.splitlines(), 1) if "value_and_grad" in text)
@@ -121,14 +121,14 @@ def test_the_readme_figures_on_three_gpus() -> None:
 
 
 def test_one_device_sends_nothing() -> None:
-    table = compile_program(README, "mlp.ss", "cpu").devices
+    table = device_table(compile_program(README, "mlp.ss", "cpu"))
     assert table.lines == {} and all(not f.sent for f in table.fns.values())
 
 
 def test_sizes_stay_symbolic_where_the_types_dont_fix_them() -> None:
     src = ("dim D = 768\ndata Seq:\n    x: [n D]\n"  # n: each batch pads to its longest item
            "fn total(batch: [b] Seq) -> []:\n    s = sum(batch.x, over=b)\n    return mean(s)\n")
-    table = compile_program(src, "s.ss", "cpu[0 1]").devices
+    table = device_table(compile_program(src, "s.ss", "cpu[0 1]"))
     (item,) = [i for items in table.lines.values() for i in items]
     from shapescript.check.comms_text import bytes_text
     assert bytes_text(item.bytes) == "3,072·n bytes"
@@ -148,6 +148,6 @@ def test_the_optimizer_state_is_what_adamw_keeps() -> None:
     prog.train_step(m, opt, digits(1, 8, 784, 10)[0])
     kept = sum(t.numel() * t.element_size() for state in opt.torch_opt.state.values()
                for key, t in state.items() if key in ("exp_avg", "exp_avg_sq"))
-    table = compile_program(README, "mlp.ss", "cpu[0 1]").devices
+    table = device_table(compile_program(README, "mlp.ss", "cpu[0 1]"))
     opt_value = table.value_at(*_position(README, "fn train_step(mut m", "opt"))
     assert opt_value.kind == "optimizer" and int(opt_value.bytes) == kept == 2 * 203_264 * 4

@@ -1,4 +1,4 @@
-"""How the workers' batches reach their devices (issue 15, item 6; parallel/loading.py): on the CPU
+"""How the workers' batches reach their devices (parallel/loading.py): on the CPU
 as before, made where they are used; on a GPU, items copied from pinned memory on a stream of the
 worker's own and a kept TensorDataset's next batch gathered ahead. The CPU tests check the choice,
 that the CPU path pins nothing and makes no stream, and that every worker's parts are the batches

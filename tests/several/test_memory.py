@@ -1,4 +1,4 @@
-"""Memory measured on the workers (issue 13, item 6): each worker's params, optimizer state and the
+"""Memory measured on the workers: each worker's params, optimizer state and the
 peak of its last call, read back through the Python API, `%shapescript status` and the DeviceTable.
 The references are the spec's sizes and torch's own AdamW state; the peaks must grow with the model."""
 
@@ -136,8 +136,8 @@ def test_status_and_device_table_show_the_measured_figures() -> None:
 
 def test_a_cpu_call_that_needed_no_more_resident_memory_says_it_reused_some() -> None:
     """On a CPU, "activations and the rest" is the growth of the resident memory, 0 whenever the call
-    reused memory freed before it: the table says "0 (reused)", not "0 bytes" as if it needed none
-    (issue 37, item 9); on cuda, whose allocator counts tensors, 0 is 0."""
+    reused memory freed before it: the table says "0 (reused)", not "0 bytes" as if it needed none;
+    on cuda, whose allocator counts tensors, 0 is 0."""
     from shapescript.notebook.workers import added_cell
     from shapescript.parallel.memory import CUDA_PEAK, CallPeak
     reused, grew = CallPeak("`step`", before=2**20, peak=2**20), CallPeak("`step`", before=2**20, peak=3 * 2**20)

@@ -1,4 +1,4 @@
-"""A call of a loop's step is one message for every worker, pickled once (issue 15, item 2): its
+"""A call of a loop's step is one message for every worker, pickled once: its
 batches are batchrefs that each worker resolves to its own share, and the worker works out where
 that share lies in the whole batch itself, which random draws need. Results are compared with
 devices="cpu", whose dropout masks are the whole batch's as the workers' are."""

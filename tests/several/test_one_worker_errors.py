@@ -1,4 +1,4 @@
-"""An error that only one worker meets inside a step (issue 36, item 2): an extern fn that refuses one
+"""An error that only one worker meets inside a step: an extern fn that refuses one
 example raises on the worker holding it. No worker updates the models: the error is one device's,
 in its class, the models and the optimizer state are as before the step, the workers stay up, and
 the next call runs. The reference for every device count is the same calls without the bad one.

@@ -1,5 +1,5 @@
-"""An error that only one worker meets inside a step, where the step's collectives go through Gloo
-(issue 36, item 2): with SHAPESCRIPT_SHM_REDUCE=off, under `shard params` (all-gathers of the
+"""An error that only one worker meets inside a step, where the step's collectives go through Gloo:
+with SHAPESCRIPT_SHM_REDUCE=off, under `shard params` (all-gathers of the
 params, reduce-scatters of their gradients) and under `split H` (all-gathers of values split along
 H). The worker that failed joins the collectives its peers still start, with zeros, and every worker
 skips the update (runtime/ledger.py): the error is one device's, in its class, the models and the

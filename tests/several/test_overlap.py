@@ -1,5 +1,5 @@
-"""The gradients' all-reduce sent in buckets during the backward pass, as DDP does (issue 15, item 3;
-runtime/collectives.py's BucketedAverage): a step on cpu[0 1] and cpu[0 1 2] computes what it
+"""The gradients' all-reduce sent in buckets during the backward pass, as DDP does
+(runtime/collectives.py's BucketedAverage): a step on cpu[0 1] and cpu[0 1 2] computes what it
 computes on one device, and what it computes with SHAPESCRIPT_OVERLAP=off (the whole gradient sent
 after the backward), value for value on two devices, where a sum of two is the same in any order;
 and the recorded collectives, which the DeviceTable and the timeline read, are the same list."""

@@ -1,4 +1,4 @@
-"""Pipelined steps (issue 15, item 2): a controller's loop that only logs a step's result sends the
+"""Pipelined steps: a controller's loop that only logs a step's result sends the
 next step before reading this one's answer (ir/defer.py marks the call, parallel/pipeline.py runs
 it). What the user sees must stay what waiting for each answer gives: the same records in the same
 order, the same models, the same errors after the same steps, Ctrl-C between steps."""
@@ -171,7 +171,7 @@ def test_a_loop_gives_what_one_device_gives(devices: str, monkeypatch: pytest.Mo
 
 
 # A step's result logged after another call on the workers, which reads every answer outstanding
-# first (issue 37, item 2): `logs` once got the pending result itself, a TypeError at the first batch.
+# first: `logs` once got the pending result itself, a TypeError at the first batch.
 LOGGED_AFTER = LINEAR.replace("        write(log, logs(loss=step(mut m, mut opt, batch)))\n", """\
         l = step(mut m, mut opt, batch)
         p = loss(m, batch) * 2.0

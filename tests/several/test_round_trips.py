@@ -1,4 +1,4 @@
-"""Fewer round trips' costs (issue 15, item 2): worker 0 alone answers a whole result, the others
+"""Fewer round trips' costs: worker 0 alone answers a whole result, the others
 None; a result split along the batch axis still comes from every worker; the wire format's shortcuts
 for tensors; the memory peak read after the reply. Results are compared with devices="cpu"."""
 

@@ -1,4 +1,4 @@
-"""`shard params` saves memory (issue 13): a model whose params and AdamW state don't fit what a
+"""`shard params` saves memory: a model whose params and AdamW state don't fit what a
 worker may hold trains under `shard params` on cpu[0 1 2], and doesn't as plain data parallel.
 
 "What a worker may hold" is a cap worked out from the model's declared sizes alone; the worker's
@@ -21,7 +21,7 @@ the gradients whole at the update, 4·P = 24·S, 1.7 times the cap. Had the gath
 after use, a sharded step would hold all six on top of its pieces, 14·S and the 64 MiB: over the cap
 too. (Measured here: 12.4·S sharded, 31.4·S data parallel.)
 
-So params + AdamW state are 3·P = 18·S = 1.3 times the cap, not the 3 times issue 13 names, which no
+So params + AdamW state are 3·P = 18·S = 1.3 times the cap, not the 3 times first asked for, which no
 layout reaches: a device holds at least 4·P / N, so 3·P is at most 9/4 of what it holds on 3 devices
 however many params there are, and less with a gathered param and its gradient on top (18·S / 11·S
 for six params with the three temporaries and no margin).

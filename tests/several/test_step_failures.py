@@ -1,5 +1,5 @@
-"""A step that fails leaves the models as one device leaves them, and the workers up (issue 36, items
-1 to 3): a bad item in a batch of the controller's loop, whose steps are sent ahead (the loader's
+"""A step that fails leaves the models as one device leaves them, and the workers up: a bad item
+in a batch of the controller's loop, whose steps are sent ahead (the loader's
 error, none of the steps after it run); a sink that raises as it writes a step's record (the models
 as that step left them, none after it); an error that only one worker meets inside a step (no
 worker updates, the next call runs).
@@ -84,7 +84,7 @@ def goes_on(prog: Any, m: Any, opt: Any) -> list[float]:
     return [r["loss"] for r in sink.records]
 
 
-# -- item 1: a bad item in a loop whose steps are sent ahead ---------------------------------------
+# -- a bad item in a loop whose steps are sent ahead -----------------------------------------------
 
 N = 5 * BATCH  # five batches: a bad item in the first, a middle one and the last
 
@@ -106,7 +106,7 @@ def test_a_bad_item_raises_the_loaders_error_and_keeps_the_models(program: Any, 
     assert goes_on(program, m, opt) == pytest.approx(goes_on(program, m1, opt1), abs=1e-5)
 
 
-# -- item 3: a sink that raises --------------------------------------------------------------------
+# -- a sink that raises ----------------------------------------------------------------------------
 
 class FailingSink(Sink):
     """Keeps the records it was given, and raises as it is given record number `at` (from 1)."""

@@ -1,4 +1,4 @@
-"""The per-worker timeline (issue 14, item 5): each call on the workers split into computing, loading
+"""The per-worker timeline: each call on the workers split into computing, loading
 data, each collective by .ss line, waiting for the other workers and the controller's messages.
 
 The references are independent of what the timeline measures: this test's own perf_counter around
@@ -328,7 +328,7 @@ def test_the_throttle_draws_at_most_once_an_interval_and_always_the_last() -> No
 def test_no_bar_runs_off_the_drawing_when_a_workers_own_time_is_longer_than_the_call() -> None:
     """A call sent ahead of the reply before it can take a worker longer than the controller's time
     of it (its messages come out negative, drawn as nothing): the bars are scaled to the longest, so
-    each fits the drawing (issue 37, item 9: a bar ran off it in notebook 02)."""
+    each fits the drawing (a bar once ran off it in notebook 02)."""
     import re as re_
 
     from shapescript.notebook.timeline import NAME, WIDTH, bars_svg

@@ -1,0 +1,53 @@
+"""The state of one program's check: the tables the checker builds, and the diagnostics it finds.
+Every stage of checking (the items, the bodies, placement, the batch split) reports through it.
+"""
+
+from __future__ import annotations
+
+from ..devices import DeviceSet
+from ..errors import Diagnostic, Span
+from ..shapes import dims as D
+from ..shapes import value_types as T
+from ..syntax import tree as A
+from .program import Checked, FnInfo
+
+
+class Context:
+    """Shared state of one check: the tables being built and the diagnostics found."""
+
+    def __init__(self, program: A.Program, file: str, devices: DeviceSet | None,
+                 dims: dict[str, int] | None, python: bool = True) -> None:
+        self.program = program
+        self.file = file
+        self.python = python  # False: a `python fn` or `extern fn` naming Python code is E0701
+        self.diagnostics: list[Diagnostic] = []
+        self.dim_values: dict[str, int | None] = {}
+        self.derived: dict[str, D.Dim] = {}  # `dim D = H * Dh`: D's definition in dims that aren't derived
+        self.dim_override = dict(dims or {})
+        self.device_override = devices
+        self.data: dict[str, T.DataT] = {}
+        self.models: dict[str, T.ModelT] = {}
+        self.fns: dict[str, FnInfo] = {}
+        self._checked: Checked | None = None
+        self.defined: dict[str, Span] = {}
+
+    @property
+    def checked(self) -> Checked:
+        """The tables the bodies fill: made once the items are collected, before anything reads them."""
+        assert self._checked is not None, "read before the items were collected"
+        return self._checked
+
+    @checked.setter
+    def checked(self, checked: Checked) -> None:
+        self._checked = checked
+
+    def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
+              secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
+        """Record an error; `secondary` labels other places it involves (where a dim was bound)."""
+        self.diagnostics.append(Diagnostic(code, message, span, label, tuple(h for h in help if h),
+                                           secondary=secondary))
+        return T.UNKNOWN
+
+    def dim_note(self, t: T.Ty) -> str:
+        """`with D = 784, C = 10` for the declared dims in a type, to say what sizes it means."""
+        return T.dims_note(t, self.dim_values)
