@@ -23,6 +23,7 @@ SPELLED_AS_AN_OP = {
     "shapescript/check/comms_text.py": {"split"},
     "shapescript/check/constants.py": {"exp", "log", "sqrt"},  # an initializer's arithmetic
     "shapescript/shapes/options.py": {"min", "max"},  # clamp's bounds, min= and max=
+    "shapescript/shapes/plans.py": {"gather", "sum"},  # HeadsKind's words for what split H does with a value
     "shapescript/syntax/tree.py": {"split"},  # the devices line's option
     "shapescript/syntax/parser.py": {"einsum", "split"},  # einsum's pattern has commas; `split H`
     # Fusion's rewrites are of these ops' spans: a span of them is what torch has one kernel for.

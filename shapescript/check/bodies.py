@@ -18,6 +18,7 @@ from ..ops.args import broadcast, matmul
 from ..ops.checking import Label, Use
 from ..shapes import dims as D
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_OPTIONS, CallOptions, Recipe
 from ..syntax import tree as A
 from . import calls as B
@@ -122,8 +123,8 @@ class BodyChecker:
         inner = A.Call(node.span, named, node.args[1:])
         result = self.call_fn(inner, self.ctx.fns[fn])
         resolved = self.checked.calls.pop(id(inner), None)
-        self.checked.calls[id(node)] = resolved or CallInfo("grad", fn, [])  # its arguments had errors
-        self.checked.calls[id(node)].kind = "grad"
+        self.checked.calls[id(node)] = resolved or CallInfo(CallKind.GRAD, fn, [])  # its arguments had errors
+        self.checked.calls[id(node)].kind = CallKind.GRAD
         return result
 
     # ---- statements ---------------------------------------------------------------------------
@@ -544,8 +545,8 @@ class BodyChecker:
                      for a, p in zip(args, fn.params)]
         for a, p in zip(args, fn.params):
             self.check_mut(a, p.mut, p.name, what, fn)
-        self.record_call(node, fn.kind, fn.name, [a.value for a in args])
-        if fn.kind == "python":
+        self.record_call(node, CallKind(fn.kind), fn.name, [a.value for a in args])
+        if fn.kind == FnKind.PYTHON:
             self.use(Use.PYTHON, node.span)
         result = self.instantiate(fn, fn.params, args, arg_types, fn.ret)
         self.checked.calls[id(node)].mapping = self.mapping  # read by the batch split
@@ -580,7 +581,7 @@ class BodyChecker:
             found[k] = index
         self.checked.calls[id(node)].axis_args = found
 
-    def record_call(self, node: A.Call, kind: str, name: str, args: list[A.Expr | A.Pattern],
+    def record_call(self, node: A.Call, kind: CallKind, name: str, args: list[A.Expr | A.Pattern],
                     options: CallOptions = NO_OPTIONS) -> None:
         self.checked.calls[id(node)] = CallInfo(kind, name, args, options)
 

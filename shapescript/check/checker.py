@@ -19,6 +19,7 @@ from ..inits import INITS
 from ..names import DATA_RESERVED, MODEL_RESERVED, STD_EXTERNS, is_reserved, reserved_text, similar
 from ..shapes import dims as D
 from ..shapes import value_types as T
+from ..shapes.kinds import FnKind
 from ..syntax import tree as A
 from ..syntax.lexer import MAX_INT_DIGITS
 from .bodies import check_bodies
@@ -360,7 +361,7 @@ def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
             ctx.error("E0311", f"dim `{name}` of the result isn't given by any parameter", node.ret.span,
                       f"`{name}` is unknown at each call", similar(name, list(ctx.dim_values) + list(param_generics))
                       or f"use a dim of a parameter, or declare it with `dim {name} = ...`")
-    kind = "fn" if isinstance(node, A.Fn) else node.kind
+    kind = FnKind.FN if isinstance(node, A.Fn) else FnKind(node.kind)
     if isinstance(node, A.Extern) and not _PYTHON_TARGET.match(node.target):
         ctx.error("E0205", f'"{node.target}" isn\'t the name of a Python function', node.target_span,
                   "expected module.function", 'write it as "package.module.function"')
@@ -372,7 +373,7 @@ def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
                   "`--no-python`",
                   secondary=((node.target_span, "the function it would import and call"),))
     for info in params:
-        if isinstance(info.ty, T.AxisArgT) and kind != "extern":
+        if isinstance(info.ty, T.AxisArgT) and kind != FnKind.EXTERN:
             ctx.error("E0401", f"an `Axis[...]` parameter belongs to an extern fn, not to a {kind} fn",
                       info.node.type.span, "not allowed here", "use `over=` with the built-in operations")
     return FnInfo(node.name, kind, node, params, ret, generics)

@@ -24,9 +24,10 @@ import sympy
 from ..devices import shares, shares_text
 from ..dtypes import ELEMENTS, FLOAT_DTYPES
 from ..errors import Span
-from ..ops.table import CUT, OPS, PARTIAL_PRODUCTS, SUM, CallView, numel
+from ..ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
 from ..shapes import value_types as T
-from ..shapes.plans import Where
+from ..shapes.kinds import CallKind, FnKind
+from ..shapes.plans import HeadsKind, Where
 from ..syntax import tree as A
 from .layout import Dims, head_axis, model_params
 from .program import Checked, FnInfo, ShardedRead
@@ -205,7 +206,7 @@ class _Builder:
         for name, model in self.c.models.items():
             table.models[name] = self.model_layout(name, None, model.node.name_span, model)
         for fn in self.c.fns.values():
-            if fn.kind != "fn":
+            if fn.kind != FnKind.FN:
                 continue
             placed = self.c.placement(fn.name)
             table.fns[fn.name] = FnPlan(fn.name, fn.span, placed.where, placed.reason,
@@ -221,7 +222,7 @@ class _Builder:
     def _batch_size(self) -> tuple[int | None, Span | None]:
         for node in iter_nodes(self.c.program):
             info = self.c.calls.get(id(node))
-            size = info.options.batch_size if info is not None and info.kind == "builtin" else None
+            size = info.options.batch_size if info is not None and info.kind == CallKind.BUILTIN else None
             if isinstance(size, int):  # `batches(n)` with n written as a number
                 return size, node.span
         return None, None
@@ -229,7 +230,7 @@ class _Builder:
     def _differentiated(self) -> set[str]:
         """The functions value_and_grad differentiates, and those they call."""
         out: set[str] = set()
-        todo = [info.name for info in self.c.calls.values() if info.kind == "grad"]
+        todo = [info.name for info in self.c.calls.values() if info.kind == CallKind.GRAD]
         while todo:
             name = todo.pop()
             if name in out or name not in self.c.fns:
@@ -247,7 +248,7 @@ class _Builder:
             self.memo[key] = ()  # recursion is refused by the checker; this only guards the walk
             fn = self.c.fns[name]
             out: list[Sent] = []
-            if self.count > 1 and fn.kind == "fn":
+            if self.count > 1 and fn.kind == FnKind.FN:
                 for item in self.line_items(fn, differentiated):
                     out.extend(Sent(s.collective, _count(s.times * item.repeats), s.via) for s in item.sent)
             self.memo[key] = tuple(out)
@@ -255,7 +256,7 @@ class _Builder:
 
     def line_items(self, fn: FnInfo, differentiated: bool = False) -> Iterator[LineItem]:
         """Each collective in `fn`'s body, and each call that sends something, in source order."""
-        if self.count == 1 or fn.kind != "fn":
+        if self.count == 1 or fn.kind != FnKind.FN:
             return
         repeats = self.repeats(fn.node)
         for node in iter_nodes(fn.node):
@@ -272,19 +273,19 @@ class _Builder:
                 yield LineItem(node.span, fn.name, (Sent(collective, 2 if twice else 1),), collective, repeats=times)
                 continue
             info = self.c.calls.get(id(node))
-            if info is None or info.name not in self.c.fns or info.kind not in ("fn", "grad"):
+            if info is None or info.name not in self.c.fns or info.kind not in (CallKind.FN, CallKind.GRAD):
                 continue
             callee = self.c.fns[info.name]
             if self.where(fn) == "controller" and self.where(callee) == "controller":
                 continue  # runs in the controller: sends nothing itself
             sent: list[Sent] = []
-            if info.kind == "grad":
+            if info.kind == CallKind.GRAD:
                 sent.extend(Sent(c) for c in self.gradients(fn, node, info.args[0]))
-            inner = self.sends(callee.name, differentiated or info.kind == "grad")
+            inner = self.sends(callee.name, differentiated or info.kind == CallKind.GRAD)
             sent.extend(Sent(s.collective, s.times, (callee.name,) + s.via) for s in inner)
             if sent:
                 yield LineItem(node.span, fn.name, tuple(sent), callee=callee.name,
-                               differentiated=differentiated or info.kind == "grad", repeats=times)
+                               differentiated=differentiated or info.kind == CallKind.GRAD, repeats=times)
 
     def repeats(self, node: A.Node, times: sympy.Expr = sympy.S.One,
                 out: dict[int, sympy.Expr] | None = None) -> dict[int, sympy.Expr]:
@@ -311,7 +312,7 @@ class _Builder:
             return None
         result = self.c.types.get(id(node))
         info = self.c.calls.get(id(node))
-        op = OPS.get(info.name) if info is not None and info.kind == "builtin" else None
+        op = OPS.get(info.name) if info is not None and info.kind == CallKind.BUILTIN else None
         if op is not None and op.across.payload is not None and info is not None:  # the op table says what it sends
             types = self.c.types
             dims = self.split_dims(fn)
@@ -338,10 +339,10 @@ class _Builder:
         partial results an all-reduce (its backward one as big); a cut sends nothing."""
         t = self.c.types.get(id(node))
         for mark in self.c.layout.marks.get(id(node), ()):
-            if mark.kind == CUT or not isinstance(t, T.TensorT):
+            if mark.kind == HeadsKind.CUT or not isinstance(t, T.TensorT):
                 continue
             values = self.size(numel(t))
-            if mark.kind == SUM:
+            if mark.kind == HeadsKind.SUM:
                 total = Collective("all-reduce", f"the partial results of every device's part of "
                                    f"{self.c.layout.heads}, added up", fn.name, node.span, values, t.dtype)
                 twice = differentiated and t.dtype in FLOAT_DTYPES
@@ -372,7 +373,7 @@ class _Builder:
     def sharded(self, fn: FnInfo, node: A.Node) -> Collective | None:
         """What an op sends of its own when each device holds pieces of the params (its layout rule)."""
         info = self.c.calls.get(id(node))
-        op = OPS.get(info.name) if info is not None and info.kind == "builtin" else None
+        op = OPS.get(info.name) if info is not None and info.kind == CallKind.BUILTIN else None
         if op is None or op.layout is None or op.layout.sharded is None:
             return None
         assert info is not None

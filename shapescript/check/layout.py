@@ -21,11 +21,12 @@ from typing import NamedTuple
 
 import sympy
 
-from ..ops.table import CUT, GATHER, LOCAL, OPS, SUM, CallView, heads_contraction, numel
+from ..ops.table import OPS, CallView, heads_contraction, numel
 from ..shapes import dims as D
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_OPTIONS, CallOptions
-from ..shapes.plans import BatchSplit, Where
+from ..shapes.plans import BatchSplit, HeadsKind, Where
 from ..syntax import tree as A
 from .program import NO_LAYOUT, CallInfo, Checked, FnInfo, HeadsMark, LayoutFacts, ShardedRead, SplitFacts
 from .split import call_sites, iter_nodes
@@ -37,7 +38,7 @@ def lay_out(checked: Checked) -> LayoutFacts:
     devices = checked.device_set
     if devices.count == 1 or not (devices.shard_params or devices.split):
         return NO_LAYOUT
-    fns = [f for f in checked.fns.values() if f.kind == "fn" and checked.placement(f.name).where == Where.WORKERS]
+    fns = [f for f in checked.fns.values() if f.kind == FnKind.FN and checked.placement(f.name).where == Where.WORKERS]
     head_params = _head_params(checked, devices.split) if devices.split else {}
     reads = _sharded_reads(checked, fns, head_params) if devices.shard_params else {}
     if not devices.split:
@@ -115,7 +116,7 @@ def head_axis(dims: Dims, t: T.Ty | None) -> int | None:
 
 def heads_dims(checked: Checked, heads: str) -> dict[str, Dims]:
     """Each function's split dims: H, and the generic dims that a call binds to one, to a fixed point."""
-    fns = [f for f in checked.fns.values() if f.kind == "fn"]
+    fns = [f for f in checked.fns.values() if f.kind == FnKind.FN]
     out: dict[str, set[sympy.Basic]] = {f.name: {D.declared(heads)} for f in fns}
     changed = True
     while changed:
@@ -148,14 +149,14 @@ class _Marker:
     def axis(self, node: A.Node) -> int | None:
         return head_axis(self.dims, self.c.types.get(id(node)))
 
-    def mark(self, node: A.Node, kind: str, axes: tuple[int | None, ...] = ()) -> None:
+    def mark(self, node: A.Node, kind: HeadsKind, axes: tuple[int | None, ...] = ()) -> None:
         self.marks[id(node)] = self.marks.get(id(node), ()) + (HeadsMark(kind, axes),)
 
     def gather(self, operands: Iterable[A.Node]) -> None:
         for operand in operands:
             axis = self.axis(operand)
             if axis is not None:
-                self.mark(operand, GATHER, (axis,))
+                self.mark(operand, HeadsKind.GATHER, (axis,))
 
     def cut(self, node: A.Node) -> None:
         """A value computed whole whose type is split: each device keeps its part."""
@@ -163,15 +164,15 @@ class _Marker:
         items = t.items if isinstance(t, T.TupleT) else (t,)
         axes = tuple(head_axis(self.dims, item) for item in items)
         if any(a is not None for a in axes):
-            self.mark(node, CUT, axes)
+            self.mark(node, HeadsKind.CUT, axes)
 
     def run(self) -> None:
         for node in iter_nodes(self.fn.node):
             if isinstance(node, A.Binary):
                 self.operation(node, [node.left, node.right],
-                               heads_contraction(self.view(node, [node.left, node.right])) if node.op == "@" else LOCAL)
+                               heads_contraction(self.view(node, [node.left, node.right])) if node.op == "@" else HeadsKind.LOCAL)
             elif isinstance(node, A.Unary):
-                self.operation(node, [node.operand], LOCAL)
+                self.operation(node, [node.operand], HeadsKind.LOCAL)
             elif isinstance(node, A.Call) and id(node) in self.c.calls:
                 self.call(node)
 
@@ -184,27 +185,27 @@ class _Marker:
         return CallView(options, tuple(types.get(id(o)) for o in operands), types.get(id(node)), split,
                         lambda size: False)
 
-    def operation(self, node: A.Node, operands: Sequence[A.Node], rule: str) -> None:
+    def operation(self, node: A.Node, operands: Sequence[A.Node], rule: HeadsKind) -> None:
         split_in = [o for o in operands if self.axis(o) is not None]
         if not split_in:
             self.cut(node)  # whole operands; a split result is cut (no communication)
-        elif rule == SUM:
-            self.mark(node, SUM)
-        elif rule == GATHER:
+        elif rule == HeadsKind.SUM:
+            self.mark(node, HeadsKind.SUM)
+        elif rule == HeadsKind.GATHER:
             self.gather(operands)
             self.cut(node)
 
     def call(self, node: A.Call) -> None:
         info = self.c.calls[id(node)]
         operands = [a for a in info.args if not isinstance(a, A.Pattern) and id(a) in self.c.types]
-        if info.kind == "builtin":
+        if info.kind == CallKind.BUILTIN:
             op = OPS.get(info.name)
             rule = op.layout.heads if op is not None and op.layout is not None else None
-            self.operation(node, operands, rule(self.view(node, operands, info.options)) if rule else GATHER)
-        elif info.kind in ("fn", "grad") and info.name in self.c.fns:
+            self.operation(node, operands, rule(self.view(node, operands, info.options)) if rule else HeadsKind.GATHER)
+        elif info.kind in (CallKind.FN, CallKind.GRAD) and info.name in self.c.fns:
             self.boundary(node, info)
         else:  # extern and python fns take every value whole: their declared types are checked whole
-            self.operation(node, operands, GATHER)
+            self.operation(node, operands, HeadsKind.GATHER)
 
     def boundary(self, node: A.Call, info: CallInfo) -> None:
         """A call of a function of the program: each argument laid out as the callee takes it."""
@@ -213,12 +214,12 @@ class _Marker:
         for arg, param in zip(info.args, callee.params):
             mine, wanted = self.axis(arg), head_axis(theirs, param.ty)
             if mine is not None and wanted is None:
-                self.mark(arg, GATHER, (mine,))
+                self.mark(arg, HeadsKind.GATHER, (mine,))
             elif mine is None and wanted is not None:
-                self.mark(arg, CUT, (wanted,))
-        if info.kind == "fn":
+                self.mark(arg, HeadsKind.CUT, (wanted,))
+        if info.kind == CallKind.FN:
             given, mine = head_axis(theirs, callee.ret), self.axis(node)
             if given is not None and mine is None:
-                self.mark(node, GATHER, (given,))
+                self.mark(node, HeadsKind.GATHER, (given,))
             elif given is None and mine is not None:
-                self.mark(node, CUT, (mine,))
+                self.mark(node, HeadsKind.CUT, (mine,))

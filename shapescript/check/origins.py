@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..errors import Span
 from ..ops.checking import Label
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind
 from ..syntax import tree as A
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def _passed_through(ck: BodyChecker, node: A.Node, k: int) -> tuple[A.Node, int]
 def _builtin(ck: BodyChecker, node: A.Call) -> bool:
     """A call of a built-in function (a user's function's result is its declared type, not an operand's)."""
     call = _checked(ck).calls.get(id(node))
-    return call is not None and call.kind == "builtin"
+    return call is not None and call.kind == CallKind.BUILTIN
 
 
 def axis_label(ck: BodyChecker, node: A.Node, t: T.TensorT, k: int, which: str) -> Label | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import Diagnostic
 from ..ops.checking import Use
+from ..shapes.kinds import FnKind
 from ..shapes.plans import Where
 from .context import Context
 from .program import ANYWHERE, FnInfo, Placement
@@ -27,9 +28,9 @@ def place(ctx: Context) -> dict[str, Placement]:
     fns = ctx.fns
     placed: dict[str, Placement] = {}
     for fn in fns.values():
-        if fn.kind == "python":
+        if fn.kind == FnKind.PYTHON:
             placed[fn.name] = Placement(Where.CONTROLLER, "is a Python function")
-        elif fn.kind == "extern":
+        elif fn.kind == FnKind.EXTERN:
             placed[fn.name] = Placement(Where.WORKERS, "works on each example")
         else:
             reason = next((text for use, text in CONTROLLER_USES.items() if use in fn.uses), "")
@@ -45,7 +46,7 @@ def place(ctx: Context) -> dict[str, Placement]:
                 placed[fn.name] = Placement(Where.CONTROLLER, f"calls `{callee}`, which runs there")
                 changed = True
     for fn in fns.values():
-        if placed[fn.name] == ANYWHERE and fn.kind == "fn" and (Use.TENSORS in fn.uses or fn.device_work):
+        if placed[fn.name] == ANYWHERE and fn.kind == FnKind.FN and (Use.TENSORS in fn.uses or fn.device_work):
             placed[fn.name] = Placement(Where.WORKERS, "uses tensors")
     if ctx.checked.device_set.count > 1:
         for fn in fns.values():

@@ -10,8 +10,9 @@ from ..devices import DeviceSet
 from ..errors import Diagnostic, Span
 from ..ops.checking import Use
 from ..shapes import dims as D
+from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import CallOptions, Recipe
-from ..shapes.plans import BatchSplit, Where
+from ..shapes.plans import BatchSplit, HeadsKind, Where
 from ..shapes.value_types import DataT, ModelT, Ty
 from ..syntax import tree as A
 
@@ -30,7 +31,7 @@ class ParamInfo:
 @dataclass
 class FnInfo:
     name: str
-    kind: str  # fn | extern | python
+    kind: FnKind
     node: A.Fn | A.Extern
     params: list[ParamInfo]
     ret: Ty
@@ -50,7 +51,7 @@ class FnInfo:
 class CallInfo:
     """How a call resolved: which function, its arguments in parameter order, an op's options; and
     for a call of a function of the program, what binds its generics and its `Axis[...]` arguments."""
-    kind: str  # fn | builtin | extern | python | grad
+    kind: CallKind
     name: str
     args: list[A.Expr | A.Pattern]
     options: CallOptions = field(default_factory=CallOptions)
@@ -95,7 +96,7 @@ class HeadsMark:
     """What `split H` does to a value where it's computed (check/layout.py): `gather` it whole from
     every device's part along `axes[0]`, `cut` a whole value to this device's part along its axis
     (a tuple's: along each element's, None: whole), or `sum` every device's partial result."""
-    kind: str  # gather | cut | sum
+    kind: HeadsKind  # GATHER, CUT or SUM
     axes: tuple[int | None, ...] = ()
 
 
@@ -153,7 +154,7 @@ class Checked:
             info = self.fns.get(name)
             if info is None or name in seen:
                 continue
-            if info.kind != "fn":
+            if info.kind != FnKind.FN:
                 return True
             seen.add(name)
             todo.extend(info.calls)

@@ -19,6 +19,7 @@ from ..errors import Span
 from ..ops.table import OPS, PARTIAL, CallView
 from ..shapes import dims as D
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_RECIPE, CallOptions, ParamSize
 from ..shapes.plans import BatchSplit, Where
 from ..syntax import tree as A
@@ -47,7 +48,7 @@ def split_batches(ctx: Context) -> SplitFacts:
     """The pass: each function's split, and each operation's combining across the devices."""
     checked = ctx.checked
     assert checked is not None
-    fns = [f for f in ctx.fns.values() if f.kind == "fn"]
+    fns = [f for f in ctx.fns.values() if f.kind == FnKind.FN]
     dims = {fn.name: seeds(ctx, fn) for fn in fns}
     propagate(ctx, fns, dims)
     across: dict[int, str] = {}
@@ -85,7 +86,7 @@ def call_sites(checked: Checked, fns: list[FnInfo]) -> Iterator[tuple[FnInfo, A.
     for fn in fns:
         for node in iter_nodes(fn.node):
             info = checked.calls.get(id(node)) if isinstance(node, A.Call) else None
-            if info is not None and info.kind in ("fn", "grad") and info.name in by_name:
+            if info is not None and info.kind in (CallKind.FN, CallKind.GRAD) and info.name in by_name:
                 assert isinstance(node, A.Call)
                 yield fn, node, by_name[info.name], info.mapping
 
@@ -145,7 +146,7 @@ def python_calls(ctx: Context, fn: FnInfo, dims: SplitDims) -> None:
     """E1901: a Python call in the controller given a batch, or a value with its batch axis."""
     for node in iter_nodes(fn.node):
         info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None
-        if info is None or info.kind != "python":
+        if info is None or info.kind != CallKind.PYTHON:
             continue
         for arg in info.args:
             t = ctx.checked.types.get(id(arg))
@@ -219,10 +220,10 @@ class Classifier:
 
     def call(self, node: A.Call) -> None:
         info = self.checked.calls[id(node)]
-        if info.kind == "extern":
+        if info.kind == CallKind.EXTERN:
             self.extern_axes(node, info)
             return
-        op = OPS.get(info.name) if info.kind == "builtin" else None
+        op = OPS.get(info.name) if info.kind == CallKind.BUILTIN else None
         if op is None:  # a call of a function (the split follows it), or a training step
             return
         across, view = op.across, self.view(node, info)  # the op table says what it does along the batch axis

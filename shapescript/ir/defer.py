@@ -20,6 +20,7 @@ import dataclasses
 from collections import Counter
 
 from ..ops import OPS
+from ..shapes.kinds import CallKind
 from ..shapes.plans import Where
 from . import nodes as N
 from .walk import exprs, statements, walk
@@ -61,7 +62,7 @@ def _body(body: tuple[N.Stmt, ...], in_loop: bool, on_workers: frozenset[str], w
 
 
 def _on_workers(e: N.FnCall, on_workers: frozenset[str]) -> bool:
-    return e.kind == "fn" and e.name in on_workers
+    return e.kind == CallKind.FN and e.name in on_workers
 
 
 def _logged_record(s: N.Stmt) -> tuple[N.OpCall, N.OpCall] | None:

@@ -11,6 +11,7 @@ from ..check.program import Checked, FnInfo
 from ..ops import OPS
 from ..ops.args import called_name
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind
 from ..shapes.options import NO_RECIPE, Recipe
 from ..syntax import tree as A
 from . import nodes as N
@@ -87,11 +88,11 @@ class _Elaborator:
         args = [None if k in axis_args else self.expr(_value(a)) for k, a in enumerate(info.args)]
         span = node.span
         passed = tuple(axis_args[k] if a is None else a for k, a in enumerate(args))  # an axis as its index
-        if info.kind in ("fn", "python", "extern"):
+        if info.kind in (CallKind.FN, CallKind.PYTHON, CallKind.EXTERN):
             return N.FnCall(ty, span, info.kind, info.name, passed)
-        if info.kind == "grad":  # value_and_grad, resolved as a call of the function it differentiates
+        if info.kind == CallKind.GRAD:  # value_and_grad, resolved as a call of the function it differentiates
             return N.GradCall(ty, span, info.name, passed, called_name(node))
-        assert info.kind == "builtin" and info.name in OPS, info
+        assert info.kind == CallKind.BUILTIN and info.name in OPS, info
         options = self.c.split.options.get(id(node), info.options)  # the batch split's, on a split operand
         return N.OpCall(ty, span, info.name, tuple(args), options, recipe, self.c.split.across.get(id(node)))
 

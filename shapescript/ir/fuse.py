@@ -23,6 +23,7 @@ from typing import Any
 
 from ..shapes import dims as D
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind, FnKind
 from . import nodes as N
 from .walk import exprs, sizes_read, statements, walk
 
@@ -31,7 +32,7 @@ MASKED = -1e9  # a fill this low leaves softmax exactly 0 there in every float d
 
 
 def fuse(module: N.Module) -> N.Module:
-    norms = frozenset(f.name for f in module.functions if f.kind == "extern" and f.target == LAYER_NORM)
+    norms = frozenset(f.name for f in module.functions if f.kind == FnKind.EXTERN and f.target == LAYER_NORM)
     return dataclasses.replace(module, functions=tuple(_Function(f, norms, module.derived).fused()
                                                        for f in module.functions))
 
@@ -128,7 +129,7 @@ class _Function:
         if not (isinstance(product, N.BinOp) and product.op == "*" and _trailing(product)):
             return None
         normed, gain = product.left, product.right
-        if not (isinstance(normed, N.FnCall) and normed.kind == "extern" and normed.name in self.norms
+        if not (isinstance(normed, N.FnCall) and normed.kind == CallKind.EXTERN and normed.name in self.norms
                 and len(normed.args) == 2 and isinstance(normed.args[0], N.Expr)):
             return None
         x = normed.args[0]

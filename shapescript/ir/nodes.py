@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..devices import DeviceSet
 from ..errors import Span
 from ..shapes.dims import Dim
+from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_RECIPE, CallOptions, Recipe
 
 # A dim's size as a function reads it (ParamSize: off a parameter's shape), and where a broadcast
@@ -22,7 +23,7 @@ from ..shapes.options import NO_RECIPE, CallOptions, Recipe
 from ..shapes.options import ParamSize as ParamSize
 from ..shapes.options import Placing as Placing
 from ..shapes.options import SizeSource as SizeSource
-from ..shapes.plans import BatchSplit, Where
+from ..shapes.plans import BatchSplit, HeadsKind, Where
 from ..shapes.value_types import DataT, ModelT, Ty
 
 
@@ -64,7 +65,7 @@ class Heads(Expr):
     """What `split H` does at a value (check/layout.py): `gather` it whole from every device's part
     along axes[0], `cut` it to this device's part along each axis (a tuple's elements'), `sum` every
     device's partial result."""
-    kind: str  # gather | cut | sum
+    kind: HeadsKind  # GATHER, CUT or SUM
     axes: tuple[int | None, ...]
     value: Expr
 
@@ -104,7 +105,7 @@ class OpCall(Expr):
 class FnCall(Expr):
     """A call of a function of the program (`kind`: fn, python or extern); an `Axis[...]` argument
     is passed as its axis's index."""
-    kind: str
+    kind: CallKind
     name: str
     args: tuple[Expr | int, ...]
     # Set by ir/defer.py: a controller's call of a fn on the workers whose result the loop only
@@ -191,7 +192,7 @@ class Param:
 @dataclass(frozen=True)
 class Function:
     name: str
-    kind: str  # fn | python | extern
+    kind: FnKind
     params: tuple[Param, ...]
     ret: Ty
     body: tuple[Stmt, ...]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..devices import DeviceSet
 from ..errors import Span
 from ..ir import nodes as ir
+from ..shapes.kinds import FnKind
 from . import guards, specs, targets
 from .printer import BodyPrinter, py_name
 from .recording import RECORD_IMPORT, RecordingPrinter, recordable, recorded_calls
@@ -97,7 +98,7 @@ class _Writer:
         self.emit("")
         self.emit("")
         externs = [(f.target.rpartition(".")[0], f.target.rpartition(".")[2], str(f.span))
-                   for f in c.functions if f.kind == "extern"]
+                   for f in c.functions if f.kind == FnKind.EXTERN]
         if self.recording:
             self.emit(f"RECORDABLE = {literal(recordable(self.ir))}  # fns a cuda device may record as CUDA graphs")
         self.emit(f"EXTERN_TARGETS = {literal(externs)}  # imported by each worker as the program loads")
@@ -119,7 +120,7 @@ class _Writer:
         """Each python and extern fn's result checked against its declared type, printed here so
         that the check runs wherever this module runs: in the controller, on the workers, standalone."""
         checks = {fn.name: guards.result_check(self.ir, fn) for fn in self.ir.functions
-                  if fn.kind in ("python", "extern")}
+                  if fn.kind in (FnKind.PYTHON, FnKind.EXTERN)}
         self.emit("PYTHON_RESULTS = {  # python and extern fns' results, checked against their declared types")
         for name, check in checks.items():
             if check is not None:
@@ -130,7 +131,7 @@ class _Writer:
 
     def function(self, fn: ir.Function) -> None:
         params = ", ".join(py_name(p.name) for p in fn.params)
-        if fn.kind != "fn":  # a python or extern fn: a call of its Python function
+        if fn.kind != FnKind.FN:  # a python or extern fn: a call of its Python function
             module, _, attr = fn.target.rpartition(".")
             self.emit(f"def {py_name(fn.name)}({params}):", fn.span)
             self.emit(f"# {fn.kind} fn: calls {comment_text(literal(fn.target))}", indent=1)

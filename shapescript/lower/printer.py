@@ -13,9 +13,9 @@ from ..errors import Span
 from ..ir import nodes as N
 from ..names import MEMBER_PREFIX
 from ..ops import OPS, LowerCall
-from ..ops.table import CUT, GATHER
 from ..shapes import value_types as T
 from ..shapes.options import NO_OPTIONS, NO_RECIPE
+from ..shapes.plans import HeadsKind
 from .specs import spec_var
 from .text import literal
 from .type_checks import TypeChecks
@@ -197,9 +197,9 @@ class BodyPrinter:
     def heads(self, node: N.Heads) -> str:
         """`split H`: a value gathered whole, cut to this device's heads, or its partial sums added up."""
         value, where = self.expr(node.value), literal(str(node.span))
-        if node.kind == GATHER:
+        if node.kind == HeadsKind.GATHER:
             return f"_rt.gather_heads({value}, {node.axes[0]}, {where})"
-        if node.kind == CUT:
+        if node.kind == HeadsKind.CUT:
             return f"_rt.cut_heads({value}, {literal(node.axes if len(node.axes) > 1 else node.axes[0])}, {where})"
         return f"_rt.all_sum({value}, {where})"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..ir import nodes as N
 from ..ir.walk import walk
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind, FnKind
 from ..shapes.plans import Where
 from .printer import BodyPrinter, Emit, py_name
 from .text import literal
@@ -40,9 +41,9 @@ def _entry(fn: N.Function) -> bool:
 
 def _only_device_work(fn: N.Function) -> bool:
     """Whether `fn`'s own body does nothing a replay would skip (its callees are looked at apart)."""
-    if fn.kind != "fn":
+    if fn.kind != FnKind.FN:
         return False
-    return not any(e.ty == T.MODE or (isinstance(e, N.FnCall) and e.kind != "fn") for e in walk(fn.body))
+    return not any(e.ty == T.MODE or (isinstance(e, N.FnCall) and e.kind != CallKind.FN) for e in walk(fn.body))
 
 
 def _callees(fn: N.Function) -> set[str]:
@@ -90,7 +91,7 @@ def recorded_calls(module: N.Module) -> dict[str, frozenset[str]]:
                 todo.append(callee)
     # Plain calls only: value_and_grad(loss, ...) runs `loss` under autograd, not as a step
     calls = {name: frozenset(e.name for e in walk(fn.body) if isinstance(e, N.FnCall) and e.name in entries)
-             for name, fn in fns.items() if name not in inside and fn.kind == "fn"}
+             for name, fn in fns.items() if name not in inside and fn.kind == FnKind.FN}
     return {name: callees for name, callees in calls.items() if callees}
 
 

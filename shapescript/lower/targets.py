@@ -19,6 +19,7 @@ from enum import Enum
 
 from ..errors import CompileError, Diagnostic
 from ..ir import nodes as ir
+from ..shapes.kinds import FnKind
 from ..shapes.plans import Where
 from .text import literal
 
@@ -62,7 +63,7 @@ def target_for(module: ir.Module, target: Target | None, standalone: bool) -> Ta
 
 def is_remote(fn: ir.Function, target: Target) -> bool:
     """Whether `fn` is a stub in this target's module: the controller's fns placed on the workers."""
-    return target is Target.CONTROLLER and fn.kind == "fn" and fn.placement == Where.WORKERS
+    return target is Target.CONTROLLER and fn.kind == FnKind.FN and fn.placement == Where.WORKERS
 
 
 def remote_stub(fn: ir.Function, name: str) -> str:

@@ -21,6 +21,7 @@ from ..parallel.pool import WorkerPool
 from ..parallel.remote import RemoteModel
 from ..runtime import model as model_module
 from ..runtime.model import Model, ModelSpec
+from ..shapes.kinds import FnKind
 from ..stale import name_holders, read_refusal, stale_notes
 from .cells import Cell, Chunk, Draft, changed_keys, merge, split_cell
 from .device_table import DeviceTableView
@@ -265,7 +266,7 @@ class Session:
                       for name, line, col in worker_places(error)]
             # the caret: the line that failed, in the innermost fn of the program's own (an extern
             # fn's frame is at its declaration, and the Python it calls failed)
-            ours = [span for name, span in calls if (info := program.checked.fns.get(name)) and info.kind == "fn"]
+            ours = [span for name, span in calls if (info := program.checked.fns.get(name)) and info.kind == FnKind.FN]
             failed_at = ours[-1] if ours else None
         return runtime_error_lines(error, Draft.join(self.items.values()), PROGRAM_NAME, calls, failed_at)
 

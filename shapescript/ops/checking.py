@@ -15,6 +15,7 @@ from typing import Protocol
 from ..errors import Span
 from ..shapes import dims as D
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind
 from ..shapes.options import CallOptions, Recipe
 from ..syntax import tree as A
 
@@ -104,7 +105,7 @@ class RuleChecker(Protocol):
     def check_mut(self, arg: A.Arg, param_mut: bool, param: str, what: str) -> None:
         """`mut` on an argument where, and only where, the parameter changes it."""
 
-    def record_call(self, node: A.Call, kind: str, name: str, args: list[A.Expr | A.Pattern],
+    def record_call(self, node: A.Call, kind: CallKind, name: str, args: list[A.Expr | A.Pattern],
                     options: CallOptions = ...) -> None:
         """How the call resolved, for the stages after the checker."""
 

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..shapes import value_types as T
+from ..shapes.kinds import CallKind
 from ..shapes.options import CallOptions, Placing, Recipe
+from ..shapes.plans import HeadsKind
 from ..syntax import tree as A
 from .args import _unused_args
 from .checking import RuleChecker
@@ -124,11 +126,9 @@ PER_EXAMPLE = Across()  # each example by itself, or nothing with the batch axis
 
 
 # What an op does with values split along H (`split H`), given its call (CallView.split_axes says
-# where a type is split): each device works on its part alone (LOCAL), or its results are partial
-# sums that every device's add up to the whole (SUM), or it needs its split operands whole (GATHER).
-LOCAL, SUM, GATHER = "local", "sum", "gather"
-CUT = "cut"  # a value computed whole, of which each device keeps its part (check/layout.py's marks)
-HeadsRule = Callable[[CallView], str]
+# where a type is split): shapes/plans.py's HeadsKind.
+LOCAL, SUM, GATHER, CUT = HeadsKind.LOCAL, HeadsKind.SUM, HeadsKind.GATHER, HeadsKind.CUT
+HeadsRule = Callable[[CallView], HeadsKind]
 
 
 @dataclass(frozen=True)
@@ -142,12 +142,12 @@ class Layout:
     heads: HeadsRule | None = None
 
 
-def heads_local(view: CallView) -> str:
+def heads_local(view: CallView) -> HeadsKind:
     """Value by value (and broadcasting): each device's part alone."""
     return LOCAL
 
 
-def heads_contraction(view: CallView) -> str:
+def heads_contraction(view: CallView) -> HeadsKind:
     """`@`, matmul, einsum: H kept in the result is each device's own; H contracted, partial sums."""
     return LOCAL if view.split_axes(view.result) else SUM
 
@@ -155,7 +155,7 @@ def heads_contraction(view: CallView) -> str:
 def heads_along(sums: bool) -> HeadsRule:
     """An op along one axis (`over=`), or over everything: along another axis than H, each device's
     part alone; along H (or over everything), a sum is partial sums (`sums`), anything else whole."""
-    def rule(view: CallView) -> str:
+    def rule(view: CallView) -> HeadsKind:
         where = view.split_axes(view.arg_types[0] if view.arg_types else None)
         if not where or (view.options.axis is not None and view.options.axis not in where):
             return LOCAL
@@ -163,7 +163,7 @@ def heads_along(sums: bool) -> HeadsRule:
     return rule
 
 
-def heads_rearrange(view: CallView) -> str:
+def heads_rearrange(view: CallView) -> HeadsKind:
     """A pattern that moves H's axis without splitting it (permutes, merges it first into a group)
     works on each device's heads; one that splits it into atoms needs its size, so the whole."""
     where = view.split_axes(view.arg_types[0] if view.arg_types else None)
@@ -224,7 +224,7 @@ def _checker(op: Op) -> Callable[[RuleChecker, A.Call], T.Ty]:
         typed = op.rule(ck, node, args)
         if not isinstance(typed, Typed):
             return typed
-        ck.record_call(node, "builtin", op.name, list(typed.args), typed.options)
+        ck.record_call(node, CallKind.BUILTIN, op.name, list(typed.args), typed.options)
         return typed.result
     return check
 

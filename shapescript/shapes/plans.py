@@ -16,6 +16,20 @@ class Where(enum.StrEnum):
     ANYWHERE = "anywhere"
 
 
+class HeadsKind(enum.StrEnum):
+    """With `split H`: what an op does with values split along H, by its layout rule (ops/table.py),
+    and so what check/layout.py marks on a value. An op's devices work on their parts alone (LOCAL),
+    or its results are partial sums that every device's add up to the whole (SUM: the value is
+    summed), or it needs its split operands whole (GATHER: the operand is gathered). CUT marks a
+    value computed whole, of which each device keeps its part. DTensor's Shard, Partial and
+    Replicate are the same ideas."""
+
+    LOCAL = "local"
+    SUM = "sum"
+    GATHER = "gather"
+    CUT = "cut"
+
+
 @dataclass(frozen=True)
 class BatchSplit:
     """How a function on the workers takes the batch (check/split.py): which generic dims are split
