@@ -33,6 +33,7 @@ from common import cpu_model
 
 import shapescript as ss
 from shapescript.parallel import spin
+from shapescript.parallel.messages import Call, Reply, Status, wire
 from shapescript.parallel.worker import dumps
 
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         first = pool._workers[0]
         # The message RemoteFunction sends every worker for this call (unsplit: one for all).
         remote = prog.ident._py
-        message = dumps(("call", "call", remote.where, remote._messages(pool, (x,))))
+        message = dumps(wire(Call("call", remote.where, remote._messages(pool, (x,)))))
 
         # Replies read as the pool reads them: polled for the pool's budget first (parallel/spin.py).
         pollers = []
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
             pollers.append(select.poll())
             pollers[-1].register(w.conn.fileno(), select.POLLIN)
 
-        def read(rank: int) -> tuple:
+        def read(rank: int) -> Reply:
             spin.poll_briefly(pollers[rank], pool._spin)
             w = pool._workers[rank]
             return w.reply(w.conn.recv_bytes())
@@ -66,13 +67,13 @@ def main(argv: list[str] | None = None) -> None:
         def alone() -> None:
             first.conn.send_bytes(message)
             reply = read(0)
-            assert reply[0] == "ok" and torch.equal(reply[1][0], x), reply
+            assert reply.status == Status.OK and torch.equal(reply.value[0], x), reply
 
         def every() -> None:
             for w in pool._workers:
                 w.conn.send_bytes(message)
             replies = [read(w.rank) for w in pool._workers]
-            assert replies[0][0] == "ok" and torch.equal(replies[0][1][0], x), replies
+            assert replies[0].status == Status.OK and torch.equal(replies[0].value[0], x), replies
 
         sides: dict[str, Callable[[], object]] = {
             "prog.ident, every worker": lambda: prog.ident(x),

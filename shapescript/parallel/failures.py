@@ -9,9 +9,10 @@ import math
 import pickle
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from shapescript.errors import ShapeScriptError, WorkerError, note_worker_places
+from shapescript.parallel.messages import Reply, Status
 from shapescript.parallel.processes import TIMEOUT_ENV, WorkerProcess, ranks_text
 from shapescript.parallel.worker import WAITING, describe_status
 
@@ -54,11 +55,11 @@ class FailureReports:
     _resync_due: bool  # a call failed on some worker: its counters are set again before the next
     _sums_shared: bool  # the workers sum through shared memory (runtime/shm_reduce.py)
 
-    def _answers(self, replies: list[tuple[Any, ...] | None], pending: list[int], released: bool,
+    def _answers(self, replies: list[Reply | None], pending: list[int], released: bool,
                  where: str) -> list[Any]:
         """The workers' results of one call, or its failure raised as one device would raise it."""
         self._completed[where] += 1
-        failed = [(rank, r[1]) for rank, r in enumerate(replies) if r is not None and r[0] == "err"]
+        failed = [(rank, r.value) for rank, r in enumerate(replies) if r is not None and r.status == Status.ERR]
         if released:
             self._fail_alone(failed, pending, where)
         if pending or any(payload["collective"] for _, payload in failed):
@@ -67,13 +68,13 @@ class FailureReports:
             self._resync_due = self._sums_shared
             rank, payload = failed[0]
             self._raise_error(self._workers[rank], payload, where)
-        skipped = [rank for rank, r in enumerate(replies) if r is not None and r[0] == "skipped"]
+        skipped = [rank for rank, r in enumerate(replies) if r is not None and r.status == Status.SKIPPED]
         if skipped:  # for a failure no worker reported: they no longer know what the others did
             self._die(f"{where} was skipped on some workers")
             raise WorkerError(f"{ranks_text(skipped)} skipped {where}, though no worker reported a failure; the "
                               f"workers were stopped, and what was on the devices is gone")
         # none pending (else _fail_stuck raised): every worker's reply is in
-        return [r[1] for r in cast("list[tuple[Any, ...]]", replies)]
+        return [r.value for r in replies if r is not None]
 
     def _fail_dead(self, w: WorkerProcess, doing: str) -> None:
         status = w.status()
@@ -97,7 +98,7 @@ class FailureReports:
             f"{' and '.join(places) or 'a collective'}, so every worker was stopped at once, and what was on the "
             f"devices is gone: new models, or a checkpoint, are needed to go on."))
 
-    def _fail_stuck(self, replies: list[tuple[Any, ...] | None], pending: list[int], where: str) -> None:
+    def _fail_stuck(self, replies: list[Reply | None], pending: list[int], where: str) -> None:
         """The chapter's report of a call that didn't finish: where each worker was."""
         lines: list[str] = []
         notes: list[str] = []
@@ -107,17 +108,17 @@ class FailureReports:
             if reply is None:
                 stopped = ", and is stopped (SIGSTOP, Ctrl-Z or a debugger)" if w.stopped() else ""
                 lines.append(f"{who}: didn't answer; it was {describe_status(*w.status())}{stopped}")
-            elif reply[0] == "ok":
+            elif reply.status == Status.OK:
                 lines.append(f"{who}: finished")
-            elif reply[0] == "skipped":
+            elif reply.status == Status.SKIPPED:
                 lines.append(f"{who}: skipped it, as another worker failed")
             else:
-                payload = reply[1]
+                payload = reply.value
                 lines.append(f"{who}: was {payload['status']}" if payload["collective"]
                              else f"{who}: raised {payload['type']}: {payload['message']}")
                 if payload["traceback"] and not notes:
                     notes.append(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
-        failed = any(r is not None and r[0] == "err" for r in replies)
+        failed = any(r is not None and r.status == Status.ERR for r in replies)
         if pending and failed:
             head = f"a worker failed while running {where}, and {ranks_text(pending)} didn't finish:"
         elif len(pending) == self.world:  # none answered: each was stopped for the whole timeout

@@ -14,7 +14,7 @@ the user sees stays as if each call had been waited for:
 - any other call (from this thread or another, a read of `m.w1` say) first reads every answer
   outstanding, so it sees the workers as the last step sent left them;
 - a step that fails raises its error as a waited-for call would; the step sent after it is
-  skipped by the workers (a "chained" message: parallel/worker.py), and the records queued
+  skipped by the workers (a chained Call: parallel/messages.py), and the records queued
   after the failed step's own are dropped, as they would never have been written;
 - Ctrl-C waits for the steps sent to end, then raises StepInterrupt; one that lands in the
   controller's own code between two calls does the same (`settled`); from a step's sending until

@@ -38,6 +38,7 @@ from shapescript.errors import ClusterNeededError, WorkerError
 from shapescript.parallel import forkserver, shared, spin
 from shapescript.parallel.failures import FailureReports, StoppedLooks
 from shapescript.parallel.interrupts import held_step, step_interrupt
+from shapescript.parallel.messages import Call, Reply, Status, Verdict, wire
 from shapescript.parallel.pipeline import InFlight
 
 # collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
@@ -57,7 +58,7 @@ from shapescript.parallel.processes import (  # noqa: F401
     torch_settings,
 )
 from shapescript.parallel.timeline import Timeline
-from shapescript.parallel.worker import VERDICT, WAITING, dumps
+from shapescript.parallel.worker import WAITING, dumps
 from shapescript.runtime import shm_reduce
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import require_visible
@@ -224,9 +225,9 @@ class WorkerPool(FailureReports):
             self._shm_path = None
         for w in self._workers:
             reply = replies[w.rank]
-            if reply is not None and reply[0] == "err":
+            if reply is not None and reply.status == Status.ERR:
                 self._die(f"worker {w.rank} failed to start")
-                payload = reply[1]
+                payload = reply.value
                 exc = WorkerError(f"worker {w.rank} ({w.label}) failed to start: {payload['type']}: {payload['message']}")
                 exc.add_note(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
                 raise exc
@@ -436,7 +437,7 @@ class WorkerPool(FailureReports):
                 self._settle_all()  # Ctrl-C came: nothing more is sent, and StepInterrupt is raised
             self._free_released()
             self._ready_for_a_call(waited=False)
-            payloads = self._encode(handler, args, where, "chained" if self._in_flight else "call")
+            payloads = self._encode(handler, args, where, chained=bool(self._in_flight))
             with self._held(where) as interrupts:
                 self._send(payloads, where)
             self._in_flight.append(InFlight(where, answered, interrupts.first, args))
@@ -486,7 +487,7 @@ class WorkerPool(FailureReports):
     def _send_verdict(self, ok: bool) -> None:
         """Tell every worker whether the call before the chained one they run went through: its
         answers read and its record written (WorkerState.take_verdict)."""
-        message = dumps((VERDICT, ok))
+        message = dumps(wire(Verdict(ok)))
         for w in self._workers:
             try:
                 w.conn.send_bytes(message)
@@ -495,7 +496,7 @@ class WorkerPool(FailureReports):
 
     def _forget_in_flight(self) -> None:
         """After a call failed (on the workers, or in the controller as its record was written):
-        the ones sent after it are skipped by the workers (a "chained" message after a failed one),
+        the ones sent after it are skipped by the workers (a chained call after a failed one),
         or skip themselves before they change anything, told so by the verdict. If some worker ran
         one anyway (a handler other than a program's call, which takes no verdict), the workers no
         longer agree, and are stopped."""
@@ -507,7 +508,7 @@ class WorkerPool(FailureReports):
         for flight in flights:
             if self._state == PoolState.RUNNING:
                 replies, pending, _ = self._gather(f"skipping {flight.where}")
-                ran = ran or bool(pending) or any(r is not None and r[0] == "ok" for r in replies)
+                ran = ran or bool(pending) or any(r is not None and r.status == Status.OK for r in replies)
             flight.answered(None)
         if ran and self._state == PoolState.RUNNING:
             self._die(f"the workers disagree after a failed call ({flights[0].where} ran on some only)")
@@ -535,19 +536,19 @@ class WorkerPool(FailureReports):
                 self._fail_dead(w, f"idle, before {where}")
 
     def _encode(self, handler: str, args: tuple[Any, ...] | list[tuple[Any, ...]], where: str,
-                kind: str = "call") -> list[bytes]:
-        """The messages for each worker, pickled: once when every worker gets the same."""
+                chained: bool = False) -> list[bytes]:
+        """The calls for each worker, pickled: once when every worker gets the same."""
         if isinstance(args, list) and len(args) != self.world:
             raise ValueError(f"`{handler}` was given {len(args)} tuples of arguments for {self.world} workers")
         try:
             if isinstance(args, list):
-                return [dumps((kind, handler, where, tuple(a))) for a in args]
-            return [dumps((kind, handler, where, tuple(args)))] * self.world
+                return [dumps(wire(Call(handler, where, tuple(a), chained))) for a in args]
+            return [dumps(wire(Call(handler, where, tuple(args), chained)))] * self.world
         except Exception as exc:
             raise WorkerError(f"the arguments of {where} can't be sent to the workers: "
                               f"{type(exc).__name__}: {exc}") from None
 
-    def _gather(self, doing: str) -> tuple[list[tuple[Any, ...] | None], list[int], bool]:
+    def _gather(self, doing: str) -> tuple[list[Reply | None], list[int], bool]:
         """Every worker's reply, in rank order, the ranks that didn't answer in time, and whether those
         were given up on because a worker raised an error of its own while they wait for it at a
         collective. Raises at once if a worker dies. Without a failure this waits as long as the
@@ -557,7 +558,7 @@ class WorkerPool(FailureReports):
         own, `ERROR_GRACE` to raise theirs, after which any found waiting at a collective on two looks
         are given up on. Workers that are all stopped (SIGSTOP) get the collective timeout (StoppedLooks)."""
         assert self.timeout is not None
-        replies: list[tuple[Any, ...] | None] = [None] * self.world
+        replies: list[Reply | None] = [None] * self.world
         pending = {w.rank: w for w in self._workers}
         never = float("inf")
         answer_deadline = collective_deadline = error_deadline = never
@@ -588,10 +589,10 @@ class WorkerPool(FailureReports):
                         poller.unregister(fd)
                 if answer_deadline == never:
                     answer_deadline = time.monotonic() + self.timeout + min(30.0, max(2.0, self.timeout))
-                if reply[0] == "err":
+                if reply.status == Status.ERR:
                     if self._state == PoolState.STARTING:
                         return replies, sorted(pending), False
-                    if reply[1]["collective"]:
+                    if reply.value["collective"]:
                         collective_deadline = min(collective_deadline, time.monotonic() + COLLECTIVE_GRACE)
                     else:
                         error_deadline = min(error_deadline, time.monotonic() + ERROR_GRACE)

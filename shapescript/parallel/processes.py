@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from shapescript.errors import WorkerError
+from shapescript.parallel.messages import Reply, Status, Stop, reply_from, wire
 from shapescript.parallel.worker import dumps, read_status
 from shapescript.runtime.leftovers import sweep
 
@@ -188,15 +189,15 @@ class WorkerProcess:
             code = None
         return how_it_stopped(code if code != UNKNOWN_EXIT else None, self.proc.pid)
 
-    def reply(self, data: bytes) -> tuple[Any, ...]:
+    def reply(self, data: bytes) -> Reply:
         """One of its replies, read; one that can't be (a result whose class the controller can't
         import) as its error."""
         try:
-            return pickle.loads(data)
+            return reply_from(pickle.loads(data))
         except Exception as exc:
             error = WorkerError(f"worker {self.rank} ({self.label})'s answer can't be read: {type(exc).__name__}: {exc}")
-            return ("err", {"type": "WorkerError", "message": str(error), "traceback": "", "status": "",
-                            "collective": False, "pickled": dumps(error)})
+            return Reply(Status.ERR, {"type": "WorkerError", "message": str(error), "traceback": "", "status": "",
+                                      "collective": False, "pickled": dumps(error)})
 
 
 def shutdown(workers: list[WorkerProcess], folder: str | None, grace: float, owner: int) -> None:
@@ -211,7 +212,7 @@ def shutdown(workers: list[WorkerProcess], folder: str | None, grace: float, own
     if grace > 0:
         for w in workers:
             try:
-                w.conn.send_bytes(dumps(("stop",)))
+                w.conn.send_bytes(dumps(wire(Stop())))
             except (OSError, ValueError):
                 pass  # already gone
     for sig_grace, act in ((grace, "terminate"), (1.0, "kill"), (5.0, None)):

@@ -4,12 +4,12 @@
 
 a fresh interpreter, so the user's main script is never imported (see WORKER_MAIN). It reads its
 settings from the socket it inherited as fd N, joins the process group, says it is ready, then
-answers one message at a time: ("call", handler, where, args) runs
-`handlers.HANDLERS[handler](state, *args)`; ("chained", handler, where, args) does too, unless the
-message before it failed or was skipped, when it answers ("skipped", None) (a pipelined step sent
-before the answer to the one before it was read: parallel/pipeline.py); ("verdict", ok) is the
-controller's word on the step before a chained call, which that call waits for before it changes
-anything (`WorkerState.take_verdict`; a verdict nothing waits for is dropped); ("stop",) ends. If the controller (PID) dies instead,
+answers one message at a time (parallel/messages.py): a Call runs `handlers.HANDLERS[handler](state,
+*args)`; a chained Call does too, unless the call before it failed or was skipped, when it is
+skipped (a pipelined step sent before the answer to the one before it was read:
+parallel/pipeline.py); a Verdict is the controller's word on the step before a chained call, which
+that call waits for before it changes anything (`WorkerState.take_verdict`; a verdict nothing waits
+for is dropped); Stop ends. If the controller (PID) dies instead,
 however it dies and whatever this worker is doing, the worker removes the pool's private folder,
 which no one else would, and exits (see `_Controller`).
 
@@ -43,6 +43,7 @@ import torch.distributed as dist
 from shapescript.errors import ShapeScriptError, WorkerError
 from shapescript.parallel.handlers import HANDLERS
 from shapescript.parallel.memory import Meter, measured
+from shapescript.parallel.messages import Message, Reply, Status, Stop, Verdict, message_from, wire
 from shapescript.parallel.spin import poll_briefly
 from shapescript.parallel.timeline import StepClock
 from shapescript.runtime import collectives
@@ -52,7 +53,6 @@ from shapescript.runtime.steps import StepSkipped
 
 STATUS_SIZE = 512  # bytes per status file: a kind byte, a 2-byte length, the text
 IDLE, RUNNING, WAITING = "I", "R", "W"
-VERDICT = "verdict"  # the controller's word on a step that a chained call was sent behind
 UNKNOWN = "?"  # no file's: a status that couldn't be read (a worker on another host that didn't answer)
 
 
@@ -161,7 +161,7 @@ class WorkerState:
     clock: StepClock = field(init=False)  # their time, by part (parallel/timeline.py)
     conn: Connection | None = None  # the controller's socket, once the worker serves it
     verdict_due: bool = False  # a chained call runs whose step before has no verdict read yet
-    next_message: tuple[Any, ...] | None = None  # read by take_verdict where a verdict was expected
+    next_message: Message | None = None  # read by take_verdict where a verdict was expected
 
     def __post_init__(self) -> None:
         self.meter = Meter(self.device)
@@ -212,11 +212,11 @@ class WorkerState:
             return
         self.verdict_due = False
         assert self.conn is not None
-        message = pickle.loads(self.conn.recv_bytes())
-        if message[0] != VERDICT:  # not expected; served next, as if it had come after this call
+        message = message_from(pickle.loads(self.conn.recv_bytes()))
+        if not isinstance(message, Verdict):  # not expected; served next, as if it had come after this call
             self.next_message = message
             raise StepSkipped("the controller sent another message before its word on the step before")
-        if not message[1]:
+        if not message.ok:
             raise StepSkipped("the step sent before it failed in the controller")
 
 
@@ -352,12 +352,12 @@ def error_payload(exc: BaseException, state: WorkerState | None) -> dict[str, An
     }
 
 
-def _send(conn: Connection, message: tuple[Any, ...], what: str = "the reply") -> None:
+def _send(conn: Connection, message: Reply, what: str = "the reply") -> None:
     try:
-        data = dumps(message)
+        data = dumps(wire(message))
     except Exception as exc:  # a result that can't be pickled is the handler's error
-        data = dumps(("err", error_payload(
-            WorkerError(f"{what} can't be sent to the controller: {type(exc).__name__}: {exc}"), None)))
+        data = dumps(wire(Reply(Status.ERR, error_payload(
+            WorkerError(f"{what} can't be sent to the controller: {type(exc).__name__}: {exc}"), None))))
     conn.send_bytes(data)
 
 
@@ -423,21 +423,21 @@ def _serve(conn: Connection, state: WorkerState, spin_s: float = 0.0) -> bool:
             except (EOFError, OSError):
                 return False
             try:
-                message = pickle.loads(data)
+                message = message_from(pickle.loads(data))
             except Exception as exc:  # e.g. an object of a class defined in the controller's main script
-                _send(conn, ("err", error_payload(WorkerError(
+                _send(conn, Reply(Status.ERR, error_payload(WorkerError(
                     f"the workers can't read the arguments: {type(exc).__name__}: {exc} (the workers never import "
                     f"the controller's main script, so its classes can't be sent to them)"), None)))
                 continue
-        if message[0] == "stop":
+        if isinstance(message, Stop):
             return True
-        if message[0] == VERDICT:  # on a step whose chained call this worker skipped, or never waited for
+        if isinstance(message, Verdict):  # on a step whose chained call this worker skipped, or never waited for
             continue
-        kind, name, where, args = message
-        if kind == "chained" and failed:  # the step before it failed: this one never happened
-            _send(conn, ("skipped", None))
+        name, where, args, chained = message
+        if chained and failed:  # the step before it failed: this one never happened
+            _send(conn, Reply(Status.SKIPPED))
             continue
-        state.verdict_due = kind == "chained"
+        state.verdict_due = chained
         state.running(where)
         try:
             fn = HANDLERS.get(name)
@@ -445,17 +445,17 @@ def _serve(conn: Connection, state: WorkerState, spin_s: float = 0.0) -> bool:
                 raise WorkerError(f"the workers have no handler named {name!r}; they have {', '.join(sorted(HANDLERS))}")
             with measured(state, name):
                 result = fn(state, *args)
-            reply: tuple[Any, ...] = ("ok", result)
+            reply = Reply(Status.OK, result)
         except StepSkipped:
-            reply = ("skipped", None)
+            reply = Reply(Status.SKIPPED)
         except Exception as exc:
-            reply = ("err", error_payload(exc, state))
+            reply = Reply(Status.ERR, error_payload(exc, state))
             # Peers waiting for this worker's part of a sum give up, where it couldn't join the rest of
             # the call's collectives (runtime/ledger.py); where it did, they have given the step up
             # already, and the mark is cleared by the controller's "resync_sums" before the next call.
             if collectives.shm is not None:
                 collectives.shm.fail()
-        failed = reply[0] != "ok"
+        failed = reply.status != Status.OK
         state.verdict_due = False  # one the call didn't wait for is dropped when it comes
         _send(conn, reply, f"the result of {where} on worker {state.rank}")
         state.idle()  # after sending: the controller takes a worker that's no longer waiting to be stuck
@@ -471,12 +471,12 @@ def work(conn: Connection, config: dict[str, Any]) -> bool | None:
         state = _boot(config)
     except BaseException as exc:
         try:
-            _send(conn, ("err", error_payload(exc, None)))
+            _send(conn, Reply(Status.ERR, error_payload(exc, None)))
         except OSError:
             pass
         return None
     try:
-        _send(conn, ("ready", {"pid": os.getpid(), "device": str(state.device)}))
+        _send(conn, Reply(Status.READY, {"pid": os.getpid(), "device": str(state.device)}))
     except OSError:
         return None
     return _serve(conn, state, config.get("spin", 0.0))

@@ -40,7 +40,7 @@ class StepSkipped(Exception):
     raised an error of its own (found at the sum of the failure flags before an update or at the
     call's end, runtime/ledger.py, or at a sum through shared memory: runtime/shm_reduce.py), or the
     controller couldn't write the record of the step sent before it (a "chained" call:
-    parallel/pipeline.py). The worker answers ("skipped", None), and skips a chained call after it."""
+    parallel/pipeline.py). The worker answers that it skipped it, and skips a chained call after it."""
 
 
 class StepControl:
