@@ -33,7 +33,7 @@ test: $(VENV)/.installed $(VENV)/.ray chromium
 	$(PY) -m pytest -q
 
 # mypy checks the whole package ([tool.mypy] in pyproject.toml), and the compiler's stages strictly.
-COMPILER := $(addprefix shapescript/,syntax shapes ops check ir lower pipeline.py)
+COMPILER := $(addprefix shapescript/,syntax shapes ops check plan ir lower pipeline.py)
 
 # The edit loop, in a few minutes: the compiler's tests and the quick ones on one device. Left out:
 # worker pools, notebooks, Ray, the browser, the CLI's subprocesses, examples, docs and the fuzzer.

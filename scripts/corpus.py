@@ -53,10 +53,10 @@ def programs() -> Iterator[tuple[str, str]]:
 
 def outputs(source: str, devices: str | None) -> dict[str, str]:
     """What the compiler prints of `source` on `devices` (None: its own devices line)."""
-    from shapescript.check.comms_text import report
     from shapescript.errors import CompileError
     from shapescript.lower.targets import Target
     from shapescript.pipeline import compile_program, python_module, python_modules
+    from shapescript.plan.comms_text import report
 
     def attempt(what: Callable[[], str]) -> str:
         try:

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from .background import BackgroundRun, stop_runs_of
-from .check.comms import device_table
 from .check.program import Checked, FnInfo
 from .devices import DeviceSet
 from .errors import ClusterNeededError, ShapeScriptError, Span
@@ -24,6 +23,7 @@ from .parallel import pipeline
 from .parallel.interrupts import preparing_a_call
 from .parallel.remote import RemoteFunction
 from .pipeline import build, compile_program, parse_devices, python_modules, read_program, short_repr
+from .plan.comms import device_table
 from .runtime import calls, loops, recorded, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
@@ -212,7 +212,7 @@ class Program:
 
     @property
     def device_table(self) -> Any:
-        """How values lie on the devices and what each line sends (check/comms.py's DeviceTable)."""
+        """How values lie on the devices and what each line sends (plan/comms.py's DeviceTable)."""
         return device_table(self.checked)
 
     def locate(self, exc: BaseException) -> list[tuple[str, Span]]:

@@ -174,8 +174,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_comms(args: argparse.Namespace) -> int:
-    from .check.comms_text import report, to_json
     from .pipeline import compile_program, read_program
+    from .plan.comms_text import report, to_json
 
     if args.batch is not None and args.batch <= 0:
         raise ValueError(f"--batch takes a positive number of examples, not {args.batch}")

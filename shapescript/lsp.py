@@ -112,7 +112,7 @@ class ShapeScriptServer(LanguageServer):
             return None
         # Imported here, not at the top: the hover texts are their own module, and a problem in it
         # then costs hovers only, never the diagnostics.
-        from .check.comms_text import hover_text
+        from .plan.comms_text import hover_text
 
         text = hover_text(good.checked, at.line + 1, at.character + 1)
         if text is None:

@@ -2,8 +2,10 @@
 
     parse       syntax/parser.py    the text → the tree, a span on every node
     check       check/checker.py    the items (dims, data, models, signatures), then each body's
-                                    types and calls; placement (check/placement.py); on several
-                                    devices the batch split (check/split.py) → `Checked`
+                                    types and calls → `Checked`
+    plan        plan/passes.py      where each function runs (plan/placement.py); on several
+                                    devices the batch split (plan/split.py) and the layout
+                                    options' plan (plan/layout.py), kept in `Checked`
     elaborate   ir/elaborate.py     `Checked` → the typed IR, each node with its type, its
                                     resolved call and the split's marks
     fuse        ir/fuse.py          spans torch has one kernel for, rewritten to use it
@@ -14,8 +16,9 @@
                                     checker has seen that every dim has its size (E0313)
 
 Each stage reads only what the one before it gives; the front ends (api.py, cli.py, lsp.py, the
-notebook) call these functions rather than the stages. The DeviceTable (check/comms.py) is worked
-out from `Checked` when first asked for (`check.comms.device_table(checked)`): a build for one device never needs it.
+notebook) call these functions rather than the stages. The DeviceTable (plan/comms.py) is worked
+out from `Checked` when first asked for (`device_table(checked)`): a build for one device never
+needs it.
 """
 
 from __future__ import annotations
@@ -38,15 +41,16 @@ from .ir.elaborate import elaborate
 from .ir.fuse import fuse
 from .lower.codegen import generate
 from .lower.targets import Target, target_for
+from .plan.passes import plan_program
 from .syntax import tree as A
 from .syntax.parser import parse
 
 
 def check_source(source: str, file: str = "<input>", devices: DeviceSet | None = None,
           dims: dict[str, int] | None = None, python: bool = True) -> Checked:
-    """Parse and check a program (CompileError with every diagnostic if it is wrong); `python=False`
-    refuses the program's own Python (E0701)."""
-    return check_program(parse(source, file), file, devices, dims, python)
+    """Parse and check a program, and plan it on its devices (CompileError with every diagnostic if
+    it is wrong); `python=False` refuses the program's own Python (E0701)."""
+    return plan_program(check_program(parse(source, file), file, devices, dims, python))
 
 
 def typed_ir(checked: Checked, fused: bool = True) -> ir.Module:

@@ -117,7 +117,7 @@ BATCH_NORM = textwrap.dedent("""\
 # -- for the per-pass tests ------------------------------------------------------------------------
 
 # One function for each of the manual's reasons to run in the controller, on the workers or anywhere
-# (check/placement.py), after LIN_HEADER.
+# (plan/placement.py), after LIN_HEADER.
 PLACES = LIN_HEADER + textwrap.dedent("""\
 
     python fn helper_matrix() -> [D C] = "helper_mod.ones_matrix"

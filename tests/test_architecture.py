@@ -14,10 +14,10 @@ from support import ROOT
 
 import shapescript as ss
 from shapescript.check.calls import RULES
-from shapescript.check.comms import device_table
 from shapescript.devices import DeviceSet
 from shapescript.ops import OPS, Op
 from shapescript.pipeline import check_source
+from shapescript.plan.comms import device_table
 
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 

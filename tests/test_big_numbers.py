@@ -24,13 +24,13 @@ from programs import README
 
 import shapescript as ss
 from shapescript.api import compile_program
-from shapescript.check.comms_text import report, to_json
 from shapescript.cli import main as cli_main
 from shapescript.devices import MAX_CUDA_INDEX, MAX_DEVICES, DeviceSet, shares
 from shapescript.errors import CompileError
 from shapescript.lower.targets import Target
 from shapescript.lsp import ShapeScriptServer, create_server
 from shapescript.pipeline import python_module, python_modules
+from shapescript.plan.comms_text import report, to_json
 
 LIMIT_S = 2.0  # CPU seconds for one program's check, comms, build and hover
 

@@ -9,9 +9,9 @@ import torch
 from support import ROOT
 
 import shapescript as ss
-from shapescript.check.comms import device_table
 from shapescript.errors import CompileError
 from shapescript.pipeline import check_source
+from shapescript.plan.comms import device_table
 from shapescript.shapes import value_types as T
 
 

@@ -14,14 +14,14 @@ from support import ROOT
 
 import shapescript as ss
 from shapescript.api import parse_devices
-from shapescript.check.comms import device_table
-from shapescript.check.comms_text import CROSSES_HOSTS, line_text, report, to_json
 from shapescript.devices import DeviceSet
 from shapescript.errors import ClusterNeededError
 from shapescript.notebook.cells import Cell
 from shapescript.notebook.device_table import DeviceTableView
 from shapescript.notebook.session import Session
 from shapescript.pipeline import check_source
+from shapescript.plan.comms import device_table
+from shapescript.plan.comms_text import CROSSES_HOSTS, line_text, report, to_json
 from shapescript.syntax import tree as A
 from shapescript.syntax.parser import parse
 

@@ -58,7 +58,7 @@ def test_the_table_says_how_split_h_lays_out_the_attention_example() -> None:
     from programs import GPT
 
     from shapescript.api import compile_program
-    from shapescript.check.comms_text import report
+    from shapescript.plan.comms_text import report
     text = report(compile_program("devices cuda[0 1 2]\n    split H\n" + GPT, "gpt.ss"))
     assert "`q`: [b H n Dh], split along H: each device holds 4 of H = 12" in text
     assert "its params with H split along it (`blocks.attn.w_o`), the others whole" in text

@@ -9,18 +9,18 @@ import pytest
 from support import ROOT
 
 from shapescript.check.calls import BUILTIN_NAMES, RULES
-from shapescript.check.comms import device_table
 from shapescript.devices import DeviceSet
 from shapescript.errors import CompileError
 from shapescript.ops import OPS, Across
 from shapescript.pipeline import check_source
+from shapescript.plan.comms import device_table
 
 # Every module of shapescript/ outside the op table, and the strings it may hold that are spelled
 # as an op's name: none, unless it is there for a reason that isn't a decision about an op.
 SPELLED_AS_AN_OP = {
     "shapescript/check/checker.py": {"split", "std"},  # `split H` on a devices line; normal(std=)
-    "shapescript/check/comms.py": {"split"},  # a value's layout: "split" or "whole"
-    "shapescript/check/comms_text.py": {"split"},
+    "shapescript/plan/comms.py": {"split"},  # a value's layout: "split" or "whole"
+    "shapescript/plan/comms_text.py": {"split"},
     "shapescript/check/constants.py": {"exp", "log", "sqrt"},  # an initializer's arithmetic
     "shapescript/shapes/options.py": {"min", "max"},  # clamp's bounds, min= and max=
     "shapescript/shapes/plans.py": {"gather", "sum"},  # HeadsKind's words for what split H does with a value

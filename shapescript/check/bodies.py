@@ -627,7 +627,6 @@ def tensor_help(t: T.Ty, text: str) -> str:
 
 def passes_mut(fn: FnInfo, param: str) -> bool:
     """Whether `fn`'s body passes its parameter `param` as `mut` to a call, i.e. means to change it."""
-    from .split import iter_nodes  # split imports this layer's checker, not this module
     return isinstance(fn.node, A.Fn) and any(
         isinstance(n, A.Arg) and n.mut and isinstance(n.value, A.Name) and n.value.id == param
-        for stmt in fn.node.body for n in iter_nodes(stmt))
+        for stmt in fn.node.body for n in A.iter_nodes(stmt))

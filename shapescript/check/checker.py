@@ -26,10 +26,7 @@ from .bodies import check_bodies
 from .calls import BUILTIN_NAMES
 from .constants import NotConstant, constant, derive_dims
 from .context import Context
-from .layout import heads_facts, lay_out
-from .placement import place
 from .program import Checked, FnInfo, ParamInfo
-from .split import split_batches
 
 OPTIMIZERS = {"AdamW", "Sgd"}
 SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
@@ -52,8 +49,10 @@ def require_sizes(checked: Checked) -> None:
 
 def check_program(program: A.Program, file: str, devices: DeviceSet | None = None,
                   dims: dict[str, int] | None = None, python: bool = True) -> Checked:
-    """`python=False`: refuse every `python fn` and `extern fn` but those of ShapeScript's standard
-    library (E0701), for a program from someone one doesn't trust. Checking never imports them."""
+    """The program's types: its items, then each function's body (the plans come after:
+    shapescript/plan/). `python=False`: refuse every `python fn` and `extern fn` but those of
+    ShapeScript's standard library (E0701), for a program from someone one doesn't trust. Checking
+    never imports them."""
     ctx = Context(program, file, devices, dims, python)
     with D.derived(ctx.derived):  # while checking, a derived dim equals its definition
         device_set = collect(ctx)
@@ -63,16 +62,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         if not ctx.diagnostics:
             check_bodies(ctx)
             call_cycles(ctx)
-        if not ctx.diagnostics:
-            checked = ctx.checked = dataclasses.replace(checked, placements=place(ctx))
-        if not ctx.diagnostics and checked.device_set.count > 1:
-            # With `split H` batches are whole on every device: no batch split.
-            split = heads_facts(checked) if checked.device_set.split else split_batches(ctx)
-            checked = dataclasses.replace(checked, split=split)
-            checked = dataclasses.replace(checked, layout=lay_out(checked))
-    if ctx.diagnostics:
-        ctx.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))
-        raise CompileError(ctx.diagnostics, program.source, program.warnings)
+    ctx.raise_found(program)
     return checked
 
 

@@ -1,26 +1,47 @@
 """The state of one program's check: the tables the checker builds, and the diagnostics it finds.
-Every stage of checking (the items, the bodies, placement, the batch split) reports through it.
+Every stage of checking (the items, the bodies) reports through it; the plans (shapescript/plan/)
+report through a Reporter of their own.
 """
 
 from __future__ import annotations
 
 from ..devices import DeviceSet
-from ..errors import Diagnostic, Span
+from ..errors import CompileError, Diagnostic, Span
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..syntax import tree as A
 from .program import Checked, FnInfo
 
 
-class Context:
+class Reporter:
+    """The diagnostics one stage finds in a program."""
+
+    def __init__(self) -> None:
+        self.diagnostics: list[Diagnostic] = []
+
+    def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
+              secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
+        """Record an error; `secondary` labels other places it involves (where a dim was bound)."""
+        self.diagnostics.append(Diagnostic(code, message, span, label, tuple(h for h in help if h),
+                                           secondary=secondary))
+        return T.UNKNOWN
+
+    def raise_found(self, program: A.Program) -> None:
+        """The CompileError of every diagnostic found, in source order, if there is one."""
+        if self.diagnostics:
+            self.diagnostics.sort(key=lambda d: (d.span.line, d.span.col))
+            raise CompileError(self.diagnostics, program.source, program.warnings)
+
+
+class Context(Reporter):
     """Shared state of one check: the tables being built and the diagnostics found."""
 
     def __init__(self, program: A.Program, file: str, devices: DeviceSet | None,
                  dims: dict[str, int] | None, python: bool = True) -> None:
+        super().__init__()
         self.program = program
         self.file = file
         self.python = python  # False: a `python fn` or `extern fn` naming Python code is E0701
-        self.diagnostics: list[Diagnostic] = []
         self.dim_values: dict[str, int | None] = {}
         self.derived: dict[str, D.Dim] = {}  # `dim D = H * Dh`: D's definition in dims that aren't derived
         self.dim_override = dict(dims or {})
@@ -40,13 +61,6 @@ class Context:
     @checked.setter
     def checked(self, checked: Checked) -> None:
         self._checked = checked
-
-    def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
-              secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
-        """Record an error; `secondary` labels other places it involves (where a dim was bound)."""
-        self.diagnostics.append(Diagnostic(code, message, span, label, tuple(h for h in help if h),
-                                           secondary=secondary))
-        return T.UNKNOWN
 
     def dim_note(self, t: T.Ty) -> str:
         """`with D = 784, C = 10` for the declared dims in a type, to say what sizes it means."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..devices import DeviceSet
 from ..errors import Diagnostic, Span
@@ -15,9 +15,6 @@ from ..shapes.options import CallOptions, Recipe
 from ..shapes.plans import BatchSplit, HeadsKind, Where
 from ..shapes.value_types import DataT, ModelT, Ty
 from ..syntax import tree as A
-
-if TYPE_CHECKING:
-    from .comms import DeviceTable
 
 
 @dataclass
@@ -61,7 +58,7 @@ class CallInfo:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a function runs (check/placement.py), and why, in the manual's words."""
+    """Where a function runs (plan/placement.py), and why, in the manual's words."""
     where: Where
     reason: str = ""
 
@@ -93,7 +90,7 @@ class ShardedRead:
 
 @dataclass(frozen=True)
 class HeadsMark:
-    """What `split H` does to a value where it's computed (check/layout.py): `gather` it whole from
+    """What `split H` does to a value where it's computed (plan/layout.py): `gather` it whole from
     every device's part along `axes[0]`, `cut` a whole value to this device's part along its axis
     (a tuple's: along each element's, None: whole), or `sum` every device's partial result."""
     kind: HeadsKind  # GATHER, CUT or SUM
@@ -129,10 +126,11 @@ class Checked:
     recipes: dict[int, Recipe] = field(default_factory=dict)  # id(expr) -> how to lower it
     placements: Mapping[str, Placement] = field(default_factory=dict)  # each fn's, by name
     split: SplitFacts = NO_SPLIT  # on several devices, what the batch split found
-    layout: LayoutFacts = NO_LAYOUT  # on several devices, the layout options' plan (check/layout.py)
+    layout: LayoutFacts = NO_LAYOUT  # on several devices, the layout options' plan (plan/layout.py)
     derived: Mapping[str, D.Dim] = field(default_factory=dict)  # each derived dim's definition (`dim D = H * Dh`)
-    # the DeviceTable, once comms.device_table has worked it out (a one-device build never needs it)
-    table: DeviceTable | None = field(default=None, init=False, compare=False, repr=False)
+    # the DeviceTable, once plan/comms.py's device_table has worked it out (a one-device build never
+    # needs it); typed there, since the plans come after checking
+    table: object = field(default=None, init=False, compare=False, repr=False)
 
 
     @property

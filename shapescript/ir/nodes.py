@@ -62,7 +62,7 @@ class Member(Expr):
 
 @dataclass(frozen=True)
 class Heads(Expr):
-    """What `split H` does at a value (check/layout.py): `gather` it whole from every device's part
+    """What `split H` does at a value (plan/layout.py): `gather` it whole from every device's part
     along axes[0], `cut` it to this device's part along each axis (a tuple's elements'), `sum` every
     device's partial result."""
     kind: HeadsKind  # GATHER, CUT or SUM

@@ -1,6 +1,6 @@
-"""The DeviceTable (check/comms.py) as the notebook shows it: a title, an HTML table and text.
+"""The DeviceTable (plan/comms.py) as the notebook shows it: a title, an HTML table and text.
 
-Every figure and sentence comes from the table through check/comms_text.py's formatters, so the
+Every figure and sentence comes from the table through plan/comms_text.py's formatters, so the
 notebook says what `shapescript comms` and the editor's hovers say; nothing here looks at the
 checker. The HTML has one row per function (where it runs, what one call sends), per model (its
 bytes on each device), per value (how it lies on the devices) and per line that sends (its source
@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from ..check.comms import DeviceTable, FnPlan, Layout, device_table
-from ..check.comms_text import (
+from ..check.program import Checked
+from ..errors import terminal_lines
+from ..parallel.memory import WorkerMemory
+from ..plan.comms import DeviceTable, FnPlan, Layout, device_table
+from ..plan.comms_text import (
     bytes_text,
     first_values,
     fn_text,
@@ -31,9 +34,6 @@ from ..check.comms_text import (
     table_report,
     value_text,
 )
-from ..check.program import Checked
-from ..errors import terminal_lines
-from ..parallel.memory import WorkerMemory
 from ..shapes.plans import Where
 from . import markup as M
 from .report import _inline_code

@@ -20,9 +20,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from ..api import parse_devices
-from ..check.comms import DeviceTable
 from ..errors import CompileError, ShapeScriptError, terminal_lines, terminal_text
 from ..parallel.interrupts import StepInterrupt
+from ..plan.comms import DeviceTable
 from . import on_cluster, progress
 from .cells import Cell
 from .device_table import batch_option

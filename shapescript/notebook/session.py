@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import Program, load, parse_devices
-from ..check.comms import DeviceTable
 from ..codes import explain
 from ..errors import CompileError, ShapeError, ShapeScriptError, SourceWarning, Span, worker_places
 from ..parallel.pool import WorkerPool
 from ..parallel.remote import RemoteModel
+from ..plan.comms import DeviceTable
 from ..runtime import model as model_module
 from ..runtime.model import Model, ModelSpec
 from ..shapes.kinds import FnKind

@@ -23,7 +23,7 @@ Label = tuple[Span, str]  # a secondary label of a diagnostic: a place, and what
 
 
 class Use(enum.Enum):
-    """What a function's body does that decides where it runs (check/placement.py reads it)."""
+    """What a function's body does that decides where it runs (plan/placement.py reads it)."""
 
     LOOP = "loop"  # a loop over a dataset's batches
     PRINT = "print"

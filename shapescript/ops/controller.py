@@ -2,7 +2,7 @@
 `logs`, `write`) and checkpoints (`save`, `load`); and the modes, `Train(seed=...)` and `Eval()`.
 
 The rules of shuffle, print, write, save and load record what makes their function run in the
-controller (`uses`, which check/placement.py reads: a loop over a dataset, a print, a sink's
+controller (`uses`, which plan/placement.py reads: a loop over a dataset, a print, a sink's
 write, a checkpoint). None of them works across the batch axis: the controller's built-ins work on
 whole datasets and values where nothing is split, and a mode holds no value of the batch.
 """

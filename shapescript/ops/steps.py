@@ -1,9 +1,9 @@
 """The built-ins of a training step: `value_and_grad` (a function's value and its gradient with
 respect to the model it takes first) and `update` (one optimizer step).
 
-Both are device work (check/placement.py reads `device_work`): on several devices they run on the
+Both are device work (plan/placement.py reads `device_work`): on several devices they run on the
 workers. `value_and_grad` works across the batch axis: each device's gradients are of its part of
-the batch, and the run time adds them up (check/comms.py's `gradients` counts that all-reduce, one
+the batch, and the run time adds them up (plan/comms.py's `gradients` counts that all-reduce, one
 per dtype of the model's params). `update` gets whole gradients and does the same step on every
 device.
 

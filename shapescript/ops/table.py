@@ -135,7 +135,7 @@ HeadsRule = Callable[[CallView], HeadsKind]
 class Layout:
     """An op's layout rule. `sharded`: what a call sends when each device holds a piece of every
     param (`shard params`): norm and clip_norm of gradients add up every device's pieces' squares.
-    (A read of a param, gathered from the pieces, is no op: check/layout.py plans those.) `heads`:
+    (A read of a param, gathered from the pieces, is no op: plan/layout.py plans those.) `heads`:
     how it works on values split along H; None: it takes them whole (GATHER), always right."""
 
     sharded: Callable[[CallView], Payload | None] | None = None

@@ -60,7 +60,7 @@ shm: SharedMemoryAllReduce | None = None
 
 
 # Set by a test or a profiler: every collective is appended as (its .ss location, values, dtype,
-# operation: "all-reduce", "all-gather", "reduce-scatter"). The DeviceTable (check/comms.py) says
+# operation: "all-reduce", "all-gather", "reduce-scatter"). The DeviceTable (plan/comms.py) says
 # beforehand what this will hold.
 recorded: list[tuple[str, int, torch.dtype, str]] | None = None
 

@@ -1,5 +1,5 @@
 """`split H` on the workers: each device holds its part of every value split along H (a block of
-whole heads), as check/layout.py planned; the compiled code calls these where the plan gathers a
+whole heads), as plan/layout.py planned; the compiled code calls these where the plan gathers a
 value whole (`gather_heads`, an all-gather whose backward is a reduce-scatter) or cuts a whole value
 to this device's part (`cut_heads`, no communication). A sum of partial results is `all_sum`.
 

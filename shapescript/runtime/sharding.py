@@ -12,7 +12,7 @@ kept for the backward pass: while a value is differentiated (`keeping_pieces`), 
 reference to the read instead of the tensor, and the backward pass gathers it again once, when
 first needed, and drops it after the read's own backward. So each read sends an all-gather in the
 forward pass and, differentiated, an all-gather and a reduce-scatter in the backward pass, which
-is what the DeviceTable (check/comms.py) counts.
+is what the DeviceTable (plan/comms.py) counts.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ _DERIVED: ContextVar[Definitions] = ContextVar("derived_dims", default=MappingPr
 
 
 @contextmanager
-def derived(definitions: dict[str, Dim]) -> Iterator[None]:
+def derived(definitions: Definitions) -> Iterator[None]:
     """Within the block, each derived dim named in `definitions` equals its definition there (an
     expression of dims that aren't derived). The dict may be filled after the block starts."""
     token = _DERIVED.set(definitions)

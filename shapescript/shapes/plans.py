@@ -8,7 +8,7 @@ from typing import Any
 
 
 class Where(enum.StrEnum):
-    """Where a function runs (check/placement.py decides): in the controller, on the workers (every
+    """Where a function runs (plan/placement.py decides): in the controller, on the workers (every
     device), or anywhere (it touches no device value, so wherever its caller runs)."""
 
     CONTROLLER = "controller"
@@ -18,7 +18,7 @@ class Where(enum.StrEnum):
 
 class HeadsKind(enum.StrEnum):
     """With `split H`: what an op does with values split along H, by its layout rule (ops/table.py),
-    and so what check/layout.py marks on a value. An op's devices work on their parts alone (LOCAL),
+    and so what plan/layout.py marks on a value. An op's devices work on their parts alone (LOCAL),
     or its results are partial sums that every device's add up to the whole (SUM: the value is
     summed), or it needs its split operands whole (GATHER: the operand is gathered). CUT marks a
     value computed whole, of which each device keeps its part. DTensor's Shard, Partial and
@@ -32,9 +32,9 @@ class HeadsKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class BatchSplit:
-    """How a function on the workers takes the batch (check/split.py): which generic dims are split
+    """How a function on the workers takes the batch (plan/split.py): which generic dims are split
     across the devices, and the split axis of each parameter and of the result (None: whole).
-    `heads`: split along a dim of `split H` (check/layout.py) rather than along the batch axis."""
+    `heads`: split along a dim of `split H` (plan/layout.py) rather than along the batch axis."""
     dims: frozenset[Any]
     params: tuple[int | None, ...]
     result: int | None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..errors import Diagnostic, Span
@@ -274,3 +276,18 @@ class Program(Node):
     items: list[Item]
     source: str
     warnings: tuple[Diagnostic, ...] = ()  # the lexer's (W0106), in source order
+
+
+def iter_nodes(node: Node) -> Iterator[Node]:
+    """Every node under `node`, itself first."""
+    yield node
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, list):
+                for sub in item:
+                    if isinstance(sub, Node):
+                        yield from iter_nodes(sub)
+            elif isinstance(item, Node):
+                yield from iter_nodes(item)

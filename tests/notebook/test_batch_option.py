@@ -22,10 +22,10 @@ from support import ROOT
 from test_kernel import MLP
 from test_session import Notebook, opened
 
-from shapescript.check.comms_text import CLI_BATCH_HINT
 from shapescript.cli import main as cli_main
 from shapescript.notebook.device_table import NOTEBOOK_BATCH_HINT, batch_option
 from shapescript.notebook.session import PROGRAM_NAME, PROGRAM_VARIABLE
+from shapescript.plan.comms_text import CLI_BATCH_HINT
 
 # The README's whole program (its loop has `batches(64)`) on two CPUs, and its functions without the loop.
 README = (ROOT / "examples" / "readme" / "mlp.ss").read_text().replace("devices cuda[0 1 2]", "devices cpu[0 1]")

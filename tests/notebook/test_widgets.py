@@ -19,8 +19,6 @@ from IPython.core.formatters import DisplayFormatter
 from support import ROOT
 
 import shapescript as ss
-from shapescript.check.comms import device_table
-from shapescript.check.comms_text import bytes_text, number_text, report
 from shapescript.devices import DeviceSet
 from shapescript.notebook import markup as M
 from shapescript.notebook import progress
@@ -33,6 +31,8 @@ from shapescript.notebook.session import Session
 from shapescript.notebook.widgets import Shown, device_table_widget, model_widget, show_device_table
 from shapescript.parallel.loading import RemoteBatch, RemoteBatches
 from shapescript.parallel.remote import RemoteModel
+from shapescript.plan.comms import device_table
+from shapescript.plan.comms_text import bytes_text, number_text, report
 from shapescript.runtime import loops
 from shapescript.runtime.loops import batches, shuffle
 

@@ -9,10 +9,10 @@ import pytest
 
 from shapescript.api import compile_program
 from shapescript.check.program import Checked
-from shapescript.check.split import iter_nodes
 from shapescript.errors import CompileError, Diagnostic
 from shapescript.shapes import dims as D
 from shapescript.syntax import tree as A
+from shapescript.syntax.tree import iter_nodes
 
 FILE = "p.ss"  # the file name every program is compiled as (diagnostics name it)
 

@@ -1,4 +1,4 @@
-"""The DeviceTable (check/comms.py, `device_table(checked)`): what each line sends between the devices,
+"""The DeviceTable (plan/comms.py, `device_table(checked)`): what each line sends between the devices,
 in values, dtype and bytes, checked against the tensors each all-reduce combines, built here with
 torch (a batch of BATCH examples; no figure depends on it), and the values' layouts."""
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from facts import build, line_of
 from support import README_MLP_SHAPES, param_and_adamw_bytes
 
-from shapescript.check.comms import DeviceTable, device_table
+from shapescript.plan.comms import DeviceTable, device_table
 
 BATCH = 8
 D, C = 4, 3  # LIN_HEADER's dims

@@ -1,4 +1,4 @@
-"""The placement pass (check/placement.py): where each function runs, for the reason the manual
+"""The placement pass (plan/placement.py): where each function runs, for the reason the manual
 gives, and E1803 for device work in a function that runs in the controller."""
 
 from __future__ import annotations

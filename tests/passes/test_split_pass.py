@@ -1,4 +1,4 @@
-"""The batch split (check/split.py): which generic dims each function has split, where its
+"""The batch split (plan/split.py): which generic dims each function has split, where its
 parameters and result have the batch axis, which operations combine across the devices, and the
 diagnostics for what can't be split (E1801, E1802, E1804, E1901)."""
 

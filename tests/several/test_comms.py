@@ -14,8 +14,8 @@ from test_equivalence import digits
 
 import shapescript as ss
 from shapescript.api import compile_program
-from shapescript.check.comms import DTYPE_BYTES, device_table
-from shapescript.check.comms_text import hover_text, report
+from shapescript.plan.comms import DTYPE_BYTES, device_table
+from shapescript.plan.comms_text import hover_text, report
 
 TORCH_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
                "int32": "i32", "bool": "bool"}
@@ -130,7 +130,7 @@ def test_sizes_stay_symbolic_where_the_types_dont_fix_them() -> None:
            "fn total(batch: [b] Seq) -> []:\n    s = sum(batch.x, over=b)\n    return mean(s)\n")
     table = device_table(compile_program(src, "s.ss", "cpu[0 1]"))
     (item,) = [i for items in table.lines.values() for i in items]
-    from shapescript.check.comms_text import bytes_text
+    from shapescript.plan.comms_text import bytes_text
     assert bytes_text(item.bytes) == "3,072·n bytes"
 
 

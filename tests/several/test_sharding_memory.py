@@ -48,8 +48,8 @@ from test_comms import sharded
 
 import shapescript as ss
 from shapescript.api import compile_program
-from shapescript.check.comms_text import report
 from shapescript.parallel.memory import CPU_PEAK
+from shapescript.plan.comms_text import report
 
 needs_clear_refs = pytest.mark.skipif(sys.platform != "linux", reason="a call's own peak RSS needs /proc/self/clear_refs")
 

@@ -1,8 +1,8 @@
 """The DeviceTable: how a program's values lie on its devices, and what each line sends.
 
-Worked out from the checker's placement (check/placement.py) and batch split (check/split.py),
+Worked out from the checker's placement (plan/placement.py) and batch split (plan/split.py),
 never from running anything. It is one table for every front end: `shapescript comms`, the
-language server's hovers and the notebook's widgets all read it (check/comms_text.py renders it).
+language server's hovers and the notebook's widgets all read it (plan/comms_text.py renders it).
 
 Each collective is the lowering's own (runtime/collectives.py): an operation across the batch axis
 is one all-reduce (sum and contractions send their result's values, mean its sum and a count,
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from ..check.program import Checked, FnInfo, ShardedRead
 from ..devices import shares, shares_text
 from ..dtypes import ELEMENTS, FLOAT_DTYPES
 from ..errors import Span
@@ -30,8 +31,7 @@ from ..shapes.kinds import CallKind, FnKind
 from ..shapes.plans import HeadsKind, Where
 from ..syntax import tree as A
 from .layout import Dims, head_axis, model_params
-from .program import Checked, FnInfo, ShardedRead
-from .split import iter_nodes, split_axes
+from .split import split_axes
 
 DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
 
@@ -122,9 +122,9 @@ class FnPlan:
 def device_table(checked: Checked) -> DeviceTable:
     """How values are laid out over the devices and what every line sends between them: worked out
     when first asked for (a one-device build never needs it), then kept on `checked`."""
-    if checked.table is None:  # a frozen Checked's one field filled late, as cached_property would
+    if not isinstance(checked.table, DeviceTable):  # a frozen Checked's one field filled late
         object.__setattr__(checked, "table", DeviceTable.of(checked))
-        assert checked.table is not None
+    assert isinstance(checked.table, DeviceTable)
     return checked.table
 
 
@@ -220,7 +220,7 @@ class _Builder:
     # -- where the batch size comes from ------------------------------------------------------------
 
     def _batch_size(self) -> tuple[int | None, Span | None]:
-        for node in iter_nodes(self.c.program):
+        for node in A.iter_nodes(self.c.program):
             info = self.c.calls.get(id(node))
             size = info.options.batch_size if info is not None and info.kind == CallKind.BUILTIN else None
             if isinstance(size, int):  # `batches(n)` with n written as a number
@@ -259,7 +259,7 @@ class _Builder:
         if self.count == 1 or fn.kind != FnKind.FN:
             return
         repeats = self.repeats(fn.node)
-        for node in iter_nodes(fn.node):
+        for node in A.iter_nodes(fn.node):
             times = repeats.get(id(node), sympy.Integer(1))
             read = self.c.layout.reads.get(id(node))
             if read is not None:
@@ -295,9 +295,9 @@ class _Builder:
         if isinstance(node, A.For):
             stack = self.c.types.get(id(node.iter))
             times = times * self.size(stack.count) if isinstance(stack, T.StackT) else times
-            nodes = [sub for stmt in node.body for sub in iter_nodes(stmt)]
+            nodes = [sub for stmt in node.body for sub in A.iter_nodes(stmt)]
         else:
-            nodes = list(iter_nodes(node))[1:]
+            nodes = list(A.iter_nodes(node))[1:]
         # In source order, a loop before what it holds: the innermost loop's count is set first.
         for sub in nodes:
             if isinstance(sub, A.For):
@@ -422,14 +422,14 @@ class _Builder:
     def layouts(self, fn: FnInfo) -> Iterator[Layout]:
         """Each parameter, and each name in the body that holds a value (a variable's every use)."""
         variables = {p.name for p in fn.params}
-        for node in iter_nodes(fn.node):
+        for node in A.iter_nodes(fn.node):
             if isinstance(node, A.Assign):
                 variables.update(t.id for t in node.targets)
             elif isinstance(node, A.For):
                 variables.add(node.var.id)
         for p in fn.params:
             yield self.layout(fn, p.name, p.node.span, p.ty)
-        for node in iter_nodes(fn.node):
+        for node in A.iter_nodes(fn.node):
             t = self.c.types.get(id(node))
             if isinstance(node, A.Name) and node.id in variables and t is not None:
                 yield self.layout(fn, node.id, node.span, t)

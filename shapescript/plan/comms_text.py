@@ -1,6 +1,6 @@
 """The DeviceTable in words and as data: the sentences a hover shows, `shapescript comms`'s report
 (the same sentences, for the whole file) and its JSON. Nothing here works anything out: it all
-comes from check/comms.py's table."""
+comes from plan/comms.py's table."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import sympy
 
+from ..check.program import Checked
 from ..shapes import dims as D
 from ..shapes.plans import Where
 from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent, device_table
-from .program import Checked
 
 UNITS = ("KiB", "MiB", "GiB", "TiB")
 # How `shapescript comms` is told a batch size where no `batches(n)` gives one; the notebook's

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import sympy
 
+from ..check.program import NO_LAYOUT, CallInfo, Checked, FnInfo, HeadsMark, LayoutFacts, ShardedRead, SplitFacts
 from ..ops.table import OPS, CallView, heads_contraction, numel
 from ..shapes import dims as D
 from ..shapes import value_types as T
@@ -28,8 +29,7 @@ from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_OPTIONS, CallOptions
 from ..shapes.plans import BatchSplit, HeadsKind, Where
 from ..syntax import tree as A
-from .program import NO_LAYOUT, CallInfo, Checked, FnInfo, HeadsMark, LayoutFacts, ShardedRead, SplitFacts
-from .split import call_sites, iter_nodes
+from .split import call_sites
 
 Dims = frozenset[sympy.Basic]
 
@@ -88,7 +88,7 @@ def _sharded_reads(checked: Checked, fns: list[FnInfo], head_params: dict[tuple[
     count = checked.device_set.count
     reads: dict[int, ShardedRead] = {}
     for fn in fns:
-        for node in iter_nodes(fn.node):
+        for node in A.iter_nodes(fn.node):
             if not isinstance(node, A.Attr):
                 continue
             owner = checked.types.get(id(node.obj))
@@ -167,7 +167,7 @@ class _Marker:
             self.mark(node, HeadsKind.CUT, axes)
 
     def run(self) -> None:
-        for node in iter_nodes(self.fn.node):
+        for node in A.iter_nodes(self.fn.node):
             if isinstance(node, A.Binary):
                 self.operation(node, [node.left, node.right],
                                heads_contraction(self.view(node, [node.left, node.right])) if node.op == "@" else HeadsKind.LOCAL)

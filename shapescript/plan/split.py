@@ -11,10 +11,10 @@ call or at none (E1804), and Python calls never get split data (E1901).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..check.program import CallInfo, Checked, FnInfo, SplitFacts
 from ..errors import Span
 from ..ops.table import OPS, PARTIAL, CallView
 from ..shapes import dims as D
@@ -23,28 +23,12 @@ from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_RECIPE, CallOptions, ParamSize
 from ..shapes.plans import BatchSplit, Where
 from ..syntax import tree as A
-from .context import Context
-from .program import CallInfo, Checked, FnInfo, SplitFacts
+from .planning import Planning
 
 SplitDims = set[Any]  # a function's generic dims that are the batch axis
 
 
-def iter_nodes(node: A.Node) -> Iterator[A.Node]:
-    """Every node under `node`, itself first."""
-    yield node
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        items = value if isinstance(value, list) else [value]
-        for item in items:
-            if isinstance(item, list):
-                for sub in item:
-                    if isinstance(sub, A.Node):
-                        yield from iter_nodes(sub)
-            elif isinstance(item, A.Node):
-                yield from iter_nodes(item)
-
-
-def split_batches(ctx: Context) -> SplitFacts:
+def split_batches(ctx: Planning) -> SplitFacts:
     """The pass: each function's split, and each operation's combining across the devices."""
     checked = ctx.checked
     assert checked is not None
@@ -62,11 +46,11 @@ def split_batches(ctx: Context) -> SplitFacts:
     return SplitFacts({fn.name: layout(fn, dims[fn.name]) for fn in fns}, across, options)
 
 
-def seeds(ctx: Context, fn: FnInfo) -> SplitDims:
+def seeds(ctx: Planning, fn: FnInfo) -> SplitDims:
     """The batch axes a function has by its own types: its batches' and its loops' batches'."""
     out: SplitDims = set()
     batches = [p.ty for p in fn.params if isinstance(p.ty, T.BatchT)]
-    batches += [t for node in iter_nodes(fn.node) if isinstance(node, A.For)
+    batches += [t for node in A.iter_nodes(fn.node) if isinstance(node, A.For)
                 for t in [ctx.checked.types.get(id(node.var))] if isinstance(t, T.BatchT)]
     for t in batches:
         for axis in t.axes[:1]:
@@ -84,14 +68,14 @@ def call_sites(checked: Checked, fns: list[FnInfo]) -> Iterator[tuple[FnInfo, A.
     """(caller, call, callee, binding of the callee's generic dims) for each call between functions."""
     by_name = {f.name: f for f in fns}
     for fn in fns:
-        for node in iter_nodes(fn.node):
+        for node in A.iter_nodes(fn.node):
             info = checked.calls.get(id(node)) if isinstance(node, A.Call) else None
             if info is not None and info.kind in (CallKind.FN, CallKind.GRAD) and info.name in by_name:
                 assert isinstance(node, A.Call)
                 yield fn, node, by_name[info.name], info.mapping
 
 
-def propagate(ctx: Context, fns: list[FnInfo], dims: dict[str, SplitDims]) -> None:
+def propagate(ctx: Planning, fns: list[FnInfo], dims: dict[str, SplitDims]) -> None:
     """Carry the split into the functions that split values are passed to, to a fixed point; then
     every call must agree with the callee's split (E1804)."""
     changed = True
@@ -142,9 +126,9 @@ def layout(fn: FnInfo, dims: SplitDims) -> BatchSplit:
     return BatchSplit(frozenset(dims), tuple(first(p.ty) for p in fn.params), first(fn.ret))
 
 
-def python_calls(ctx: Context, fn: FnInfo, dims: SplitDims) -> None:
+def python_calls(ctx: Planning, fn: FnInfo, dims: SplitDims) -> None:
     """E1901: a Python call in the controller given a batch, or a value with its batch axis."""
-    for node in iter_nodes(fn.node):
+    for node in A.iter_nodes(fn.node):
         info = ctx.checked.calls.get(id(node)) if isinstance(node, A.Call) else None
         if info is None or info.kind != CallKind.PYTHON:
             continue
@@ -161,7 +145,7 @@ def python_calls(ctx: Context, fn: FnInfo, dims: SplitDims) -> None:
 class Classifier:
     """Marks each operation of a function on the workers that works across the batch axis."""
 
-    def __init__(self, ctx: Context, fn: FnInfo, dims: SplitDims, across: dict[int, str],
+    def __init__(self, ctx: Planning, fn: FnInfo, dims: SplitDims, across: dict[int, str],
                  options: dict[int, CallOptions]) -> None:
         self.ctx, self.fn, self.checked, self.dims = ctx, fn, ctx.checked, dims
         self.marks, self.options = across, options  # what the pass finds, by node
@@ -172,7 +156,7 @@ class Classifier:
     def run(self) -> None:
         if not self.dims:
             return
-        for node in iter_nodes(self.fn.node):
+        for node in A.iter_nodes(self.fn.node):
             t = self.checked.types.get(id(node))
             if isinstance(t, T.TensorT):
                 self.check_type(node, t)

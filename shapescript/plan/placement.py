@@ -8,12 +8,12 @@ does none of those; anywhere otherwise.
 
 from __future__ import annotations
 
+from ..check.program import ANYWHERE, FnInfo, Placement
 from ..errors import Diagnostic
 from ..ops.checking import Use
 from ..shapes.kinds import FnKind
 from ..shapes.plans import Where
-from .context import Context
-from .program import ANYWHERE, FnInfo, Placement
+from .planning import Planning
 
 CONTROLLER_USES = {
     Use.LOOP: "loops over a dataset", Use.PRINT: "prints", Use.SAVE: "saves a checkpoint",
@@ -22,7 +22,7 @@ CONTROLLER_USES = {
 }
 
 
-def place(ctx: Context) -> dict[str, Placement]:
+def place(ctx: Planning) -> dict[str, Placement]:
     """Each function's placement (the pass's result, which the checker keeps in `Checked`); on
     several devices, E1803 for device work in a function that runs in the controller."""
     fns = ctx.fns
@@ -61,7 +61,7 @@ MOVABLE_USES = {Use.PRINT: "`print`", Use.SAVE: "`save`", Use.LOAD: "`load`", Us
                 Use.PYTHON: "the Python call"}
 
 
-def report_device_work(ctx: Context, fn: FnInfo, placed: dict[str, Placement]) -> None:
+def report_device_work(ctx: Planning, fn: FnInfo, placed: dict[str, Placement]) -> None:
     """E1803, pointing at what to move: a print, save, sink write, Python call or call of a controller
     function in a step of device work is what moves out; a loop over a dataset stays, and the device
     work moves into a function of its own."""
