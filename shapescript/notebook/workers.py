@@ -22,9 +22,10 @@ from typing import Any
 from ..api import Program
 from ..background import running
 from ..errors import ShapeScriptError
+from ..parallel.lifecycle import PoolState
 from ..parallel.loading import Datasets
 from ..parallel.memory import CUDA_PEAK, WorkerMemory
-from ..parallel.pool import PoolState, WorkerPool
+from ..parallel.pool import WorkerPool
 from ..parallel.processes import STOPPED_BY_CONTROLLER
 from ..parallel.remote import RemoteModel, RemoteOptimizer
 from .models import _size  # the model table's wording of bytes

@@ -18,27 +18,23 @@ where each worker was. A handler's own ShapeScriptError raises in the controller
 
 from __future__ import annotations
 
-import enum
 import os
-import select
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import wait
 from typing import Any, Self
 
 from shapescript.devices import DeviceSet
 from shapescript.errors import ClusterNeededError, WorkerError
-from shapescript.parallel import forkserver, shared, spin
-from shapescript.parallel.failures import FailureReports, StoppedLooks
+from shapescript.parallel import shared, spin
+from shapescript.parallel.failures import FailureReports
+from shapescript.parallel.gathering import Gathering
 from shapescript.parallel.interrupts import held_step, step_interrupt
-from shapescript.parallel.messages import Call, Reply, Status, Verdict, wire
+from shapescript.parallel.lifecycle import PoolState, Starting
+from shapescript.parallel.messages import Call, Status, Verdict, wire
 from shapescript.parallel.pipeline import InFlight
 
 # collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
@@ -50,39 +46,20 @@ from shapescript.parallel.processes import (  # noqa: F401
     WorkerProcess,
     collective_timeout,
     current_collective_timeout,
-    loopback,
-    ranks_text,
     shutdown,
-    sweep_stale_folders,
     timeout_seconds,
-    torch_settings,
 )
 from shapescript.parallel.timeline import Timeline
-from shapescript.parallel.worker import WAITING, dumps
+from shapescript.parallel.worker import dumps
 from shapescript.runtime import shm_reduce
-from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import require_visible
 from shapescript.runtime.steps import between_steps
 
 STOP_GRACE = 3.0  # seconds a worker has to exit after a stop message, and after SIGTERM
 PARALLEL_SEND_BYTES = 1 << 20  # messages bigger than this go to the workers at once, from threads
-COLLECTIVE_GRACE = 2.0  # after one worker's collective failed, how long the others have to report theirs
-ERROR_GRACE = 1.0  # after one worker raised an error of its own, how long the others have to raise theirs
-LOOK_EVERY = 0.25  # seconds between looks at the workers' processes and statuses while a call waits
 
 
-class PoolState(enum.StrEnum):
-    """Where a pool is in its life: made, starting its workers, running calls, or ended (dead: a worker
-    failed or was interrupted; stopped: by `stop()`). A StrEnum: it reads and prints as its word."""
-
-    NEW = "new"
-    STARTING = "starting"
-    RUNNING = "running"
-    DEAD = "dead"
-    STOPPED = "stopped"
-
-
-class WorkerPool(FailureReports):
+class WorkerPool(Starting, Gathering, FailureReports):
     """One worker process per device of `devices`, in one process group. `timeout` is the collective
     timeout in seconds (default: `current_collective_timeout()` when the pool starts); `modules` are
     imported by every worker as it starts, e.g. to register more handlers. Calls from several threads
@@ -135,125 +112,6 @@ class WorkerPool(FailureReports):
         self.exits: tuple[WorkerExit, ...] = ()  # how each worker ended, once the pool has stopped
         labels = launcher.labels(devices) if launcher is not None else [f"{devices.kind}:{i}" for i in self.indices]
         self.timeline = Timeline(str(devices), labels)  # RemoteFunction's calls
-
-    # -- starting ----------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Start the workers and return when every one is ready."""
-        with self._exclusive():
-            if self._state == PoolState.NEW:
-                self._spawn()
-                self._await_ready()
-            self._join_start()
-            self._check_running()
-
-    def start_background(self) -> None:
-        """Start the workers without waiting for them; any later call waits."""
-        with self._exclusive():
-            if self._state != PoolState.NEW:
-                return
-            self._spawn(background=True)
-            self._thread = threading.Thread(target=self._await_ready_in_thread, name="shapescript-workers-start",
-                                            daemon=True)
-            self._thread.start()
-
-    def _spawn(self, background: bool = False) -> None:
-        self._state = PoolState.STARTING
-        self._t0 = time.perf_counter()
-        self.timeout = self.timeout if self.timeout is not None else current_collective_timeout()
-        if self._launcher is not None:  # workers elsewhere: it sets _workers, _shutdown and _finalizer
-            self._owner = os.getpid()
-            try:
-                self._launcher.spawn(self)
-            except BaseException as exc:
-                self._die(f"the workers couldn't be started: {exc}")
-                raise
-            return
-        sweep_stale_folders()  # the backstop: a killed controller's workers remove its folder as they exit
-        self._folder = tempfile.mkdtemp(prefix=f"shapescript-workers-{owner_tag()}-")  # mode 0700: ours alone
-        self._owner = os.getpid()  # a forked child neither uses nor stops these workers
-        self._finalizer = weakref.finalize(self, shutdown, self._workers, self._folder, 1.0, self._owner)  # also at exit
-        sys_path = [p or os.getcwd() for p in sys.path]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys_path))
-        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = loopback()
-        store_path = os.path.join(self._folder, "store")
-        server = forkserver.server_for(env, os.getcwd())
-        self._launch = (server, env, sys_path, store_path)
-        if not (background and server is not None and not server.ready(0.0)):  # else the start's thread does it
-            self._launch_workers()
-
-    def _launch_workers(self) -> None:
-        """Start the worker processes (forked by the fork server where there is one) and send each its
-        settings. In start_background's thread where the fork server is still importing."""
-        assert self._launch is not None and self._folder is not None
-        (server, env, sys_path, store_path), self._launch = self._launch, None
-        if server is not None and not server.ready(forkserver.READY_TIMEOUT):
-            server = None  # it couldn't start: fresh interpreters, as without one
-        try:
-            with self._launching:
-                for rank, index in enumerate(self.indices):
-                    if self._state != PoolState.STARTING:  # stopped meanwhile (Ctrl-C in the thread that waits)
-                        return
-                    self._workers.append(forkserver.start_worker(rank, f"{self.devices.kind}:{index}", server, env,
-                                                                 sys_path, self._folder))
-            if self.devices.kind == "cpu":  # processes of this machine sum through shared memory (shm_reduce.py)
-                self._shm_path = shm_reduce.create(self.world)
-                self._sums_shared = self._shm_path is not None
-            settings = {"world": self.world, "kind": self.devices.kind, "folder": self._folder, "store_path": store_path,
-                        "timeout": self.timeout, "shm_reduce": self._shm_path, "sys_path": sys_path,
-                        "modules": self.modules, "torch": torch_settings(), "spin": self._spin}
-            for w, index in zip(self._workers, self.indices):
-                w.conn.send_bytes(dumps({**settings, "rank": w.rank, "index": index, "status_path": w.status_path}))
-        except BaseException as exc:
-            self._die(f"the workers couldn't be started: {exc}")
-            if isinstance(exc, OSError):
-                raise WorkerError(f"the workers on {self.devices} couldn't be started: {exc}") from None
-            raise
-
-    def _await_ready(self) -> None:
-        if self._launch is not None:
-            self._launch_workers()
-            if self._state != PoolState.STARTING:  # stopped while the fork server was getting ready
-                return
-        try:
-            replies, pending, _ = self._gather("starting")
-        except BaseException:
-            self._die("interrupted while starting")
-            raise
-        finally:  # each worker that started has mapped it
-            shm_reduce.remove(self._shm_path)
-            self._shm_path = None
-        for w in self._workers:
-            reply = replies[w.rank]
-            if reply is not None and reply.status == Status.ERR:
-                self._die(f"worker {w.rank} failed to start")
-                payload = reply.value
-                exc = WorkerError(f"worker {w.rank} ({w.label}) failed to start: {payload['type']}: {payload['message']}")
-                exc.add_note(f"worker {w.rank}'s traceback:\n{payload['traceback']}")
-                raise exc
-        if pending:  # the others were ready long ago
-            self._die("a worker didn't start")
-            raise WorkerError(f"{ranks_text(pending)} of {self.devices} didn't start within {self.timeout:g} s of the others")
-        self.cold_start_s = time.perf_counter() - self._t0
-        self._state = PoolState.RUNNING
-
-    def _await_ready_in_thread(self) -> None:
-        try:
-            self._await_ready()
-        except BaseException as exc:  # kept for the caller's next call
-            self._start_error = exc
-
-    def _join_start(self) -> None:
-        if self._thread is not None:
-            try:
-                self._thread.join()
-            except KeyboardInterrupt:
-                self._die("interrupted while starting")
-                raise
-            self._thread = None
-            if self._start_error is not None:
-                error, self._start_error = self._start_error, None
-                raise error
 
     # -- state -------------------------------------------------------------------------------------
 
@@ -547,76 +405,3 @@ class WorkerPool(FailureReports):
         except Exception as exc:
             raise WorkerError(f"the arguments of {where} can't be sent to the workers: "
                               f"{type(exc).__name__}: {exc}") from None
-
-    def _gather(self, doing: str) -> tuple[list[Reply | None], list[int], bool]:
-        """Every worker's reply, in rank order, the ranks that didn't answer in time, and whether those
-        were given up on because a worker raised an error of its own while they wait for it at a
-        collective. Raises at once if a worker dies. Without a failure this waits as long as the
-        workers work; once one worker has answered, the others have the collective timeout and a grace
-        to follow; once one has failed in a collective, `COLLECTIVE_GRACE` to report their own failure
-        (cut short when none of them is waiting at a collective); once one has raised an error of its
-        own, `ERROR_GRACE` to raise theirs, after which any found waiting at a collective on two looks
-        are given up on. Workers that are all stopped (SIGSTOP) get the collective timeout (StoppedLooks)."""
-        assert self.timeout is not None
-        replies: list[Reply | None] = [None] * self.world
-        pending = {w.rank: w for w in self._workers}
-        never = float("inf")
-        answer_deadline = collective_deadline = error_deadline = never
-        stopped = StoppedLooks(self._workers, self.timeout, time.monotonic())  # since when all pending stopped
-        waiting_before: set[int] = set()  # the pending workers waiting at a collective at the last look
-        released = False
-        poller = select.poll()  # cheaper than multiprocessing's wait(), which builds a selector each time
-        for w in self._workers:
-            for fd in (w.conn.fileno(), w.pidfd):
-                if fd is not None:
-                    poller.register(fd, select.POLLIN)
-        while pending:
-            deadline = min(answer_deadline, collective_deadline)
-            timeout = min(LOOK_EVERY, max(0.0, deadline - time.monotonic()))  # also wake to look at the workers
-            found = spin.poll_briefly(poller, self._spin) if self._spin else []
-            ready = {fd for fd, _ in found or poller.poll(timeout * 1000)}
-            for rank, w in list(pending.items()):
-                if w.conn.fileno() not in ready:
-                    continue
-                try:
-                    reply = w.reply(w.conn.recv_bytes())
-                except (EOFError, OSError):
-                    self._fail_dead(w, doing)
-                replies[rank] = reply
-                del pending[rank]
-                for fd in (w.conn.fileno(), w.pidfd):  # a worker that answered may exit: not this call's business
-                    if fd is not None:
-                        poller.unregister(fd)
-                if answer_deadline == never:
-                    answer_deadline = time.monotonic() + self.timeout + min(30.0, max(2.0, self.timeout))
-                if reply.status == Status.ERR:
-                    if self._state == PoolState.STARTING:
-                        return replies, sorted(pending), False
-                    if reply.value["collective"]:
-                        collective_deadline = min(collective_deadline, time.monotonic() + COLLECTIVE_GRACE)
-                    else:
-                        error_deadline = min(error_deadline, time.monotonic() + ERROR_GRACE)
-            for w in pending.values():
-                if (w.pidfd in ready) if w.pidfd is not None else w.dead():
-                    self._fail_dead(w, doing)
-            now = time.monotonic()
-            if pending and not ready:  # nothing happened: a look at the processes and their statuses
-                stopped.look(pending.values(), now)
-                if now >= error_deadline:  # a collective that the failed worker won't join never ends
-                    waiting = {r for r, w in pending.items() if w.status()[0] == WAITING}
-                    released = released or bool(waiting & waiting_before)
-                    waiting_before = waiting
-            out_of_time = now >= min(answer_deadline, collective_deadline, stopped.since + self.timeout)
-            gave_up = out_of_time or released or (collective_deadline < never and not self._any_waiting(pending))
-            if pending and gave_up and not wait([w.conn for w in pending.values()], 0):  # a last look for replies
-                break
-        for w in pending.values():  # a worker that died just now: its peers' collectives failed first
-            try:
-                w.proc.wait(timeout=0.1)
-            except subprocess.TimeoutExpired:
-                continue
-            self._fail_dead(w, doing)
-        return replies, sorted(pending), released and bool(pending)
-
-    def _any_waiting(self, pending: dict[int, WorkerProcess]) -> bool:
-        return any(w.status()[0] == WAITING for w in pending.values())

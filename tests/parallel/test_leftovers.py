@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from support import ROOT
 
 import shapescript as ss
-from shapescript.parallel.pool import sweep_stale_folders
+from shapescript.parallel.processes import sweep_stale_folders
 from shapescript.parallel.worker import WAITING, read_status
 from shapescript.runtime.leftovers import TEMP_NAME, owner_tag
 
