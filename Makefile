@@ -39,10 +39,9 @@ COMPILER := $(addprefix shapescript/,syntax shapes ops check plan ir lower pipel
 # worker pools, notebooks, Ray, the browser, the CLI's subprocesses, examples, docs and the fuzzer.
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" $(addprefix --ignore=tests/,$(SLOW_TESTS))
-SLOW_TESTS := several parallel cluster notebook browser lsp test_cli.py test_recorded.py test_recorded_loop.py \
-	test_digits_demo.py test_tutorial.py test_doc_snippets.py test_docs.py test_readme_script.py \
-	test_attention_example.py test_nanogpt_example.py test_sharp_bits.py test_fuzz.py test_no_python.py \
-	test_targets.py
+SLOW_TESTS := several parallel cluster notebook browser lsp docs frontends/test_cli.py frontends/test_no_python.py \
+	runtime/test_recorded.py runtime/test_recorded_loop.py examples/test_digits_demo.py \
+	examples/test_attention_example.py examples/test_nanogpt_example.py compiler/test_fuzz.py compiler/test_targets.py
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is never used).
 chromium:

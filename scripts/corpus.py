@@ -45,7 +45,8 @@ def programs() -> Iterator[tuple[str, str]]:
         value = getattr(P, name)
         if name.isupper() and isinstance(value, str) and ("fn " in value or "dim " in value):
             yield f"programs.{name}", value
-    from test_doc_snippets import all_blocks
+    sys.path.insert(0, str(HERE / "tests" / "docs"))
+    from test_doc_snippets import all_blocks  # tests/docs/test_doc_snippets.py
     for block in all_blocks():
         if block.tag.startswith("ss"):
             yield f"{block.doc}:{block.line}", block.text

@@ -461,7 +461,7 @@ def markdown() -> str:
         if c.code[1:3] != chapter:
             chapter = c.code[1:3]
             out += [f"## {CHAPTERS[chapter]}", ""]
-        # The fence's tag says how the docs' tests check the example (see tests/test_doc_snippets.py).
+        # The fence's tag says how the docs' tests check the example (see tests/docs/test_doc_snippets.py).
         tag = ("ss-warning" if c.severity is Severity.WARNING else
                "ss-build-error" if c.code in BUILD_ONLY else
                "ss-no-python-error" if c.code in NO_PYTHON_ONLY else "ss-error")

@@ -24,7 +24,7 @@ DATA_RESERVED = frozenset({"spec", "size", "lengths", "is_remote"})
 
 # The functions of shapescript/std.py, ShapeScript's own, that an `extern fn` may name in a program
 # loaded with Python refused (`ss.load(..., python=False)`): they are part of the language, not code
-# the program brings. tests/test_no_python.py holds this list to std.py's functions.
+# the program brings. tests/frontends/test_no_python.py holds this list to std.py's functions.
 STD_EXTERNS = frozenset({"shapescript.std.layer_norm", "shapescript.std.rms_norm"})
 
 # A model keeps member `w` as the attribute `_m_w`, the live tensor that generated code reads;

@@ -8,9 +8,9 @@
                                     options' plan (plan/layout.py), kept in `Checked`
     elaborate   ir/elaborate.py     `Checked` → the typed IR, each node with its type, its
                                     resolved call and the split's marks
-    fuse        ir/fuse.py          spans torch has one kernel for, rewritten to use it
-    defer       ir/defer.py         the calls whose results a controller's loop only logs,
-                                    which it needn't wait for
+    passes      ir/passes.py        rewrites of the IR, in order: fusion (ir/fuse.py: spans
+                                    torch has one kernel for), then the calls whose results a
+                                    controller's loop only logs (ir/defer.py)
     print       lower/codegen.py    the IR → a Python module for a target (one device, the
                                     controller, a worker, standalone); the IR alone, once the
                                     checker has seen that every dim has its size (E0313)
@@ -36,9 +36,8 @@ from .check.program import Checked
 from .devices import DeviceSet
 from .errors import CompileError, Diagnostic, SourceWarning, Span
 from .ir import nodes as ir
-from .ir.defer import defer
 from .ir.elaborate import elaborate
-from .ir.fuse import fuse
+from .ir.passes import run_passes
 from .lower.codegen import generate
 from .lower.targets import Target, target_for
 from .plan.passes import plan_program
@@ -55,8 +54,7 @@ def check_source(source: str, file: str = "<input>", devices: DeviceSet | None =
 
 def typed_ir(checked: Checked, fused: bool = True) -> ir.Module:
     """The checked program as typed IR; `fused`: with torch's kernels where they fit."""
-    module = elaborate(checked)
-    return defer(fuse(module) if fused else module)
+    return run_passes(elaborate(checked), optimize=fused)
 
 
 def python_module(checked: Checked, target: Target | None = None, *, standalone: bool = False,

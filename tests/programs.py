@@ -81,6 +81,14 @@ def epochs_of(passes: int, eval_batch: int) -> str:
 
 README_FILE = ROOT / "examples" / "readme" / "mlp.ss"
 README = README_FILE.read_text()  # the README's MLP, with its `devices cuda[0 1 2]` line
+
+
+def readme_program() -> str:
+    """The README's program: its ```ss block, which the README's script loads as mlp.ss (README holds
+    it, with its `devices` line and more)."""
+    return (ROOT / "README.md").read_text().split("\n```ss\n", 1)[1].split("```")[0]
+
+
 GPT_FILE = ROOT / "examples" / "attention" / "gpt.ss"
 GPT = GPT_FILE.read_text()
 GPT_DIMS = {"V": 11, "T": 8, "D": 16, "H": 2, "Dh": 8, "F": 32, "L": 2}  # tiny: for runs on several devices
@@ -113,6 +121,43 @@ BATCH_NORM = textwrap.dedent("""\
         update(mut m, mut opt, g)
         return l
     """)
+
+# -- for the run time's tests --------------------------------------------------------------------
+
+# A one-device cuda program with functions whose steps a cuda device may record (device work only:
+# logits, loss, step) and functions it may not (a Mode, an extern fn, directly or through a callee; a
+# loop and a sink): runtime/recorded.py's RECORDABLE table (tests/runtime/test_recorded*.py).
+CUDA_NET = """
+devices cuda[0]
+dim D = 8
+dim C = 3
+
+data Ex:
+    x: [D]
+    y: [] Index[C]
+
+model Net:
+    param w: [D C] = normal(std=0.1)
+
+extern fn ln(x: [b D], over: Axis[D]) -> [b D] = "shapescript.std.layer_norm"
+
+fn logits(m: Net, x: [b D]) -> [b C] = x @ m.w
+fn noisy(m: Net, x: [b D], mode: Mode) -> [b C] = dropout(x @ m.w, 0.1, mode)
+fn normed(m: Net, x: [b D]) -> [b C] = ln(x, over=D) @ m.w
+fn calls_noisy(m: Net, x: [b D]) -> [b C] = noisy(m, x, Eval())
+fn calls_normed(m: Net, x: [b D]) -> [b C] = normed(m, x) * 2.0
+
+fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(logits(m, batch.x), batch.y, over=C)
+
+fn step(mut m: Net, mut opt: AdamW[Net], batch: [b] Ex) -> []:
+    l, g = value_and_grad(loss, m, batch)
+    update(mut m, mut opt, g)
+    return l
+
+fn run(mut m: Net, mut opt: AdamW[Net], data: Dataset[Ex], log: Sink):
+    for batch in data |> batches(4):
+        write(log, logs(loss=step(mut m, mut opt, batch)))
+"""
 
 # -- for the per-pass tests ------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -28,6 +29,14 @@ def assert_golden(text: str, path: Path, update: bool = UPDATE_GOLDEN) -> None:
         raise AssertionError(f"no golden file {path}: run the test with SHAPESCRIPT_UPDATE_GOLDEN=1 to write "
                              f"it, then review it")
     assert text == path.read_text(), f"the output differs from {path}"
+
+
+def cli(*args: str, cwd: Path = ROOT, **run: Any) -> subprocess.CompletedProcess:
+    """`shapescript ARGS` (python -m shapescript.cli) run as a subprocess on this checkout's package, in
+    `cwd`: its exit code and what it printed (tests/frontends/test_cli.py, tests/several/test_sharding.py)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "shapescript.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, **run)
 
 
 README_MLP_SHAPES = [(784, 256), (256, 10)]  # the README's Mlp: w1 [D Hd], w2 [Hd C]

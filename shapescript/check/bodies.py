@@ -25,30 +25,12 @@ from . import calls as B
 from . import origins
 from .calls import misspelled_dim
 from .context import Context
+from .hints import cast_help, source_text, tensor_help
 from .program import CallInfo, FnInfo, ParamInfo
 from .rules import number_arith, number_negation, whole_tensor_power
 
 ARITH = {"+", "-", "*", "/", "**"}
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
-# PyTorch's categories for promotion: a number of a higher category than the tensor's dtype gives
-# the category's default dtype; otherwise the tensor keeps its own.
-def same_type(a: T.Ty, b: T.Ty) -> bool:
-    """The same type, dims compared as dims (an unknown type agrees with anything: it was reported)."""
-    if a is T.UNKNOWN or b is T.UNKNOWN:
-        return True
-    if isinstance(a, T.TensorT) and isinstance(b, T.TensorT):
-        return (a.rank == b.rank and all(x.same(y) for x, y in zip(a.axes, b.axes)) and a.dtype == b.dtype
-                and _same_bound(a.index, b.index))
-    return a == b
-
-
-def _same_bound(a: D.Dim | None, b: D.Dim | None) -> bool:
-    """Two `Index` bounds (None: no bound) are the same."""
-    if a is None or b is None:
-        return a is None and b is None
-    return D.equal(a, b)
-
-
 @dataclass
 class Var:
     ty: T.Ty
@@ -96,7 +78,7 @@ class BodyChecker:
         return self.ctx.dim_note(t)
 
     def cast_help(self, at: A.Node | Span, dtype: str) -> str:
-        return cast_help(self, at, dtype)
+        return cast_help(self.ctx.program.source, at, dtype)
 
     def type_label(self, node: A.Node, t: T.Ty) -> Label | None:
         return origins.type_label(self, node, t)
@@ -235,7 +217,7 @@ class BodyChecker:
         became a tensor, a shape that grows by a pass)."""
         for name, old in before.items():
             new = self.vars[name]
-            if new is old or same_type(old.ty, new.ty):
+            if new is old or T.same_type(old.ty, new.ty):
                 continue
             help = (f"start it as a tensor before the loop: `{name} = to(0.0, {new.ty.dtype})`"
                     if isinstance(old.ty, T.ScalarT) and isinstance(new.ty, T.TensorT) and not new.ty.axes
@@ -358,7 +340,7 @@ class BodyChecker:
         if isinstance(t, T.ScalarT) and t.kind in ("int", "float", "bool"):
             return t
         return self.error("E0401", f"expected a tensor or a number, found {t.show()}", node.span,
-                          f"this is {t.show()}", tensor_help(t, source_text(self, node)))
+                          f"this is {t.show()}", tensor_help(t, source_text(self.ctx.program.source, node)))
 
     def binary(self, node: A.Binary) -> T.Ty:
         if node.op in ("and", "or"):
@@ -398,7 +380,7 @@ class BodyChecker:
             if ld != rd:
                 self.error("E0308", f"`{node.op}` of {ld} and {rd}", node.span, f"{ld} and {rd}",
                            "convert one side so both have the same dtype, as "
-                           f"`to({source_text(self, node.right)}, {ld})`")
+                           f"`to({source_text(self.ctx.program.source, node.right)}, {ld})`")
                 return None
             if node.op in ARITH and ld == "bool":
                 self.error("E0308", f"`{node.op}` of bool tensors", node.span, "bool", "use `and`, `or`, `not`")
@@ -515,11 +497,11 @@ class BodyChecker:
         return given
 
     def check_mut(self, arg: A.Arg, param_mut: bool, param: str, what: str, callee: FnInfo | None = None) -> None:
-        if arg.mut and not param_mut and callee is not None and passes_mut(callee, param):
+        if arg.mut and not param_mut and callee is not None and callee.passes_mut(param):
             return  # the callee changes it without declaring it `mut`: its own E0501 says to add `mut`
         if param_mut and not arg.mut:
             self.error("E0502", f"{what} changes `{param}`, so the call must say `mut`", arg.span,
-                       "changed by the call", f"write `mut {source_text(self, arg.value)}`")
+                       "changed by the call", f"write `mut {source_text(self.ctx.program.source, arg.value)}`")
         elif arg.mut and not param_mut:
             self.error("E0503", f"`mut` given, but {what} doesn't change `{param}`", arg.span,
                        "not changed", "remove `mut`")
@@ -601,32 +583,3 @@ class BodyChecker:
         if not ok:
             return T.UNKNOWN
         return B.substitute(ret, mapping)
-
-
-def source_text(ck: BodyChecker, node: A.Node | Span) -> str:
-    s = node if isinstance(node, Span) else node.span
-    lines = ck.ctx.program.source.splitlines()
-    if s.line == s.end_line and 0 < s.line <= len(lines):
-        return lines[s.line - 1][s.col - 1:s.end_col - 1]
-    return "..."
-
-
-def cast_help(ck: BodyChecker, node: A.Node | Span, dtype: str) -> str:
-    """The way out of a dtype mismatch: the conversion, written on the user's own expression."""
-    return f"convert it, as `to({source_text(ck, node)}, {dtype})`"
-
-
-def tensor_help(t: T.Ty, text: str) -> str:
-    """Where an operator met a model: name one of its tensors, as `m.w`."""
-    if isinstance(t, T.ModelT):
-        tensors = [m.name for m in t.members.values() if m.tensor is not None]
-        if tensors:
-            return f"use one of its tensors, as `{text}.{tensors[0]}`"
-    return "pass a tensor or a number here"
-
-
-def passes_mut(fn: FnInfo, param: str) -> bool:
-    """Whether `fn`'s body passes its parameter `param` as `mut` to a call, i.e. means to change it."""
-    return isinstance(fn.node, A.Fn) and any(
-        isinstance(n, A.Arg) and n.mut and isinstance(n.value, A.Name) and n.value.id == param
-        for stmt in fn.node.body for n in A.iter_nodes(stmt))

@@ -43,6 +43,12 @@ class FnInfo:
     def span(self) -> Span:
         return self.node.name_span
 
+    def passes_mut(self, param: str) -> bool:
+        """Whether the body passes its parameter `param` as `mut` to a call, i.e. means to change it."""
+        return isinstance(self.node, A.Fn) and any(
+            isinstance(n, A.Arg) and n.mut and isinstance(n.value, A.Name) and n.value.id == param
+            for stmt in self.node.body for n in A.iter_nodes(stmt))
+
 
 @dataclass
 class CallInfo:

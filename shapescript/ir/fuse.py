@@ -1,6 +1,6 @@
 """Fusion: spans of the IR that torch has one kernel for, rewritten to use it.
 
-Three rewrites, each exact up to float rounding (tests/test_fusion.py compares every one with the
+Three rewrites, each exact up to float rounding (tests/compiler/test_fusion.py compares every one with the
 program's own unfused build):
 - causal attention written out, softmax(masked_fill(q·kᵀ · scale, causal(i, j), -1e9), over=j)·v,
   becomes `F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=...)`: one kernel that

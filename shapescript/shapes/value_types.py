@@ -286,3 +286,20 @@ def promoted(dtype: str, number: str, op: str) -> str:
     if CATEGORY[number] > tensor_category:
         return DEFAULT_DTYPE[CATEGORY[number]]
     return dtype
+
+
+def same_type(a: Ty, b: Ty) -> bool:
+    """The same type, dims compared as dims (an unknown type agrees with anything: it was reported)."""
+    if a is UNKNOWN or b is UNKNOWN:
+        return True
+    if isinstance(a, TensorT) and isinstance(b, TensorT):
+        return (a.rank == b.rank and all(x.same(y) for x, y in zip(a.axes, b.axes)) and a.dtype == b.dtype
+                and _same_bound(a.index, b.index))
+    return a == b
+
+
+def _same_bound(a: D.Dim | None, b: D.Dim | None) -> bool:
+    """Two `Index` bounds (None: no bound) are the same."""
+    if a is None or b is None:
+        return a is None and b is None
+    return D.equal(a, b)

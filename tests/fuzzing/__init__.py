@@ -1,4 +1,4 @@
-"""Support for tests/test_fuzz.py: the program generators, and a bug hunter and a meter.
+"""Support for tests/compiler/test_fuzz.py: the program generators, and a bug hunter and a meter.
 
 - `rand`: `Rand`, one interface over hypothesis' draw (`DrawRand`) and random.Random (`RandomRand`);
 - `mutations`: the seeds (valid programs), the vocabulary, mutants of the seeds and token soups;

@@ -5,7 +5,7 @@
                                                     # errors grouped by where they are raised, each
                                                     # with a program made minimal by delta debugging
 
-(`python tests/test_fuzz.py stats|hunt ...` does the same.)
+(`python tests/compiler/test_fuzz.py stats|hunt ...` does the same.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent
-for _path in (TESTS.parent, TESTS):  # the package, and tests/ for `fuzzing` and `test_fuzz`
+for _path in (TESTS.parent, TESTS, TESTS / "compiler"):  # the package, tests/ for `fuzzing`, and `test_fuzz`
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hand_mlp import HandMlp, batches
 from programs import README
-from test_readme_mlp import HandMlp, batches
 
 import shapescript as ss
 from shapescript.runtime import products

@@ -8,7 +8,7 @@ import pytest
 import torch
 from checkpoints import check_checkpoints_move
 from programs import BATCH_NORM, GPT, GPT_DIMS, README
-from test_cli import cli
+from support import cli
 from test_comms import sharded
 from test_equivalence import compare, digits, run
 

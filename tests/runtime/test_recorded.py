@@ -4,7 +4,6 @@ steps; then, where a GPU is present, the README's MLP recorded on it against its
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import os
 import subprocess
@@ -16,6 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from programs import CUDA_NET, README
+from recorded_support import FakeGraphs, data, state_of, table
 from support import ROOT
 
 import shapescript as ss
@@ -25,144 +26,33 @@ from shapescript.runtime.data import Batch
 from shapescript.runtime.model import Model
 from shapescript.runtime.modes import Eval
 
-README = (ROOT / "examples" / "readme" / "mlp.ss").read_text()
-
-NET = """
-devices cuda[0]
-dim D = 8
-dim C = 3
-
-data Ex:
-    x: [D]
-    y: [] Index[C]
-
-model Net:
-    param w: [D C] = normal(std=0.1)
-
-extern fn ln(x: [b D], over: Axis[D]) -> [b D] = "shapescript.std.layer_norm"
-
-fn logits(m: Net, x: [b D]) -> [b C] = x @ m.w
-fn noisy(m: Net, x: [b D], mode: Mode) -> [b C] = dropout(x @ m.w, 0.1, mode)
-fn normed(m: Net, x: [b D]) -> [b C] = ln(x, over=D) @ m.w
-fn calls_noisy(m: Net, x: [b D]) -> [b C] = noisy(m, x, Eval())
-fn calls_normed(m: Net, x: [b D]) -> [b C] = normed(m, x) * 2.0
-
-fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(logits(m, batch.x), batch.y, over=C)
-
-fn step(mut m: Net, mut opt: AdamW[Net], batch: [b] Ex) -> []:
-    l, g = value_and_grad(loss, m, batch)
-    update(mut m, mut opt, g)
-    return l
-
-fn run(mut m: Net, mut opt: AdamW[Net], data: Dataset[Ex], log: Sink):
-    for batch in data |> batches(4):
-        write(log, logs(loss=step(mut m, mut opt, batch)))
-"""
-
-
-def table(source: str, **build: Any) -> tuple[str, ...] | None:
-    """The RECORDABLE table of the module `ss.build` prints, None where it has none."""
-    lines = [line for line in ss.build(source, **build).splitlines() if line.startswith("RECORDABLE = ")]
-    if not lines:
-        return None
-    assert len(lines) == 1
-    return ast.literal_eval(lines[0].split("=", 1)[1].split("#")[0].strip())  # type: ignore[no-any-return]
-
-
 # -- the lowering's table ------------------------------------------------------------------------
 
 def test_table_names_the_functions_whose_steps_are_device_work_only() -> None:
     # logits, loss, step: device work only. noisy and calls_noisy: a Mode (dropout's draws count in
     # Python); normed and calls_normed: an extern fn, directly and through a callee; run: a loop and a
     # sink, in the controller.
-    assert table(NET) == ("logits", "loss", "step")
-    assert table(NET, devices="cuda[0 1]", target=Target.WORKER) == ("logits", "loss", "step")
+    assert table(CUDA_NET) == ("logits", "loss", "step")
+    assert table(CUDA_NET, devices="cuda[0 1]", target=Target.WORKER) == ("logits", "loss", "step")
     assert table(README, devices="cuda[0]") == ("forward", "loss", "train_step")
 
 
 def test_table_only_where_a_cuda_device_runs_the_module() -> None:
     # cpu modules print as before, and neither the controller nor a standalone build has any use for it
-    assert table(NET, devices="cpu") is None
-    assert table(NET, devices="cpu[0 1]", target=Target.WORKER) is None
-    assert table(NET, devices="cuda[0 1]", target=Target.CONTROLLER) is None
-    assert table(NET, devices="cuda[0]", standalone=True) is None
+    assert table(CUDA_NET, devices="cpu") is None
+    assert table(CUDA_NET, devices="cpu[0 1]", target=Target.WORKER) is None
+    assert table(CUDA_NET, devices="cuda[0 1]", target=Target.CONTROLLER) is None
+    assert table(CUDA_NET, devices="cuda[0]", standalone=True) is None
 
 
 def test_a_user_name_recordable_is_renamed() -> None:
-    source = NET.replace("fn logits(", "fn RECORDABLE(").replace("logits(m, batch.x)", "RECORDABLE(m, batch.x)")
+    source = CUDA_NET.replace("fn logits(", "fn RECORDABLE(").replace("logits(m, batch.x)", "RECORDABLE(m, batch.x)")
     built = ss.build(source)
     assert "def ss_RECORDABLE(" in built
     assert table(source) == ("ss_RECORDABLE", "loss", "step")  # the names the module binds
 
 
-# -- a stand-in for CUDA graphs ------------------------------------------------------------------
-
-class FakeGraphs:
-    """Makes stand-ins for CUDA graphs on the CPU. Capture runs the step and then puts back every
-    tensor of `state()` (the model's params, the optimizer's state), so that, as with a real capture,
-    nothing has changed; it keeps the call, and `settings()` at that time. Replay runs the kept call
-    on the recorder's buffers and refills the captured outputs in place; it refuses settings that
-    changed since the capture (a real graph would go on with the old learning rate)."""
-
-    def __init__(self, state: Callable[[], list[torch.Tensor]], settings: Callable[[], Any] = lambda: None,
-                 fail: Exception | None = None) -> None:
-        self.state, self.settings, self.fail = state, settings, fail
-        self.captures = 0
-        self.replays = 0
-
-    def __call__(self, device: torch.device, stream: object) -> FakeGraph:
-        assert stream is None  # no side stream off cuda
-        return FakeGraph(self)
-
-
-class FakeGraph:
-    def __init__(self, maker: FakeGraphs) -> None:
-        self.maker = maker
-        self.run: Callable[[], Any] | None = None
-        self.outputs: Any = None
-        self.settings: Any = None
-
-    def capture(self, run: Callable[[], Any]) -> Any:
-        self.maker.captures += 1
-        if self.maker.fail is not None:
-            raise self.maker.fail
-        before = [t.detach().clone() for t in self.maker.state()]
-        self.outputs = run()
-        with torch.no_grad():
-            for t, was in zip(self.maker.state(), before):
-                t.copy_(was)
-        self.run, self.settings = run, self.maker.settings()
-        return self.outputs
-
-    def replay(self) -> None:
-        assert self.run is not None
-        assert self.maker.settings() == self.settings, "replayed a graph captured with other settings"
-        self.maker.replays += 1
-        fresh = self.run()
-        with torch.no_grad():
-            for out, new in zip(recorded.output_tensors(self.outputs), recorded.output_tensors(fresh)):
-                out.copy_(new)
-
-
-def state_of(m: Any, opt: Any) -> Callable[[], list[torch.Tensor]]:
-    """Every tensor a step of `m` and `opt` changes: its params and the optimizer's state."""
-    def tensors() -> list[torch.Tensor]:
-        held = [t for per_param in opt.torch_opt.state.values() for t in per_param.values()
-                if isinstance(t, torch.Tensor)]
-        return [*m.params(), *held]
-    return tensors
-
-
-def data(sizes: list[int], seed: int = 5) -> list[dict[str, torch.Tensor]]:
-    """README batches, each different: labels from a fixed linear teacher."""
-    g = torch.Generator().manual_seed(seed)
-    teacher = torch.randn(784, 10, generator=g)
-    out = []
-    for n in sizes:
-        x = torch.randn(n, 784, generator=g)
-        out.append({"img": x, "label": (x @ teacher).argmax(dim=1)})
-    return out
-
+# -- the recorder, with stand-ins for CUDA graphs (recorded_support.FakeGraphs) ------------------
 
 class Run:
     """The README's MLP on the CPU, its train_step recorded by a recorder with fake graphs (through

@@ -8,13 +8,12 @@ import io
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support import ROOT
 
 pytest.importorskip("sklearn")
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "digits" / "train.py"
 
 

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 import torch
-from support import ROOT
+from programs import README
 
 import shapescript as ss
 from shapescript.errors import CompileError
@@ -25,7 +25,7 @@ def body_expr(checked, fn: str, k: int = -1):
 
 
 def test_readme_types_and_placement() -> None:
-    c = check_source((ROOT / "examples" / "readme" / "mlp.ss").read_text(), "mlp.ss")
+    c = check_source(README, "mlp.ss")
     assert c.device_set.count == 3 and c.device_set.kind == "cuda" and device_table(c).count == 3
     assert c.type_of(body_expr(c, "forward")).show() == "[b C]"
     assert {n: c.placement(n).where for n in c.fns} == {

@@ -11,9 +11,8 @@ import sys
 import textwrap
 
 import pytest
-from support import ROOT
-
-README = ROOT / "examples" / "readme" / "mlp.ss"
+from programs import README, README_FILE
+from support import cli
 
 BLOCK_SHAPESCRIPT = textwrap.dedent("""\
     import sys
@@ -25,17 +24,11 @@ BLOCK_SHAPESCRIPT = textwrap.dedent("""\
     """)
 
 
-def cli(*args: str, cwd=ROOT, **run) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "shapescript.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, **run)
-
-
 def test_check_ok_and_with_errors(tmp_path) -> None:
-    ok = cli("check", str(README))
+    ok = cli("check", str(README_FILE))
     assert ok.returncode == 0 and "ok (4 functions, 1 models, on cuda[0 1 2])" in ok.stdout
     bad = tmp_path / "bad.ss"
-    bad.write_text(README.read_text().replace("relu(x @ m.w1) @ m.w2", "relu(x @ m.w1) @ m.w1"))
+    bad.write_text(README.replace("relu(x @ m.w1) @ m.w2", "relu(x @ m.w1) @ m.w1"))
     out = cli("check", str(bad))
     assert out.returncode == 1 and out.stdout == ""
     assert "error[E0304]" in out.stderr and "Traceback" not in out.stderr
@@ -46,7 +39,7 @@ def test_check_ok_and_with_errors(tmp_path) -> None:
 
 def test_build_writes_python_that_names_ss_lines(tmp_path) -> None:
     out = tmp_path / "sub" / "mlp.py"
-    res = cli("build", str(README), "-o", str(out), "--devices", "cpu")
+    res = cli("build", str(README_FILE), "-o", str(out), "--devices", "cpu")
     assert res.returncode == 0, res.stderr
     text = out.read_text()
     compile(text, str(out), "exec")
@@ -61,7 +54,7 @@ def test_build_never_writes_through_a_name_planted_beside_its_output(tmp_path) -
     out = tmp_path / "mlp.py"
     planted = tmp_path / "mlp.py.tmp"
     planted.symlink_to(victim)
-    res = cli("build", str(README), "-o", str(out), "--devices", "cpu")
+    res = cli("build", str(README_FILE), "-o", str(out), "--devices", "cpu")
     assert res.returncode == 0, res.stderr
     assert victim.read_text() == "someone else's file\n" and planted.is_symlink()
     compile(out.read_text(), str(out), "exec")
@@ -81,7 +74,7 @@ def small_disk(size: int) -> None:
 def test_a_build_that_cant_be_written_keeps_the_old_module_and_leaves_no_temporary_file(tmp_path) -> None:
     out = tmp_path / "mlp.py"
     out.write_text("# the old module\n")
-    res = cli("build", str(README), "-o", str(out), "--devices", "cpu", preexec_fn=lambda: small_disk(1024))
+    res = cli("build", str(README_FILE), "-o", str(out), "--devices", "cpu", preexec_fn=lambda: small_disk(1024))
     assert res.returncode == 2 and res.stderr.startswith("error: ") and "Traceback" not in res.stderr
     assert "File too large" in res.stderr
     assert out.read_text() == "# the old module\n"
@@ -90,7 +83,7 @@ def test_a_build_that_cant_be_written_keeps_the_old_module_and_leaves_no_tempora
 
 def test_standalone_build_runs_without_shapescript(tmp_path) -> None:
     src = tmp_path / "mlp.ss"
-    src.write_text(README.read_text().replace("devices cuda[0 1 2]", "devices cpu"))
+    src.write_text(README.replace("devices cuda[0 1 2]", "devices cpu"))
     res = cli("build", "--standalone", str(src), "-o", str(tmp_path / "mlp_standalone.py"))
     assert res.returncode == 0, res.stderr
     script = BLOCK_SHAPESCRIPT + textwrap.dedent("""\
@@ -118,7 +111,7 @@ def test_standalone_build_runs_without_shapescript(tmp_path) -> None:
 
 
 def test_standalone_build_for_several_devices_is_e1805() -> None:
-    res = cli("build", "--standalone", str(README))
+    res = cli("build", "--standalone", str(README_FILE))
     assert res.returncode == 1 and "error[E1805]: a standalone build can't run on 3 devices" in res.stderr
 
 
@@ -140,18 +133,18 @@ def test_usage_errors(args) -> None:
 def test_comms_prints_the_table_as_text_and_as_json() -> None:
     import json
 
-    text = cli("comms", str(README))
+    text = cli("comms", str(README_FILE))
     assert text.returncode == 0, text.stderr
     assert "on cuda[0 1 2]: a batch of 64 splits 22/21/21" in text.stdout
     assert "203,264 × f32 = 813,056 bytes (794 KiB)" in text.stdout
     assert "inside `loss` (forward and backward): 16 bytes per call" in text.stdout
     assert "`train_step` on the workers: 813,072 bytes (794 KiB) per call" in text.stdout
-    data = json.loads(cli("comms", str(README), "--json", "--devices", "cpu[0 1]", "--batch", "7").stdout)
+    data = json.loads(cli("comms", str(README_FILE), "--json", "--devices", "cpu[0 1]", "--batch", "7").stdout)
     assert data["devices"] == "cpu[0 1]" and data["shares"] == [4, 3]
     step = next(f for f in data["functions"] if f["name"] == "train_step")
     assert step["per_call"]["bytes"] == 813_072 and step["placement"] == "workers"
     sends = {(s["what"].split(",")[0], s["count"], s["dtype"], s["times"]) for s in step["sends"]}
     assert sends == {("the gradients of `Mlp`'s params `w1` and `w2`", 203_264, "f32", 1),
                      ("cross_entropy's sum and count", 2, "f32", 2)}
-    bad = cli("comms", str(README), "--batch", "0")
+    bad = cli("comms", str(README_FILE), "--batch", "0")
     assert bad.returncode == 1 and "--batch takes a positive number" in bad.stderr

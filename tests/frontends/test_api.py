@@ -7,8 +7,7 @@ import textwrap
 
 import pytest
 import torch
-from programs import LIN_HEADER
-from support import ROOT
+from programs import LIN_HEADER, README
 
 import shapescript as ss
 
@@ -186,7 +185,7 @@ def test_load_from_a_path_and_dims_given_at_load(tmp_path) -> None:
 
 
 def test_a_program_for_several_devices_loads_without_starting_workers() -> None:
-    src = (ROOT / "examples" / "readme" / "mlp.ss").read_text()
+    src = README
     prog = ss.load(src, name="mlp.ss")
     assert prog.devices.count == 3 and prog._pool is None
     assert "runs workers" in repr(prog.train_step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from programs import GPT, GPT_FILE
 from support import ROOT
 
 import shapescript as ss
@@ -14,7 +15,6 @@ from shapescript.pipeline import check_source, python_module
 # The examples declare full-size dims; these tests load them small, on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:.*sizes given when loading replace")
 
-ATTENTION = ROOT / "examples" / "attention" / "gpt.ss"
 NANOGPT = ROOT / "examples" / "nanogpt" / "gpt.ss"
 SMALL = {"V": 11, "D": 16, "H": 2, "Dh": 8, "F": 32, "L": 2}
 NANO = {"V": 11, "T": 8, "H": 2, "Dh": 8, "L": 2}
@@ -25,7 +25,7 @@ def source_of(path, dims: dict[str, int]) -> str:
 
 
 def test_the_attention_example_uses_torchs_kernels() -> None:
-    text = source_of(ATTENTION, SMALL)
+    text = source_of(GPT_FILE, SMALL)
     assert "_F.scaled_dot_product_attention(q, k, v, is_causal=True" in text
     assert "_rt.affine_layer_norm(x, m._m_gain, m._m_bias)" in text
     assert "torch.softmax" not in text and "masked_fill" not in text  # the written-out form is gone
@@ -39,7 +39,7 @@ def test_attention_with_dropout_keeps_its_form_but_shares_the_mask() -> None:
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_fused_attention_example_equals_the_written_out_program(dtype: str) -> None:
-    source = ATTENTION.read_text()
+    source = GPT
     if dtype == "f64":  # every param and value f64: equal within 1e-12 rather than f32's rounding
         source = source.replace("= normal(", "f64 = normal(").replace("= ones()", "f64 = ones()")
         source = source.replace("= zeros()", "f64 = zeros()").replace("[b n D]", "[b n D] f64")

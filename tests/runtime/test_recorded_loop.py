@@ -1,7 +1,8 @@
 """A one-device program's own loop recorded (runtime/recorded.py): `run`'s calls of `train_step` go
 through the device's recorder as calls from Python do, its steps' own calls don't; and where the
 recorder's report is read (Program.recording(), the "recording" handler, `%shapescript status`).
-On the CPU with test_recorded.py's stand-in for CUDA graphs; then on a GPU where one is present."""
+On the CPU with test_recorded.py's stand-in for CUDA graphs (tests/recorded_support.py); then on a
+GPU where one is present."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_recorded import NET, README, FakeGraphs, data, state_of, table
+from programs import CUDA_NET, README
+from recorded_support import FakeGraphs, data, state_of, table
 
 import shapescript as ss
 from shapescript import api
@@ -99,8 +101,8 @@ fn helper_alone(m: Net, x: [b D]) -> Net:
 def test_a_helper_that_a_step_runs_does_not_wrap_its_calls() -> None:
     # helper takes no step's place (it returns a model) but the step `helped` runs it: its call of
     # logits is inside helped's capture. helper_alone, which no step runs, wraps its call.
-    built = ss.build(NET + HELPER)
-    assert table(NET + HELPER) == ("logits", "loss", "step", "helped")
+    built = ss.build(CUDA_NET + HELPER)
+    assert table(CUDA_NET + HELPER) == ("logits", "loss", "step", "helped")
     assert "write(log, _rt.logs(loss=_recorded.step(DEVICE, 'step', step, (m, opt, batch))))" in built
     helper, alone = built.split("def helper(")[1].split("def helper_alone(")
     assert "    y = logits(m, x)  #" in helper and "_recorded" not in helper

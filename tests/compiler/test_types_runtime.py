@@ -10,7 +10,7 @@ generic dim bound to a random size from 2 to 4 (`topk(x, 2, over=n)` needs n >= 
 optimizers, modes, datasets and sinks as the API takes them; extern fns get a Python function of
 their declared type. The seeds are fixed, so CI runs the same programs each time.
 
-    python tests/test_types_runtime.py [N [FIRST]]   # N programs from seed FIRST; lists every failure
+    python tests/compiler/test_types_runtime.py [N [FIRST]]   # N programs from seed FIRST; lists every failure
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import pytest
 import sympy
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "tests"):
+# Run as a script too (see above): the repository's root, for the package, and tests/, for `fuzzing`.
+TESTS = Path(__file__).resolve().parents[1]
+for path in (TESTS.parent, TESTS):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

@@ -35,8 +35,8 @@ def test_parses(name: str) -> None:
 
 
 def test_design_readme_program_parses_with_exact_spans() -> None:
-    from support import ROOT
-    src = (ROOT / "examples" / "readme" / "mlp.ss").read_text()
+    from programs import README
+    src = README
     program = parse(src, "mlp.ss")
     kinds = [type(i).__name__ for i in program.items]
     assert kinds == ["Devices", "Dim", "Dim", "Dim", "Data", "Model", "Fn", "Fn", "Fn", "Fn"]

@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from support import ROOT
+from programs import README_FILE
 
 import shapescript as ss
 from shapescript.api import parse_devices
@@ -25,12 +25,11 @@ from shapescript.plan.comms_text import CROSSES_HOSTS, line_text, report, to_jso
 from shapescript.syntax import tree as A
 from shapescript.syntax.parser import parse
 
-README = ROOT / "examples" / "readme" / "mlp.ss"
 HEADS = "dim H = 12\ndim Dh = 4\n\nfn f(x: [n H Dh]) -> [n H Dh] = x * 2.0\n"
 
 
 def readme_on(devices: str) -> ss.Program:
-    return ss.load(README, devices=devices)
+    return ss.load(README_FILE, devices=devices)
 
 
 # ---- parsing ---------------------------------------------------------------------------------------

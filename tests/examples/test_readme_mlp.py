@@ -5,40 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from support import ROOT
+from hand_mlp import HandMlp, batches
+from programs import README, README_FILE
 
 import shapescript as ss
-
-README = ROOT / "examples" / "readme" / "mlp.ss"
-
-
-class HandMlp(torch.nn.Module):
-    """The reference: the same init (one generator, params in declaration order), forward and loss."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        self.w1 = torch.nn.Parameter(torch.empty(784, 256).normal_(0.0, 0.02, generator=g))
-        self.w2 = torch.nn.Parameter(torch.empty(256, 10).normal_(0.0, 0.02, generator=g))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x @ self.w1) @ self.w2
-
-
-def batches(n_steps: int, size: int = 64) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Learnable data: the labels come from a fixed linear teacher, so a few steps lower the loss."""
-    g = torch.Generator().manual_seed(123)
-    teacher = torch.randn(784, 10, generator=g)
-    out = []
-    for _ in range(n_steps):
-        x = torch.randn(size, 784, generator=g)
-        out.append((x, (x @ teacher).argmax(dim=1)))
-    return out
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_ten_steps_match_hand_written_pytorch(optimizer: str) -> None:
-    source = README.read_text()
+    source = README
     if optimizer == "sgd":
         source = source.replace("AdamW[Mlp]", "Sgd[Mlp]")
     prog = ss.load(source, devices="cpu", name="mlp.ss")
@@ -66,7 +41,7 @@ def test_ten_steps_match_hand_written_pytorch(optimizer: str) -> None:
 
 
 def test_forward_and_loss_match_and_leave_no_graph() -> None:
-    prog = ss.load(README, devices="cpu")
+    prog = ss.load(README_FILE, devices="cpu")
     m = prog.Mlp.init(seed=3)
     ref = HandMlp(seed=3)
     x, y = batches(1, size=17)[0]
@@ -78,7 +53,7 @@ def test_forward_and_loss_match_and_leave_no_graph() -> None:
 
 
 def test_run_loops_over_a_dataset_and_logs_each_step() -> None:
-    prog = ss.load(README, devices="cpu")
+    prog = ss.load(README_FILE, devices="cpu")
     m = prog.Mlp.init(seed=0)
     opt = ss.adamw(m, lr=1e-3)
     g = torch.Generator().manual_seed(5)

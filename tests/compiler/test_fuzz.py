@@ -37,10 +37,10 @@ use the hunter below.
 Without pytest, tests/fuzzing/hunt.py is a bug hunter and a meter (neither is a test); this file
 runs it too (`python -m tests.fuzzing.hunt ...` is the same):
 
-    python tests/test_fuzz.py stats [N [FIRST]]  # share of programs of each kind that compile
-    python tests/test_fuzz.py hunt [N [FIRST]]   # N programs of each kind (seeds FIRST...); internal
-                                                 # errors grouped by where they are raised, each
-                                                 # with a program made minimal by delta debugging
+    python tests/compiler/test_fuzz.py stats [N [FIRST]]  # share of programs of each kind that compile
+    python tests/compiler/test_fuzz.py hunt [N [FIRST]]   # N programs of each kind (seeds FIRST...); internal
+                                                          # errors grouped by where they are raised, each
+                                                          # with a program made minimal by delta debugging
 
 Measured with `stats 2000` on the compiler of 2026-11-29 09:30: grammar-directed programs 52% compile
 and 48% fail in the checker (E02xx-E06xx, E18xx; under 0.5% in the parser); mutants 8% compile,
@@ -64,9 +64,11 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# Run as a script too (see above): tests/, for `fuzzing`, and the repository's root, for the package.
+TESTS = Path(__file__).resolve().parents[1]
+for _path in (TESTS.parent, TESTS):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from fuzzing.grammar import KINDS, grammar_program  # noqa: E402
 from fuzzing.mutations import CHARS, OWN_SEEDS, SEEDS  # noqa: E402

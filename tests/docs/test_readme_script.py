@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
+from programs import readme_program
 from support import ROOT
-from test_docs import readme_program
 
 import shapescript as ss
 

@@ -172,7 +172,7 @@ def test_accuracy_with_to_matches_pytorch_on_one_and_two_devices(devices: str) -
         prog.stop()
 
 
-# ---- plain numbers: Python's types (holes found by tests/test_types_runtime.py) ----------------
+# ---- plain numbers: Python's types (holes found by tests/compiler/test_types_runtime.py) -------
 
 NUMBER_CASES = ["2 ** -1", "2 ** 3", "2 ** 0", "true ** -2", "3 ** true", "0.5 ** 2", "2 ** -0.5",
                 "-true", "-true * 2", "true + true", "1 / 2", "2 * 3 - 1"]

@@ -41,8 +41,8 @@ from types import ModuleType
 import nbformat
 import pytest
 import torch
+from programs import readme_program
 from support import ROOT
-from test_docs import readme_program
 
 import shapescript as ss
 from shapescript.cli import main as cli_main
@@ -70,8 +70,9 @@ TAGS = {
 }
 WITH_CODE = {"ss-error", "ss-build-error", "ss-warning", "ss-no-python-error"}
 NOTEBOOK_DOC = "notebook.md"
-RUN_ELSEWHERE = {"tutorial.md": "test_tutorial.py", "sharp-bits.md": "test_sharp_bits.py",
-                 "architecture.md": "test_architecture.py"}  # it adds an op to the table: taken out again there
+# (the tests that run them, under tests/)
+RUN_ELSEWHERE = {"tutorial.md": "docs/test_tutorial.py", "sharp-bits.md": "docs/test_sharp_bits.py",
+                 "architecture.md": "compiler/test_architecture.py"}  # it adds an op to the table: taken out again there
 # Docs whose examples start from the README's program saved as mlp.ss, by the sentence saying so.
 SETUP = {"README.md": "Saved as `mlp.ss`", "api.md": "program, saved as `mlp.ss` in the current folder"}
 

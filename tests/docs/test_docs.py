@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from programs import README, readme_program
 from support import ROOT
 
 from shapescript.errors import CompileError
@@ -38,17 +39,12 @@ def test_docs_have_blocks() -> None:
     assert len(blocks()) >= 12
 
 
-def readme_program() -> str:
-    """The README's program: its ```ss block, which the README's script loads as mlp.ss."""
-    return (ROOT / "README.md").read_text().split("\n```ss\n", 1)[1].split("```")[0]
-
-
 def test_the_readme_error_is_what_the_compiler_prints() -> None:
     """Of the README's own program, so that the line numbers shown are its lines (once 17 for 14)."""
     readme = (ROOT / "README.md").read_text()
     shown = readme.split("A mistake is caught before anything runs:\n\n```output\n")[1].split("```")[0]
     program = readme_program()
-    assert program in (ROOT / "examples" / "readme" / "mlp.ss").read_text()  # what test_readme_mlp runs
+    assert program in README  # what test_readme_mlp runs
     source = program.replace("relu(x @ m.w1) @ m.w2", "relu(x @ m.w1) @ m.w1")
     assert source != program
     with pytest.raises(CompileError) as info:
