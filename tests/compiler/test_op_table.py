@@ -6,11 +6,14 @@ from __future__ import annotations
 import re
 
 import pytest
+from fuzzing.exprs import Exprs
+from fuzzing.mutations import FUNCS
 from support import ROOT
 
 from shapescript.check.calls import BUILTIN_NAMES, RULES
 from shapescript.devices import DeviceSet
 from shapescript.errors import CompileError
+from shapescript.inits import INITS
 from shapescript.ops import OPS, Across
 from shapescript.pipeline import check_source
 from shapescript.plan.comms import device_table
@@ -165,3 +168,13 @@ def test_every_run_time_name_a_module_prints_exists() -> None:
     assert modules > 300 and len(printed) > 30, (modules, len(printed))
     missing = sorted(name for name in printed if not hasattr(core, name))
     assert not missing, f"printed but not in the run time: {missing}"
+
+
+def test_the_fuzzers_ops_are_the_tables() -> None:
+    """The fuzzer's lists of ops are the table's: its unary functions are every op of one tensor
+    (a new one is fuzzed, or this fails), and each name it calls or mutates to is an op, a built-in
+    name or an initializer."""
+    assert set(Exprs.UNARY) == {name for name, op in OPS.items() if op.params == ("x",)}
+    assert set(Exprs.REDUCE) <= {name for name, op in OPS.items() if op.params[:2] == ("x", "over")}
+    assert set(FUNCS) <= set(OPS) | set(BUILTIN_NAMES) | set(INITS)  # an initializer is a model member's
+

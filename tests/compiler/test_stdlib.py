@@ -3,12 +3,19 @@ random inputs, and a compile error for a misuse."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
+from support import ROOT
 
 import shapescript as ss
 from shapescript.errors import CompileError
+from shapescript.ir import nodes as N
+from shapescript.ir.walk import walk
+from shapescript.ops import OPS
+from shapescript.pipeline import check_source, typed_ir
 
 DIMS = "dim C = 4\ndim V = 7\ndim D = 3\ndim H = 2\ndim Dh = 3\n"
 G = torch.Generator().manual_seed(0)
@@ -52,6 +59,9 @@ CASES = [
     ("sum-all", "fn f(a: [b C] f64) -> [] f64 = sum(a)", lambda: (r(3, 4),), torch.sum),
     ("mean-over-b", "fn f(a: [b C] f64) -> [C] f64 = mean(a, over=b)", lambda: (r(3, 4),), lambda a: a.mean(0)),
     ("argmax", "fn f(a: [b C] f64) -> [b] Index[C] = argmax(a, over=C)", lambda: (r(3, 4),), lambda a: a.argmax(1)),
+    ("argmin", "fn f(a: [b C] f64) -> [b] Index[C] = argmin(a, over=C)", lambda: (r(3, 4),), lambda a: a.argmin(1)),
+    ("matmul-call", "fn f(a: [b D] f64, w: [D C] f64) -> [b C] f64 = matmul(a, w)", lambda: (r(5, 3), r(3, 4)),
+     torch.matmul),
     ("any-all", "fn f(a: [b C] f64) -> [b] bool = any(a > 0.0, over=C) and all(a > -5.0, over=C)",
      lambda: (r(3, 4),), lambda a: (a > 0).any(1) & (a > -5).all(1)),
     ("softmax", "fn f(a: [b C] f64) -> [b C] f64 = softmax(a, over=C)", lambda: (r(3, 4),), lambda a: a.softmax(1)),
@@ -334,3 +344,31 @@ def test_positions_and_first_of_a_dim_sized_when_loading() -> None:
     t = r(5, 3)
     expected = t * torch.arange(5.0, dtype=torch.float64)[:, None]
     torch.testing.assert_close(ss.load(src, name="v.ss", dims={"V": 5}).f(t), expected)
+
+
+# The ops whose reference test isn't a case above (they change a model, run in the controller, or
+# draw at random), and the test file under tests/ that runs each against torch or Python.
+TESTED_ELSEWHERE = {
+    "dropout": "compiler/test_stdlib.py", "Train": "compiler/test_stdlib.py", "Eval": "compiler/test_stdlib.py",
+    "batch_norm": "compiler/test_stdlib.py", "clip_norm": "compiler/test_stdlib.py",
+    "value_and_grad": "runtime/test_runtime_optim.py", "update": "runtime/test_runtime_optim.py",
+    "valid": "runtime/test_padding.py", "save": "runtime/test_runtime_checkpoint.py",
+    "load": "runtime/test_runtime_checkpoint.py", "shuffle": "runtime/test_controller.py",
+    "batches": "runtime/test_controller.py", "logs": "runtime/test_controller.py",
+    "write": "runtime/test_controller.py", "print": "runtime/test_controller.py",
+}
+
+
+def test_every_op_of_the_table_has_a_reference_test() -> None:
+    """The ops the cases above call, read off their typed IR, and those tested elsewhere: every op
+    of the table, so that an op added without a test against torch fails here."""
+    called: set[str] = set()
+    for _, src, *_ in CASES:
+        module = typed_ir(check_source(DIMS + src + "\n", "case.ss"), fused=False)
+        called |= {e.op for f in module.functions for e in walk(f.body) if isinstance(e, (N.OpCall, N.GradCall))}
+    untested = sorted(set(OPS) - called - set(TESTED_ELSEWHERE))
+    assert not untested, f"ops of the table with no reference test: {untested}"
+    for op, file in TESTED_ELSEWHERE.items():
+        assert op in OPS and op not in called, op  # a stale entry, or one the cases now cover
+        assert re.search(rf"\b{op}\b", (ROOT / "tests" / file).read_text()), (op, file)
+
