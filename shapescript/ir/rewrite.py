@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from . import nodes as N
 
 Rule = Callable[[N.Expr], N.Expr | None]
+Node = TypeVar("Node", N.Expr, N.Stmt)
 
 
 def rewrite(module: N.Module, rule: Rule) -> N.Module:
@@ -21,28 +22,23 @@ def rewrite(module: N.Module, rule: Rule) -> N.Module:
 
 
 def _statements(body: tuple[N.Stmt, ...], rule: Rule) -> tuple[N.Stmt, ...]:
-    return tuple(_statement(s, rule) for s in body)
-
-
-def _statement(s: N.Stmt, rule: Rule) -> N.Stmt:
-    changes: dict[str, Any] = {}
-    for field in dataclasses.fields(s):
-        value = getattr(s, field.name)
-        if isinstance(value, N.Expr):
-            changes[field.name] = _expression(value, rule)
-        elif isinstance(s, N.For) and field.name == "body":
-            changes[field.name] = _statements(value, rule)
-    return dataclasses.replace(s, **changes)
+    return tuple(_inner(s, rule) for s in body)
 
 
 def _expression(e: N.Expr, rule: Rule) -> N.Expr:
-    changes: dict[str, Any] = {}
-    for field in dataclasses.fields(e):
-        value = getattr(e, field.name)
-        if isinstance(value, N.Expr):
-            changes[field.name] = _expression(value, rule)
-        elif isinstance(value, tuple) and any(isinstance(v, N.Expr) for v in value):
-            changes[field.name] = tuple(_expression(v, rule) if isinstance(v, N.Expr) else v for v in value)
-    inner = dataclasses.replace(e, **changes) if changes else e
+    inner = _inner(e, rule)
     replaced = rule(inner)
     return inner if replaced is None else replaced
+
+
+def _inner(node: Node, rule: Rule) -> Node:
+    """`node` with the expressions and statements it holds rewritten (itself not yet)."""
+    changes: dict[str, Any] = {}
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if isinstance(value, N.Expr):
+            changes[field.name] = _expression(value, rule)
+        elif isinstance(value, tuple) and any(isinstance(v, N.Expr | N.Stmt) for v in value):
+            changes[field.name] = tuple(_expression(v, rule) if isinstance(v, N.Expr)
+                                        else _inner(v, rule) if isinstance(v, N.Stmt) else v for v in value)
+    return dataclasses.replace(node, **changes) if changes else node
