@@ -2,12 +2,13 @@
 
     parse       syntax/parser.py    the text → the tree, a span on every node
     check       check/checker.py    the items (dims, data, models, signatures), then each body's
-                                    types and calls → `Checked`
-    plan        plan/passes.py      where each function runs (plan/placement.py); on several
-                                    devices the batch split (plan/split.py) and the layout
-                                    options' plan (plan/layout.py), kept in `Checked`
-    elaborate   ir/elaborate.py     `Checked` → the typed IR, each node with its type, its
-                                    resolved call and the split's marks
+                                    types and calls → `Checked`; last, elaboration
+                                    (check/elaborate.py): the program as typed IR, each node
+                                    with its type and its resolved call (`Checked.module`)
+    plan        plan/passes.py      passes over the IR: where each function runs
+                                    (plan/placement.py); on several devices the batch split
+                                    (plan/split.py) and the layout options' plan
+                                    (plan/layout.py), left on the IR's nodes
     passes      ir/passes.py        rewrites of the IR, in order: fusion (ir/fuse.py: spans
                                     torch has one kernel for), then the calls whose results a
                                     controller's loop only logs (ir/defer.py)
@@ -17,8 +18,8 @@
 
 Each stage reads only what the one before it gives; the front ends (api.py, cli.py, lsp.py, the
 notebook) call these functions rather than the stages. The DeviceTable (plan/comms.py) is worked
-out from `Checked` when first asked for (`device_table(checked)`): a build for one device never
-needs it.
+out from the planned IR when first asked for (`device_table(checked)`): a build for one device
+never needs it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from .check.program import Checked
 from .devices import DeviceSet
 from .errors import CompileError, Diagnostic, SourceWarning, Span
 from .ir import nodes as ir
-from .ir.elaborate import elaborate
 from .ir.passes import run_passes
 from .lower.codegen import generate
 from .lower.targets import Target, target_for
@@ -54,7 +54,7 @@ def check_source(source: str, file: str = "<input>", devices: DeviceSet | None =
 
 def typed_ir(checked: Checked, fused: bool = True) -> ir.Module:
     """The checked program as typed IR; `fused`: with torch's kernels where they fit."""
-    return run_passes(elaborate(checked), optimize=fused)
+    return run_passes(checked.module, optimize=fused)
 
 
 def python_module(checked: Checked, target: Target | None = None, *, standalone: bool = False,

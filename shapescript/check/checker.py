@@ -26,6 +26,7 @@ from .bodies import check_bodies
 from .calls import BUILTIN_NAMES
 from .constants import NotConstant, constant, derive_dims
 from .context import Context
+from .elaborate import elaborate
 from .program import Checked, FnInfo, ParamInfo
 
 OPTIMIZERS = {"AdamW", "Sgd"}
@@ -62,6 +63,8 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         if not ctx.diagnostics:
             check_bodies(ctx)
             call_cycles(ctx)
+        if not ctx.diagnostics:
+            checked = dataclasses.replace(checked, ir=elaborate(checked))
     ctx.raise_found(program)
     return checked
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..devices import DeviceSet
 from ..errors import Diagnostic, Span
+from ..ir import nodes as N
 from ..ops.checking import Use
 from ..shapes import dims as D
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import CallOptions, Recipe
-from ..shapes.plans import BatchSplit, HeadsKind, Where
+from ..shapes.plans import ANYWHERE, BatchSplit, Placement
 from ..shapes.value_types import DataT, ModelT, Ty
 from ..syntax import tree as A
 
@@ -63,61 +63,6 @@ class CallInfo:
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where a function runs (plan/placement.py), and why, in the manual's words."""
-    where: Where
-    reason: str = ""
-
-
-ANYWHERE = Placement(Where.ANYWHERE)
-
-
-@dataclass(frozen=True)
-class SplitFacts:
-    """What the batch split found: each function's split, the operations whose devices' results
-    combine (by node: how), and the options a call takes instead of its own when its operand is split."""
-    fns: Mapping[str, BatchSplit]
-    across: Mapping[int, str]
-    options: Mapping[int, CallOptions]
-
-
-NO_SPLIT = SplitFacts({}, {}, {})
-
-
-@dataclass(frozen=True)
-class ShardedRead:
-    """A read of a sharded param (`m.w1` on the workers with `shard params`): an all-gather of every
-    device's piece, `values` in all (the param's, padded to a multiple of the devices)."""
-    model: str  # the model type's name
-    param: str
-    dtype: str
-    values: Any  # a sympy expression: the declared dims' sizes are put in by whoever reads it
-
-
-@dataclass(frozen=True)
-class HeadsMark:
-    """What `split H` does to a value where it's computed (plan/layout.py): `gather` it whole from
-    every device's part along `axes[0]`, `cut` a whole value to this device's part along its axis
-    (a tuple's: along each element's, None: whole), or `sum` every device's partial result."""
-    kind: HeadsKind  # GATHER, CUT or SUM
-    axes: tuple[int | None, ...] = ()
-
-
-@dataclass(frozen=True)
-class LayoutFacts:
-    """What the layout options planned: the reads of params gathered from the pieces, by node; with
-    `split H`, the dim, the params each device holds a part of ((model, param) -> axis), and the
-    marks on the values the split gathers, cuts or sums, by node, in the order they apply."""
-    reads: Mapping[int, ShardedRead]
-    heads: str | None = None
-    head_params: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    marks: Mapping[int, tuple[HeadsMark, ...]] = field(default_factory=dict)
-
-
-NO_LAYOUT = LayoutFacts({})
-
-
-@dataclass(frozen=True)
 class Checked:
     program: A.Program
     file: str
@@ -130,10 +75,11 @@ class Checked:
     types: dict[int, Ty] = field(default_factory=dict)  # id(expr) -> type
     calls: dict[int, CallInfo] = field(default_factory=dict)  # id(call) -> resolution
     recipes: dict[int, Recipe] = field(default_factory=dict)  # id(expr) -> how to lower it
-    placements: Mapping[str, Placement] = field(default_factory=dict)  # each fn's, by name
-    split: SplitFacts = NO_SPLIT  # on several devices, what the batch split found
-    layout: LayoutFacts = NO_LAYOUT  # on several devices, the layout options' plan (plan/layout.py)
     derived: Mapping[str, D.Dim] = field(default_factory=dict)  # each derived dim's definition (`dim D = H * Dh`)
+    # The program as typed IR (check/elaborate.py), once its bodies are checked; the plans (plan/)
+    # give it back with their findings: each function's placement and split, the values `split H`
+    # gathers, cuts or sums, the params `shard params` gathers, what combines across the devices.
+    ir: N.Module | None = None
     # the DeviceTable, once plan/comms.py's device_table has worked it out (a one-device build never
     # needs it); typed there, since the plans come after checking
     table: object = field(default=None, init=False, compare=False, repr=False)
@@ -144,9 +90,15 @@ class Checked:
         """What the compiler warns of in a program it accepts (W0106), in source order."""
         return self.program.warnings
 
+    @property
+    def module(self) -> N.Module:
+        """The typed IR of a program whose checking is done."""
+        assert self.ir is not None, "the program's IR is built once its bodies are checked"
+        return self.ir
+
     def placement(self, fn: str) -> Placement:
         """Where function `fn` runs (anywhere, until placement has run)."""
-        return self.placements.get(fn, ANYWHERE)
+        return self.module.function(fn).placement if self.ir is not None else ANYWHERE
 
     def reaches_extern(self, fn: str) -> bool:
         """Whether `fn`, or a function it calls however deeply, calls an extern fn: Python code that
@@ -166,7 +118,7 @@ class Checked:
 
     def split_of(self, fn: str) -> BatchSplit | None:
         """How function `fn` takes the batch on several devices (None: it isn't split)."""
-        return self.split.fns.get(fn)
+        return self.module.function(fn).split
 
     def type_of(self, node: A.Node) -> Ty:
         return self.types[id(node)]

@@ -27,16 +27,16 @@ from .walk import exprs, statements, walk
 
 
 def defer(module: N.Module) -> N.Module:
-    on_workers = frozenset(f.name for f in module.functions if f.placement == Where.WORKERS)
+    on_workers = frozenset(f.name for f in module.functions if f.placement.where == Where.WORKERS)
     if not on_workers:
         return module
     return dataclasses.replace(module, functions=tuple(
-        _deferred(f, on_workers) if f.placement == Where.CONTROLLER else f for f in module.functions))
+        _deferred(f, on_workers) if f.placement.where == Where.CONTROLLER else f for f in module.functions))
 
 
 def _deferred(fn: N.Function, on_workers: frozenset[str]) -> N.Function:
-    writes = Counter(t for s in statements(fn.body) if isinstance(s, N.Assign) for t in s.targets)
-    writes.update(s.var for s in statements(fn.body) if isinstance(s, N.For))
+    writes = Counter(t.name for s in statements(fn.body) if isinstance(s, N.Assign) for t in s.targets)
+    writes.update(s.var.name for s in statements(fn.body) if isinstance(s, N.For))
     writes.update(p.name for p in fn.params)
     reads = Counter(n.id for n in walk(fn.body) if isinstance(n, N.Name))
     return dataclasses.replace(fn, body=_body(fn.body, False, on_workers, writes, reads))
@@ -49,7 +49,7 @@ def _body(body: tuple[N.Stmt, ...], in_loop: bool, on_workers: frozenset[str], w
         if isinstance(s, N.For):
             s = dataclasses.replace(s, body=_body(s.body, True, on_workers, writes, reads))
         elif (in_loop and isinstance(s, N.Assign) and isinstance(s.value, N.FnCall) and _on_workers(s.value, on_workers)
-              and _only_logged(s.targets, body[k + 1:], writes, reads)):
+              and _only_logged(tuple(t.name for t in s.targets), body[k + 1:], writes, reads)):
             s = dataclasses.replace(s, value=dataclasses.replace(s.value, later=True))
         elif in_loop and isinstance(s, N.Do) and (logged := _logged_record(s)) is not None:  # logs(loss=step(...))
             write, record = logged

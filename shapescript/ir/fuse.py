@@ -42,18 +42,18 @@ class _Function:
         self.fn, self.norms = fn, norms  # norms: the extern fns that are the std library's layer_norm
         self.derived = derived  # the program's derived dims: `[n D]` and `[n (H Dh)]` are one type
         reads = Counter(n.id for n in walk(fn.body) if isinstance(n, N.Name))
-        self.writes = Counter(t for s in statements(fn.body) if isinstance(s, N.Assign) for t in s.targets)
-        self.writes.update(s.var for s in statements(fn.body) if isinstance(s, N.For))
+        self.writes = Counter(t.name for s in statements(fn.body) if isinstance(s, N.Assign) for t in s.targets)
+        self.writes.update(s.var.name for s in statements(fn.body) if isinstance(s, N.For))
         self.params = {p.name for p in fn.params}
         # Variables assigned once, at the body's top level, and read once: a rewrite may absorb them.
-        self.single = {s.targets[0]: s.value for s in fn.body
-                       if isinstance(s, N.Assign) and len(s.targets) == 1 and self.writes[s.targets[0]] == 1
-                       and reads[s.targets[0]] == 1 and s.targets[0] not in self.params}
+        self.single = {s.targets[0].name: s.value for s in fn.body
+                       if isinstance(s, N.Assign) and len(s.targets) == 1 and self.writes[s.targets[0].name] == 1
+                       and reads[s.targets[0].name] == 1 and s.targets[0].name not in self.params}
         self.absorbed: set[str] = set()
 
     def fused(self) -> N.Function:
         body = tuple(self.stmt(s) for s in self.fn.body)
-        body = tuple(s for s in body if not (isinstance(s, N.Assign) and s.targets[0] in self.absorbed))
+        body = tuple(s for s in body if not (isinstance(s, N.Assign) and s.targets[0].name in self.absorbed))
         return dataclasses.replace(self.fn, body=body, sizes=sizes_read(body))
 
     def stmt(self, s: N.Stmt) -> N.Stmt:
@@ -130,10 +130,10 @@ class _Function:
             return None
         normed, gain = product.left, product.right
         if not (isinstance(normed, N.FnCall) and normed.kind == CallKind.EXTERN and normed.name in self.norms
-                and len(normed.args) == 2 and isinstance(normed.args[0], N.Expr)):
+                and len(normed.args) == 2):
             return None
-        x = normed.args[0]
-        if not (isinstance(x.ty, T.TensorT) and x.ty.rank > 0 and normed.args[1] == x.ty.rank - 1):
+        x, axis = normed.args
+        if not isinstance(axis, N.AxisArg) or not (isinstance(x.ty, T.TensorT) and x.ty.rank > 0 and axis.index == x.ty.rank - 1):
             return None
         out = normed.ty  # as declared: fused only where the declaration says what the function does
         if not (isinstance(out, T.TensorT) and out.dtype == x.ty.dtype and out.rank == x.ty.rank

@@ -1,7 +1,7 @@
 """The typed IR: each checked function as frozen nodes that carry everything lowering needs.
 
 The checker works on the syntax tree and keeps what it finds in tables beside it (a type per
-expression, how each call resolved, how to place broadcast axes). Elaboration (ir/elaborate.py)
+expression, how each call resolved, how to place broadcast axes). Elaboration (check/elaborate.py)
 reads those tables once and builds these nodes; the stages after it read only the nodes. Every
 expression has its checked type and its .ss span; a call names its op-table entry and carries its
 options; an operation that works across the batch axis on several devices says how it combines.
@@ -10,10 +10,11 @@ options; an operation that works across the batch axis on several devices says h
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..devices import DeviceSet
 from ..errors import Span
+from ..ops.checking import Use
 from ..shapes.dims import Dim
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_RECIPE, CallOptions, Recipe
@@ -23,7 +24,7 @@ from ..shapes.options import NO_RECIPE, CallOptions, Recipe
 from ..shapes.options import ParamSize as ParamSize
 from ..shapes.options import Placing as Placing
 from ..shapes.options import SizeSource as SizeSource
-from ..shapes.plans import BatchSplit, HeadsKind, Where
+from ..shapes.plans import ANYWHERE, BatchSplit, HeadsKind, Placement
 from ..shapes.value_types import DataT, ModelT, Ty
 
 
@@ -41,8 +42,9 @@ class Name(Expr):
 @dataclass(frozen=True)
 class Size(Expr):
     """A dim used as a number (`n`, `D`): its size, fixed or read off a parameter (None: a declared
-    dim still without its value, which the build refuses)."""
+    dim still without its value, which the build refuses); `name`: the dim as written."""
     source: SizeSource | None
+    name: str
 
 
 @dataclass(frozen=True)
@@ -102,15 +104,25 @@ class OpCall(Expr):
 
 
 @dataclass(frozen=True)
+class AxisArg(Expr):
+    """An `Axis[...]` argument of a call of a function of the program (`ty`: the AxisArgT of the dim
+    it names), passed as the index of that axis in the call's tensors."""
+    index: int
+
+
+Binding = tuple[tuple[Dim, Dim], ...]  # a call's binding of the callee's generic dims to the caller's
+
+
+@dataclass(frozen=True)
 class FnCall(Expr):
-    """A call of a function of the program (`kind`: fn, python or extern); an `Axis[...]` argument
-    is passed as its axis's index."""
+    """A call of a function of the program (`kind`: fn, python or extern)."""
     kind: CallKind
     name: str
-    args: tuple[Expr | int, ...]
+    args: tuple[Expr, ...]
     # Set by ir/defer.py: a controller's call of a fn on the workers whose result the loop only
     # writes to a sink, so the controller needn't wait for it before sending the next step.
     later: bool = False
+    binds: Binding = ()
 
 
 @dataclass(frozen=True)
@@ -118,8 +130,9 @@ class GradCall(Expr):
     """value_and_grad(fn, args...): a call of the program's `fn` (the batch split and the DeviceTable
     follow it there), printed with the entry `op` of the op table (the op the call was written with)."""
     fn: str
-    args: tuple[Expr | int, ...]  # as FnCall's
+    args: tuple[Expr, ...]  # as FnCall's
     op: str
+    binds: Binding = ()
 
 
 # Found by ir/fuse.py: spans of the program that torch has one kernel for.
@@ -155,8 +168,16 @@ class Stmt:
 
 
 @dataclass(frozen=True)
+class Target:
+    """A name a statement binds, with the type it gets there and its span."""
+    name: str
+    ty: Ty
+    span: Span
+
+
+@dataclass(frozen=True)
 class Assign(Stmt):
-    targets: tuple[str, ...]
+    targets: tuple[Target, ...]
     value: Expr
 
 
@@ -167,8 +188,7 @@ class Return(Stmt):
 
 @dataclass(frozen=True)
 class For(Stmt):
-    var: str
-    var_ty: Ty
+    var: Target
     iter: Expr
     body: tuple[Stmt, ...]
 
@@ -198,11 +218,19 @@ class Function:
     body: tuple[Stmt, ...]
     span: Span  # the whole declaration's
     name_span: Span  # its name's, where messages point at the function
-    placement: Where
-    split: BatchSplit | None  # None: one device, or a function that doesn't run on the workers
     reaches_extern: bool  # whether it calls an extern fn, however deeply: Python that may keep its tensors
     sizes: tuple[ParamSize, ...] = ()  # the generic dims' sizes it reads off its parameters
     target: str = ""  # extern and python fns: the Python function they call ("module.attr")
+    generics: Mapping[str, Dim] = field(default_factory=dict)  # its generic dims, by name
+    # What its body does that decides where it runs, each with the span of its first use, and
+    # the functions of the program it calls, each with its first call's: placement reads them.
+    uses: Mapping[Use, Span] = field(default_factory=dict)
+    calls: Mapping[str, Span] = field(default_factory=dict)
+    device_work: tuple[tuple[str, Span], ...] = ()  # value_and_grad, update
+    # The plans' (plan/): where it runs, and on several devices how it takes the batch (None: one
+    # device, or a function that doesn't run on the workers).
+    placement: Placement = ANYWHERE
+    split: BatchSplit | None = None
 
 
 @dataclass(frozen=True)
@@ -218,8 +246,10 @@ class Module:
     data: tuple[DataT, ...]
     models: tuple[ModelT, ...]
     functions: tuple[Function, ...]
-    heads: str | None  # `split H`'s dim, if the program splits one
-    head_params: Mapping[tuple[str, str], int]  # (model, param) -> the axis each device holds a part of
+    # Set by plan/layout.py: `split H`'s dim, if the program splits one, and the params each
+    # device holds a part of, (model, param) -> the axis.
+    heads: str | None = None
+    head_params: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def function(self, name: str) -> Function:
         return next(f for f in self.functions if f.name == name)

@@ -52,3 +52,42 @@ def sizes_read(body: tuple[N.Stmt, ...]) -> tuple[N.ParamSize, ...]:
             continue
         found += [s for s in sources if isinstance(s, tuple) and s not in found]
     return tuple(found)
+
+
+def source_exprs(e: N.Expr) -> Iterator[N.Expr]:
+    """`e` and every expression inside it, each before those inside it, as `exprs` but with a
+    call's arguments in the order the source writes them (the IR keeps the callee's order)."""
+    yield e
+    inner: list[N.Expr] = []
+    for field in dataclasses.fields(e):
+        value = getattr(e, field.name)
+        inner += [v for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, N.Expr)]
+    if isinstance(e, N.OpCall | N.FnCall | N.GradCall):
+        inner.sort(key=lambda v: (v.span.line, v.span.col))
+    for v in inner:
+        yield from source_exprs(v)
+
+
+def statement_parts(s: N.Stmt) -> Iterator[N.Expr | N.Target]:
+    """What statement `s` itself holds (a loop's body aside), in the order the source writes it: the
+    names it binds before its value, a loop's variable before what it loops over."""
+    if isinstance(s, N.Assign):
+        yield from s.targets
+        yield from source_exprs(s.value)
+    elif isinstance(s, N.For):
+        yield s.var
+        yield from source_exprs(s.iter)
+    elif isinstance(s, N.Return):
+        if s.value is not None:
+            yield from source_exprs(s.value)
+    else:
+        assert isinstance(s, N.Do), s
+        yield from source_exprs(s.expr)
+
+
+def source_order(body: tuple[N.Stmt, ...]) -> Iterator[N.Expr | N.Target]:
+    """Every expression and bound name of `body`, loops' bodies included, in the source's order."""
+    for s in body:
+        yield from statement_parts(s)
+        if isinstance(s, N.For):
+            yield from source_order(s.body)

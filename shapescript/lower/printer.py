@@ -96,14 +96,14 @@ class BodyPrinter:
 
     def stmt(self, s: N.Stmt, indent: int) -> None:
         if isinstance(s, N.Assign):
-            self.emit(f"{', '.join(py_name(t) for t in s.targets)} = {self.expr(s.value)}", s.span, indent)
+            self.emit(f"{', '.join(py_name(t.name) for t in s.targets)} = {self.expr(s.value)}", s.span, indent)
         elif isinstance(s, N.Return):
             self.emit("return" if s.value is None else f"return {self.expr(s.value)}", s.span, indent)
         elif isinstance(s, N.For):
             iterable = self.expr(s.iter)
             if self.type_checks is not None:
-                iterable = self.type_checks.loop(s.var_ty, iterable)
-            self.emit(f"for {py_name(s.var)} in {iterable}:", s.span, indent)
+                iterable = self.type_checks.loop(s.var.ty, iterable)
+            self.emit(f"for {py_name(s.var.name)} in {iterable}:", s.span, indent)
             self.block(s.body, indent + 1)
             if not s.body:
                 self.emit("pass", indent=indent + 1)
@@ -174,9 +174,9 @@ class BodyPrinter:
         later = ".later" if node.later and self.controller and self.type_checks is None else ""
         return f"{py_name(node.name)}{later}({', '.join(self.passed(node.args))})"
 
-    def passed(self, args: tuple[N.Expr | int, ...]) -> list[str]:
+    def passed(self, args: tuple[N.Expr, ...]) -> list[str]:
         """A call's arguments; an axis (an `Axis[...]` parameter's) as its index."""
-        return [str(a) if isinstance(a, int) else self.expr(a) for a in args]
+        return [str(a.index) if isinstance(a, N.AxisArg) else self.expr(a) for a in args]
 
     def binary(self, node: N.BinOp) -> str:
         left = self.expr(node.left, nested=True) + placing_text(node.recipe.left)

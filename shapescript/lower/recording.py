@@ -35,7 +35,7 @@ def _plain_result(ty: T.Ty) -> bool:
 
 def _entry(fn: N.Function) -> bool:
     """Whether `fn` can be called as a recorded step: device work, taking and giving plain values."""
-    return (fn.placement == Where.WORKERS and all(isinstance(p.ty, _TAKES) for p in fn.params)
+    return (fn.placement.where == Where.WORKERS and all(isinstance(p.ty, _TAKES) for p in fn.params)
             and _plain_result(fn.ret))
 
 

@@ -63,7 +63,7 @@ def target_for(module: ir.Module, target: Target | None, standalone: bool) -> Ta
 
 def is_remote(fn: ir.Function, target: Target) -> bool:
     """Whether `fn` is a stub in this target's module: the controller's fns placed on the workers."""
-    return target is Target.CONTROLLER and fn.kind == FnKind.FN and fn.placement == Where.WORKERS
+    return target is Target.CONTROLLER and fn.kind == FnKind.FN and fn.placement.where == Where.WORKERS
 
 
 def remote_stub(fn: ir.Function, name: str) -> str:

@@ -68,7 +68,7 @@ def layout(m: AnyModel, name: str) -> str:
     devices = m._program.devices
     owner, leaf = _owner(m.spec, name)
     checked = getattr(m._program, "checked", None)
-    if devices.split and checked is not None and (owner, leaf.name) in checked.layout.head_params:
+    if devices.split and checked is not None and (owner, leaf.name) in checked.module.head_params:
         return f"split along {devices.split}"
     if devices.shard_params and leaf.kind == "param":
         return "a piece on each device"

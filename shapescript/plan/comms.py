@@ -1,7 +1,7 @@
 """The DeviceTable: how a program's values lie on its devices, and what each line sends.
 
-Worked out from the checker's placement (plan/placement.py) and batch split (plan/split.py),
-never from running anything. It is one table for every front end: `shapescript comms`, the
+Worked out from the planned IR (placement, the batch split and the layout options' marks on its
+nodes), never from running anything. It is one table for every front end: `shapescript comms`, the
 language server's hovers and the notebook's widgets all read it (plan/comms_text.py renders it).
 
 Each collective is the lowering's own (runtime/collectives.py): an operation across the batch axis
@@ -21,16 +21,17 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..check.program import Checked, FnInfo, ShardedRead
+from ..check.program import Checked
 from ..devices import shares, shares_text
 from ..dtypes import ELEMENTS, FLOAT_DTYPES
 from ..errors import Span
+from ..ir import nodes as N
+from ..ir.walk import source_order, statement_parts, statements, walk
 from ..ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.plans import HeadsKind, Where
-from ..syntax import tree as A
-from .layout import Dims, head_axis, model_params
+from .layout import Dims, head_axis, model_params, sharded_read
 from .split import split_axes
 
 DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
@@ -157,7 +158,7 @@ class DeviceTable:
 
     @classmethod
     def of(cls, checked: Checked) -> DeviceTable:
-        return _Builder(checked).build()
+        return _Builder(checked.module).build()
 
     def shares(self, batch: int | None = None) -> list[int] | None:
         n = batch if batch is not None else self.batch
@@ -183,14 +184,15 @@ def _inside(span: Span, line: int, column: int) -> bool:
 
 
 class _Builder:
-    def __init__(self, checked: Checked) -> None:
-        self.c = checked
+    def __init__(self, module: N.Module) -> None:
+        self.m = module
+        self.fns = {f.name: f for f in module.functions}
         self.values = {sympy.Symbol(k, integer=True, positive=True): v
-                       for k, v in checked.dim_values.items() if v is not None}
-        self.count = checked.device_set.count
+                       for k, v in module.dims.items() if v is not None}
+        self.count = module.devices.count
         self.memo: dict[tuple[str, bool], tuple[Sent, ...]] = {}
         self.differentiated = self._differentiated()
-        self.sharding = checked.device_set.shard_params and self.count > 1
+        self.sharding = module.devices.shard_params and self.count > 1
 
     def size(self, expr: sympy.Expr) -> sympy.Expr:
         size: sympy.Expr = sympy.expand(expr.xreplace(self.values)) if self.values else sympy.expand(expr)
@@ -198,18 +200,17 @@ class _Builder:
 
     def build(self) -> DeviceTable:
         batch, batch_span = self._batch_size()
-        heads = self.c.layout.heads
-        table = DeviceTable(str(self.c.device_set), self.count, batch, batch_span, file=self.c.file,
+        heads = self.m.heads
+        table = DeviceTable(str(self.m.devices), self.count, batch, batch_span, file=self.m.file,
                             shard_params=self.sharding, heads=heads,
-                            heads_size=self.c.dim_values.get(heads) if heads else None,
-                            hosts=self.c.device_set.hosts)
-        for name, model in self.c.models.items():
-            table.models[name] = self.model_layout(name, None, model.node.name_span, model)
-        for fn in self.c.fns.values():
+                            heads_size=self.m.dims.get(heads) if heads else None,
+                            hosts=self.m.devices.hosts)
+        for model in self.m.models:
+            table.models[model.name] = self.model_layout(model.name, None, model.node.name_span, model)
+        for fn in self.m.functions:
             if fn.kind != FnKind.FN:
                 continue
-            placed = self.c.placement(fn.name)
-            table.fns[fn.name] = FnPlan(fn.name, fn.span, placed.where, placed.reason,
+            table.fns[fn.name] = FnPlan(fn.name, fn.name_span, fn.placement.where, fn.placement.reason,
                                         self.sends(fn.name, False), fn.name in self.differentiated,
                                         self.sends(fn.name, True))
             table.values.extend(self.layouts(fn))
@@ -220,23 +221,23 @@ class _Builder:
     # -- where the batch size comes from ------------------------------------------------------------
 
     def _batch_size(self) -> tuple[int | None, Span | None]:
-        for node in A.iter_nodes(self.c.program):
-            info = self.c.calls.get(id(node))
-            size = info.options.batch_size if info is not None and info.kind == CallKind.BUILTIN else None
-            if isinstance(size, int):  # `batches(n)` with n written as a number
-                return size, node.span
+        for fn in self.m.functions:
+            for node in walk(fn.body):
+                size = node.options.batch_size if isinstance(node, N.OpCall) else None
+                if isinstance(size, int):  # `batches(n)` with n written as a number
+                    return size, node.span
         return None, None
 
     def _differentiated(self) -> set[str]:
         """The functions value_and_grad differentiates, and those they call."""
         out: set[str] = set()
-        todo = [info.name for info in self.c.calls.values() if info.kind == CallKind.GRAD]
+        todo = [e.fn for f in self.m.functions for e in walk(f.body) if isinstance(e, N.GradCall)]
         while todo:
             name = todo.pop()
-            if name in out or name not in self.c.fns:
+            if name in out or name not in self.fns:
                 continue
             out.add(name)
-            todo.extend(self.c.fns[name].calls)
+            todo.extend(self.fns[name].calls)
         return out
 
     # -- what a call sends ----------------------------------------------------------------------------
@@ -246,7 +247,7 @@ class _Builder:
         key = (name, differentiated)
         if key not in self.memo:
             self.memo[key] = ()  # recursion is refused by the checker; this only guards the walk
-            fn = self.c.fns[name]
+            fn = self.fns[name]
             out: list[Sent] = []
             if self.count > 1 and fn.kind == FnKind.FN:
                 for item in self.line_items(fn, differentiated):
@@ -254,97 +255,99 @@ class _Builder:
             self.memo[key] = tuple(out)
         return self.memo[key]
 
-    def line_items(self, fn: FnInfo, differentiated: bool = False) -> Iterator[LineItem]:
+    def line_items(self, fn: N.Function, differentiated: bool = False) -> Iterator[LineItem]:
         """Each collective in `fn`'s body, and each call that sends something, in source order."""
         if self.count == 1 or fn.kind != FnKind.FN:
             return
-        repeats = self.repeats(fn.node)
-        for node in A.iter_nodes(fn.node):
-            times = repeats.get(id(node), sympy.Integer(1))
-            read = self.c.layout.reads.get(id(node))
-            if read is not None:
-                yield dataclasses.replace(self.gathered(fn, node, read, differentiated), repeats=times)
+        for node, marks, times in self.operations(fn.body, sympy.Integer(1)):
+            if isinstance(node, N.Member) and node.gathered:
+                yield dataclasses.replace(self.gathered(fn, node, differentiated), repeats=times)
                 continue
-            for item in self.heads_items(fn, node, differentiated):  # `split H`'s, and then the node's own
+            for item in self.heads_items(fn, node, marks, differentiated):  # `split H`'s, and then the node's own
                 yield dataclasses.replace(item, repeats=times)
             collective = self.collective(fn, node) or self.sharded(fn, node)
             if collective is not None:
                 twice = differentiated and collective.dtype in FLOAT_DTYPES
                 yield LineItem(node.span, fn.name, (Sent(collective, 2 if twice else 1),), collective, repeats=times)
                 continue
-            info = self.c.calls.get(id(node))
-            if info is None or info.name not in self.c.fns or info.kind not in (CallKind.FN, CallKind.GRAD):
+            if isinstance(node, N.GradCall):
+                callee, grad = self.fns[node.fn], True
+            elif isinstance(node, N.FnCall) and node.kind == CallKind.FN:
+                callee, grad = self.fns[node.name], False
+            else:
                 continue
-            callee = self.c.fns[info.name]
-            if self.where(fn) == "controller" and self.where(callee) == "controller":
+            if fn.placement.where == Where.CONTROLLER and callee.placement.where == Where.CONTROLLER:
                 continue  # runs in the controller: sends nothing itself
             sent: list[Sent] = []
-            if info.kind == CallKind.GRAD:
-                sent.extend(Sent(c) for c in self.gradients(fn, node, info.args[0]))
-            inner = self.sends(callee.name, differentiated or info.kind == CallKind.GRAD)
+            if isinstance(node, N.GradCall):
+                sent.extend(Sent(c) for c in self.gradients(fn, node, node.args[0]))
+            inner = self.sends(callee.name, differentiated or grad)
             sent.extend(Sent(s.collective, s.times, (callee.name,) + s.via) for s in inner)
             if sent:
                 yield LineItem(node.span, fn.name, tuple(sent), callee=callee.name,
-                               differentiated=differentiated or info.kind == CallKind.GRAD, repeats=times)
+                               differentiated=differentiated or grad, repeats=times)
 
-    def repeats(self, node: A.Node, times: sympy.Expr = sympy.S.One,
-                out: dict[int, sympy.Expr] | None = None) -> dict[int, sympy.Expr]:
-        """How often one run of a function runs each node under a loop over a stack of models (`for
-        block in m.blocks`: L times); nodes run once are left out."""
-        out = {} if out is None else out
-        if isinstance(node, A.For):
-            stack = self.c.types.get(id(node.iter))
-            times = times * self.size(stack.count) if isinstance(stack, T.StackT) else times
-            nodes = [sub for stmt in node.body for sub in A.iter_nodes(stmt)]
-        else:
-            nodes = list(A.iter_nodes(node))[1:]
-        # In source order, a loop before what it holds: the innermost loop's count is set first.
-        for sub in nodes:
-            if isinstance(sub, A.For):
-                self.repeats(sub, times, out)
-            elif times != 1:
-                out.setdefault(id(sub), times)
-        return out
+    def operations(self, body: tuple[N.Stmt, ...], times: sympy.Expr
+                   ) -> Iterator[tuple[N.Expr, tuple[N.Heads, ...], sympy.Expr]]:
+        """Each expression of `body` in source order, with the `split H` marks around it (the first
+        innermost) and how often one run of the function runs it: L times in a loop over a stack of
+        L models (`for block in m.blocks`)."""
+        for s in body:
+            marks: list[N.Heads] = []
+            for part in statement_parts(s):
+                if isinstance(part, N.Heads):
+                    marks.insert(0, part)  # the marks come outermost first, the value after them
+                elif isinstance(part, N.Expr):
+                    yield part, tuple(marks), times
+                    marks = []
+            if isinstance(s, N.For):
+                stack = s.iter.ty
+                inner = times * self.size(stack.count) if isinstance(stack, T.StackT) else times
+                yield from self.operations(s.body, inner)
 
-    def collective(self, fn: FnInfo, node: A.Node) -> Collective | None:
-        across = self.c.split.across.get(id(node))
+    def collective(self, fn: N.Function, node: N.Expr) -> Collective | None:
+        across = node.across if isinstance(node, N.OpCall | N.BinOp) else None
         if not across:
             return None
-        result = self.c.types.get(id(node))
-        info = self.c.calls.get(id(node))
-        op = OPS.get(info.name) if info is not None and info.kind == CallKind.BUILTIN else None
-        if op is not None and op.across.payload is not None and info is not None:  # the op table says what it sends
-            types = self.c.types
+        result = node.ty
+        op = OPS[node.op] if isinstance(node, N.OpCall) else None
+        if op is not None and op.across.payload is not None:  # the op table says what it sends
+            assert isinstance(node, N.OpCall)
             dims = self.split_dims(fn)
-            view = CallView(info.options, tuple(types.get(id(a)) for a in info.args), result,
+            view = CallView(node.options, tuple(a.ty if a is not None else None for a in node.args), result,
                             lambda t: split_axes(dims, t) if t is not None else [], lambda size: False)
             sent = op.across.payload(view)
             return self._make(fn, node, sent.what, sent.values, sent.dtype)
         assert isinstance(result, T.TensorT)  # `@`, einsum, reduce: every device's partial product, summed
         return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), result.dtype)
 
-    def gathered(self, fn: FnInfo, node: A.Node, read: ShardedRead, differentiated: bool) -> LineItem:
-        """A read of a sharded param: an all-gather of the pieces; differentiated, the backward pass
-        gathers it again (it was freed after use) and reduce-scatters its gradient into the pieces."""
-        values = self.size(read.values)
-        gather = Collective("all-gather", f"`{read.model}`'s param `{read.param}` from every device's piece "
-                            f"(padded to {self.count} equal pieces)", fn.name, node.span, values, read.dtype)
-        scatter = Collective("reduce-scatter", f"the gradient of `{read.param}`, every device's part added up "
-                             f"and cut into the pieces", fn.name, node.span, values, read.dtype)
+    def gathered(self, fn: N.Function, node: N.Member, differentiated: bool) -> LineItem:
+        """A read of a sharded param: an all-gather of the pieces, each device's ceil(n / N) of its n
+        values (the last piece padded); differentiated, the backward pass gathers it again (it was
+        freed after use) and reduce-scatters its gradient into the pieces."""
+        read = sharded_read(node)
+        assert read is not None
+        model, member, tensor = read
+        values = self.size(sympy.ceiling(numel(tensor) / self.count) * self.count)
+        gather = Collective("all-gather", f"`{model.name}`'s param `{member.name}` from every device's piece "
+                            f"(padded to {self.count} equal pieces)", fn.name, node.span, values, tensor.dtype)
+        scatter = Collective("reduce-scatter", f"the gradient of `{member.name}`, every device's part added up "
+                             f"and cut into the pieces", fn.name, node.span, values, tensor.dtype)
         sent = (Sent(gather, 2), Sent(scatter)) if differentiated else (Sent(gather),)
         return LineItem(node.span, fn.name, sent, gather, backward=scatter, again=True)
 
-    def heads_items(self, fn: FnInfo, node: A.Node, differentiated: bool) -> Iterator[LineItem]:
+    def heads_items(self, fn: N.Function, node: N.Expr, marks: tuple[N.Heads, ...],
+                    differentiated: bool) -> Iterator[LineItem]:
         """`split H` at a value: a gather is an all-gather (its backward a reduce-scatter), a sum of
         partial results an all-reduce (its backward one as big); a cut sends nothing."""
-        t = self.c.types.get(id(node))
-        for mark in self.c.layout.marks.get(id(node), ()):
+        t = node.ty
+        for mark in marks:
             if mark.kind == HeadsKind.CUT or not isinstance(t, T.TensorT):
                 continue
             values = self.size(numel(t))
             if mark.kind == HeadsKind.SUM:
                 total = Collective("all-reduce", f"the partial results of every device's part of "
-                                   f"{self.c.layout.heads}, added up", fn.name, node.span, values, t.dtype)
+                                   f"{self.m.heads}, added up", fn.name, node.span, values, t.dtype)
                 twice = differentiated and t.dtype in FLOAT_DTYPES
                 yield LineItem(node.span, fn.name, (Sent(total, 2 if twice else 1),), total)
                 continue
@@ -358,9 +361,9 @@ class _Builder:
             sent = (Sent(gather), Sent(scatter)) if differentiated and floats else (Sent(gather),)
             yield LineItem(node.span, fn.name, sent, gather, backward=scatter if floats else None)
 
-    def heads_layout(self, fn: FnInfo, name: str, span: Span, ty: T.Ty) -> Layout | None:
+    def heads_layout(self, fn: N.Function, name: str, span: Span, ty: T.Ty) -> Layout | None:
         """With `split H`, a value split along H (or a group starting with it); None otherwise."""
-        split = self.c.split_of(fn.name)
+        split = fn.split
         if split is None or not split.heads or not isinstance(ty, T.TensorT):
             return None
         k = head_axis(split.dims, ty)
@@ -370,41 +373,36 @@ class _Builder:
         return Layout(name, fn.name, span, ty.show(), "heads", ty.axes[k].show(), self.size(whole),
                       self.size(whole / self.count))
 
-    def sharded(self, fn: FnInfo, node: A.Node) -> Collective | None:
+    def sharded(self, fn: N.Function, node: N.Expr) -> Collective | None:
         """What an op sends of its own when each device holds pieces of the params (its layout rule)."""
-        info = self.c.calls.get(id(node))
-        op = OPS.get(info.name) if info is not None and info.kind == CallKind.BUILTIN else None
+        op = OPS[node.op] if isinstance(node, N.OpCall) else None
         if op is None or op.layout is None or op.layout.sharded is None:
             return None
-        assert info is not None
-        types = self.c.types
-        grads = types.get(id(info.args[0])) if info.args else None
+        assert isinstance(node, N.OpCall)
+        first = node.args[0] if node.args else None
+        grads = first.ty if first is not None else None
         if not (isinstance(grads, T.GradT) and self.parts(grads.model)):
             return None
-        view = CallView(info.options, tuple(types.get(id(a)) for a in info.args), types.get(id(node)),
+        view = CallView(node.options, tuple(a.ty if a is not None else None for a in node.args), node.ty,
                         lambda t: [], lambda size: False)
         sent = op.layout.sharded(view)
         return None if sent is None else self._make(fn, node, sent.what, sent.values, sent.dtype)
 
-    def where(self, fn: FnInfo) -> str:
-        return self.c.placement(fn.name).where
+    def split_dims(self, fn: N.Function) -> Dims:
+        return fn.split.dims if fn.split is not None else frozenset()
 
-    def split_dims(self, fn: FnInfo) -> Dims:
-        split = self.c.split_of(fn.name)
-        return split.dims if split is not None else frozenset()
-
-    def _make(self, fn: FnInfo, node: A.Node, what: str, values: sympy.Expr, dtype: str) -> Collective:
+    def _make(self, fn: N.Function, node: N.Expr, what: str, values: sympy.Expr, dtype: str) -> Collective:
         return Collective("all-reduce", what, fn.name, node.span, self.size(values), dtype)
 
-    def gradients(self, fn: FnInfo, node: A.Node, model_arg: A.Node) -> list[Collective]:
+    def gradients(self, fn: N.Function, node: N.Expr, model_arg: N.Expr) -> list[Collective]:
         """value_and_grad's all-reduce of the whole params' gradients: one per dtype."""
-        model = self.c.types.get(id(model_arg))
+        model = model_arg.ty
         if not isinstance(model, T.ModelT) or self.sharding:
             return []  # sharded: each gathered param's gradient is reduce-scattered where it's read
         by_dtype: dict[str, list[tuple[str, sympy.Expr]]] = {}
-        heads = self.c.layout.heads
+        heads = self.m.heads
         for p in model_params(model):
-            if (p.owner, p.name) not in self.c.layout.head_params:  # a part along H: each device's gradient is its own
+            if (p.owner, p.name) not in self.m.head_params:  # a part along H: each device's gradient is its own
                 by_dtype.setdefault(p.tensor.dtype, []).append((p.path, p.copies * numel(p.tensor)))
         out = []
         for dtype, items in by_dtype.items():
@@ -419,20 +417,17 @@ class _Builder:
 
     # -- how values lie ---------------------------------------------------------------------------------
 
-    def layouts(self, fn: FnInfo) -> Iterator[Layout]:
+    def layouts(self, fn: N.Function) -> Iterator[Layout]:
         """Each parameter, and each name in the body that holds a value (a variable's every use)."""
         variables = {p.name for p in fn.params}
-        for node in A.iter_nodes(fn.node):
-            if isinstance(node, A.Assign):
-                variables.update(t.id for t in node.targets)
-            elif isinstance(node, A.For):
-                variables.add(node.var.id)
+        variables.update(t.name for s in statements(fn.body) if isinstance(s, N.Assign) for t in s.targets)
+        variables.update(s.var.name for s in statements(fn.body) if isinstance(s, N.For))
         for p in fn.params:
-            yield self.layout(fn, p.name, p.node.span, p.ty)
-        for node in A.iter_nodes(fn.node):
-            t = self.c.types.get(id(node))
-            if isinstance(node, A.Name) and node.id in variables and t is not None:
-                yield self.layout(fn, node.id, node.span, t)
+            yield self.layout(fn, p.name, p.span, p.ty)
+        for part in source_order(fn.body):
+            name = part.name if isinstance(part, N.Target) else part.id if isinstance(part, N.Name) else None
+            if name in variables:
+                yield self.layout(fn, name, part.span, part.ty)
 
     def model_layout(self, name: str, fn: str | None, span: Span, ty: T.ModelT | T.StackT) -> Layout:
         """A model's copy on each device; with `shard params` each device's pieces of its params, with
@@ -441,13 +436,13 @@ class _Builder:
         if not self.parts(model):
             return Layout(name, fn, span, ty.show(), "model", bytes=self.size(model_bytes(model) * count))
         buffers = self.size((model_bytes(model) - param_bytes(model)) * count)
-        split = tuple(p.path for p in model_params(model) if (p.owner, p.name) in self.c.layout.head_params)
+        split = tuple(p.path for p in model_params(model) if (p.owner, p.name) in self.m.head_params)
         return Layout(name, fn, span, ty.show(), "model", bytes=self.size(self.param_bytes(model) * count),
                       sharded=True, buffers=buffers, split_params=split)
 
     def parts(self, model: T.ModelT) -> bool:
         """Whether each device holds parts of some of the model's params (`shard params`, `split H`)."""
-        return self.sharding or any((p.owner, p.name) in self.c.layout.head_params for p in model_params(model))
+        return self.sharding or any((p.owner, p.name) in self.m.head_params for p in model_params(model))
 
     def param_bytes(self, model: T.ModelT) -> sympy.Expr:
         """The bytes of one device's part of each of a model's trained params: 1/N of each with H
@@ -455,14 +450,14 @@ class _Builder:
         total: sympy.Expr = sympy.Integer(0)
         for p in model_params(model):
             values = numel(p.tensor)
-            if (p.owner, p.name) in self.c.layout.head_params:
+            if (p.owner, p.name) in self.m.head_params:
                 values = values / self.count
             elif self.sharding:
                 values = sympy.ceiling(values / self.count)
             total += p.copies * values * DTYPE_BYTES[p.tensor.dtype]
         return total
 
-    def layout(self, fn: FnInfo, name: str, span: Span, ty: T.Ty) -> Layout:
+    def layout(self, fn: N.Function, name: str, span: Span, ty: T.Ty) -> Layout:
         shown = ty.show()
         if isinstance(ty, (T.ModelT, T.StackT)):
             return self.model_layout(name, fn.name, span, ty)
@@ -476,16 +471,16 @@ class _Builder:
         heads = self.heads_layout(fn, name, span, ty)
         if heads is not None:
             return heads
-        where = self.where(fn)
-        if where == "controller" and not isinstance(ty, T.BatchT):
+        where = fn.placement.where
+        if where == Where.CONTROLLER and not isinstance(ty, T.BatchT):
             return Layout(name, fn.name, span, shown, "controller")
         axes, per_example = value_axes(ty)
         if axes is None:
-            return Layout(name, fn.name, span, shown, "controller" if where == "controller" else "whole")
+            return Layout(name, fn.name, span, shown, "controller" if where == Where.CONTROLLER else "whole")
         dims = self.split_dims(fn)
         split = [a for a in axes if a.size in dims] if self.count > 1 else []
         whole = sympy.Mul(*(a.size for a in axes)) * per_example
-        if isinstance(ty, T.BatchT) and (split or where == "controller") and not self.c.layout.heads:
+        if isinstance(ty, T.BatchT) and (split or where == Where.CONTROLLER) and not self.m.heads:
             first = ty.axes[0]
             return Layout(name, fn.name, span, shown, "split" if self.count > 1 else "whole", first.show(),
                           self.size(whole), self.size(whole / first.size))

@@ -1,8 +1,8 @@
-"""The plans of a checked program on its devices, as passes after type checking: where each
-function runs (placement.py), then on several devices how the batch splits (split.py) or, with
-`split H`, how H does (layout.py's heads_facts), and the layout options' plan (layout.py). What a
-pass finds is kept in `Checked` (its placements, split and layout facts); the DeviceTable
-(comms.py) is worked out from them when first asked for."""
+"""The plans of a checked program on its devices, as passes over its IR after type checking: where
+each function runs (placement.py), then on several devices how the batch splits (split.py) or,
+with `split H`, how H does (layout.py's split_heads), and the layout options' plan (layout.py).
+Each pass gives the module back with what it found on its nodes; the DeviceTable (comms.py) is
+worked out from the planned IR when first asked for."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ import dataclasses
 
 from ..check.program import Checked
 from ..shapes import dims as D
-from .layout import heads_facts, lay_out
+from .layout import lay_out, split_heads
 from .placement import place
 from .planning import Planning
 from .split import split_batches
 
 
 def plan_program(checked: Checked) -> Checked:
-    """`checked` with its plans, or the CompileError of what they refuse (E1801 to E1804, E1901)."""
-    planning = Planning(checked)
+    """`checked` with its IR planned, or the CompileError of what the plans refuse (E1801 to E1804,
+    E1901)."""
+    planning = Planning(checked.module)
     with D.derived(checked.derived):  # a derived dim equals its definition, as in checking
-        checked = planning.checked = dataclasses.replace(checked, placements=place(planning))
-        if not planning.diagnostics and checked.device_set.count > 1:
+        planning.module = place(planning)
+        if not planning.diagnostics and planning.module.devices.count > 1:
             # With `split H` batches are whole on every device: no batch split.
-            split = heads_facts(checked) if checked.device_set.split else split_batches(planning)
-            checked = dataclasses.replace(checked, split=split)
-            checked = dataclasses.replace(checked, layout=lay_out(checked))
+            planning.module = split_heads(planning.module) if planning.module.devices.split else split_batches(planning)
+            planning.module = lay_out(planning.module)
     planning.raise_found(checked.program)
-    return checked
+    return dataclasses.replace(checked, ir=planning.module)

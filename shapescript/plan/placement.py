@@ -8,11 +8,13 @@ does none of those; anywhere otherwise.
 
 from __future__ import annotations
 
-from ..check.program import ANYWHERE, FnInfo, Placement
+import dataclasses
+
 from ..errors import Diagnostic
+from ..ir import nodes as N
 from ..ops.checking import Use
 from ..shapes.kinds import FnKind
-from ..shapes.plans import Where
+from ..shapes.plans import ANYWHERE, Placement, Where
 from .planning import Planning
 
 CONTROLLER_USES = {
@@ -22,9 +24,9 @@ CONTROLLER_USES = {
 }
 
 
-def place(ctx: Planning) -> dict[str, Placement]:
-    """Each function's placement (the pass's result, which the checker keeps in `Checked`); on
-    several devices, E1803 for device work in a function that runs in the controller."""
+def place(ctx: Planning) -> N.Module:
+    """The pass: the module with each function's placement; on several devices, E1803 for device
+    work in a function that runs in the controller."""
     fns = ctx.fns
     placed: dict[str, Placement] = {}
     for fn in fns.values():
@@ -48,11 +50,12 @@ def place(ctx: Planning) -> dict[str, Placement]:
     for fn in fns.values():
         if placed[fn.name] == ANYWHERE and fn.kind == FnKind.FN and (Use.TENSORS in fn.uses or fn.device_work):
             placed[fn.name] = Placement(Where.WORKERS, "uses tensors")
-    if ctx.checked.device_set.count > 1:
+    if ctx.module.devices.count > 1:
         for fn in fns.values():
             if placed[fn.name].where == Where.CONTROLLER and fn.device_work:
                 report_device_work(ctx, fn, placed)
-    return placed
+    return dataclasses.replace(ctx.module, functions=tuple(
+        dataclasses.replace(f, placement=placed[f.name]) for f in ctx.module.functions))
 
 
 # The controller uses that belong in a training loop's caller rather than in a step: a function with
@@ -61,7 +64,7 @@ MOVABLE_USES = {Use.PRINT: "`print`", Use.SAVE: "`save`", Use.LOAD: "`load`", Us
                 Use.PYTHON: "the Python call"}
 
 
-def report_device_work(ctx: Planning, fn: FnInfo, placed: dict[str, Placement]) -> None:
+def report_device_work(ctx: Planning, fn: N.Function, placed: dict[str, Placement]) -> None:
     """E1803, pointing at what to move: a print, save, sink write, Python call or call of a controller
     function in a step of device work is what moves out; a loop over a dataset stays, and the device
     work moves into a function of its own."""

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from ..check.context import Reporter
-from ..check.program import Checked, FnInfo
+from ..ir import nodes as N
 
 
 class Planning(Reporter):
-    """One program's planning: the checked program the passes read (with what the passes before
-    found), and the diagnostics they report."""
+    """One program's planning: its IR as the passes so far have left it, and the diagnostics they
+    report."""
 
-    def __init__(self, checked: Checked) -> None:
+    def __init__(self, module: N.Module) -> None:
         super().__init__()
-        self.checked = checked
+        self.module = module
 
     @property
-    def fns(self) -> dict[str, FnInfo]:
-        return self.checked.fns
+    def fns(self) -> dict[str, N.Function]:
+        return {f.name: f for f in self.module.functions}

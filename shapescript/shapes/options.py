@@ -63,7 +63,7 @@ NO_OPTIONS = CallOptions()
 @dataclass(frozen=True)
 class Recipe:
     """How to lower an expression, found while checking it (Checked.recipes, by id(node); read by
-    ir/elaborate.py)."""
+    check/elaborate.py)."""
 
     dim: bool = False  # a dim used as a number (`n`, `D`), whose size `size` says how to read
     size: SizeSource | None = None

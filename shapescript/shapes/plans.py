@@ -16,6 +16,16 @@ class Where(enum.StrEnum):
     ANYWHERE = "anywhere"
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a function runs (plan/placement.py), and why, in the manual's words."""
+    where: Where
+    reason: str = ""
+
+
+ANYWHERE = Placement(Where.ANYWHERE)
+
+
 class HeadsKind(enum.StrEnum):
     """With `split H`: what an op does with values split along H, by its layout rule (ops/table.py),
     and so what plan/layout.py marks on a value. An op's devices work on their parts alone (LOCAL),

@@ -1,5 +1,5 @@
-"""What the per-pass tests read of a compiled program, in one place: where the passes keep their
-results may move (the batch split's into the typed IR), and then only these helpers change."""
+"""What the per-pass tests read of a compiled program, in one place: the passes keep their results
+on the typed IR (`Checked.module`), and if that changes only these helpers do."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from shapescript.api import compile_program
 from shapescript.check.program import Checked
 from shapescript.errors import CompileError, Diagnostic
+from shapescript.ir import nodes as N
+from shapescript.ir.walk import walk
 from shapescript.shapes import dims as D
-from shapescript.syntax import tree as A
-from shapescript.syntax.tree import iter_nodes
 
 FILE = "p.ss"  # the file name every program is compiled as (diagnostics name it)
 
@@ -57,11 +57,7 @@ def combined_ops(checked: Checked) -> list[tuple[str, int]]:
     """The operations the batch split combines across the devices (an all-reduce each), as (the op's
     name, or the operator for `@` written as one, and its .ss line), in source order.
 
-    THE ONE PLACE that reads how the split pass records it: today `checked.split.across`, keyed by
-    the syntax node's id; rewrite this when that moves, and the tests stay as they are."""
-    found = []
-    for node in iter_nodes(checked.program):
-        if id(node) in checked.split.across:
-            name = node.op if isinstance(node, A.Binary) else checked.calls[id(node)].name
-            found.append((node.span.line, node.span.col, name))
+    THE ONE PLACE that reads how the split pass records it: the `across` of the IR's operations."""
+    found = [(e.span.line, e.span.col, e.op) for f in checked.module.functions for e in walk(f.body)
+             if isinstance(e, N.OpCall | N.BinOp) and e.across]
     return [(name, line) for line, _, name in sorted(found)]

@@ -1,5 +1,6 @@
-"""Elaboration (shapescript/ir/elaborate.py): the checked program as typed IR nodes, each carrying
-its checked type, its resolved call and the batch split's marks; the IR holds no syntax node."""
+"""Elaboration (shapescript/check/elaborate.py), the checker's last step: the checked program as
+typed IR nodes, each carrying its checked type and its resolved call, with nothing of the plans
+yet; the plans' passes then leave the batch split's marks on them. The IR holds no syntax node."""
 
 from __future__ import annotations
 
@@ -9,15 +10,25 @@ import pytest
 from facts import FILE, build, combined_ops, line_of
 from programs import LIN_HEADER, LINEAR, SPLIT_OPS
 
+from shapescript.check.checker import check_program
+from shapescript.devices import DeviceSet
 from shapescript.ir import nodes as N
-from shapescript.ir.elaborate import elaborate
 from shapescript.ir.walk import walk
+from shapescript.pipeline import parse_devices
 from shapescript.shapes import value_types as T
+from shapescript.shapes.plans import ANYWHERE
 from shapescript.syntax import tree as A
+from shapescript.syntax.parser import parse
 
 
 def ir_of(source: str, devices: str = "cpu") -> N.Module:
-    return elaborate(build(source, devices))
+    """The planned IR, as lowering and the DeviceTable read it."""
+    return build(source, devices).module
+
+
+def elaborated(source: str, devices: DeviceSet) -> N.Module:
+    """The IR as checking leaves it, before any plan."""
+    return check_program(parse(source, FILE), FILE, devices).module
 
 
 def shown(t: T.Ty) -> str:
@@ -51,11 +62,13 @@ def test_expressions_carry_their_checked_types_and_resolved_calls() -> None:
     assert isinstance(scores, N.FnCall) and (scores.kind, scores.name) == ("fn", "scores")
     assert isinstance(labels, N.Member) and not labels.live  # a batch's field
     assign, update, _ = module.function("step").body
-    assert isinstance(assign, N.Assign) and assign.targets == ("l", "g")
+    assert isinstance(assign, N.Assign) and [(t.name, shown(t.ty)) for t in assign.targets] == [
+        ("l", "[]"), ("g", "Grad[Lin]")]
     assert isinstance(assign.value, N.GradCall) and assign.value.fn == "loss"
     assert isinstance(update, N.Do) and isinstance(update.expr, N.OpCall) and update.expr.op == "update"
     (loop,) = module.function("fit").body
-    assert isinstance(loop, N.For) and loop.var == "batch" and shown(loop.var_ty) == "[b] Ex"
+    assert isinstance(loop, N.For) and loop.var.name == "batch" and shown(loop.var.ty) == "[b] Ex"
+    assert loop.var.span.line == loop.span.line
     assert isinstance(loop.iter, N.OpCall) and loop.iter.op == "batches" and loop.iter.options.data == "Ex"
 
 
@@ -74,7 +87,8 @@ def test_an_axis_argument_is_passed_as_its_index() -> None:
                            "fn f(x: [n D]) -> [n D] = norm_along(x, over=D)\n")
     (ret,) = ir_of(source).function("f").body
     assert isinstance(ret.value, N.FnCall) and ret.value.kind == "extern"
-    assert isinstance(ret.value.args[0], N.Name) and ret.value.args[1] == 1
+    assert isinstance(ret.value.args[0], N.Name) and isinstance(ret.value.args[1], N.AxisArg)
+    assert ret.value.args[1].index == 1 and shown(ret.value.args[1].ty) == "Axis[D]"
     assert ir_of(source).function("norm_along").target == "shapescript.std.layer_norm"
 
 
@@ -87,8 +101,18 @@ def test_the_batch_split_is_on_the_nodes_on_several_devices_only() -> None:
               if isinstance(e, (N.OpCall, N.BinOp)) and e.across]
     assert across == [("OpCall", "cross_entropy", "cross_entropy")]
     assert not [e for f in one.functions for e in walk(f.body) if getattr(e, "across", None)]
-    placed = {f.name: f.placement for f in two.functions}
+    placed = {f.name: f.placement.where for f in two.functions}
     assert placed == {"scores": "workers", "loss": "workers", "step": "workers", "fit": "controller"}
+
+
+def test_checking_leaves_the_ir_unplanned() -> None:
+    """Elaboration knows nothing of the plans: every function anywhere, nothing split or combined,
+    on any devices; the passes of plan/ add what they find."""
+    module = elaborated(SPLIT_OPS, parse_devices("cpu[0 1]"))
+    assert all(f.placement == ANYWHERE and f.split is None for f in module.functions)
+    assert not [e for f in module.functions for e in walk(f.body)
+                if getattr(e, "across", None) or isinstance(e, N.Heads) or getattr(e, "gathered", False)]
+    assert module.heads is None and not module.head_params
 
 
 def test_the_split_marks_every_op_that_combines() -> None:
