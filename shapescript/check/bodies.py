@@ -7,6 +7,7 @@ to broadcast, which axis) in the `Checked` tables.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,7 +49,7 @@ class BodyChecker:
     def __init__(self, ctx: Context, fn: FnInfo) -> None:
         self.ctx = ctx
         self.fn = fn
-        self.checked = ctx.checked
+        self.tables = ctx.tables
         self.vars: dict[str, Var] = {p.name: Var(p.ty, p.mut, p.node.span) for p in fn.params}
         self.dims: dict[str, D.Dim] = dict(fn.generics)
         self.returned = False
@@ -72,7 +73,7 @@ class BodyChecker:
         return self.fn.params
 
     def type_of(self, node: A.Node) -> T.Ty | None:
-        return self.checked.types.get(id(node))
+        return self.tables.types.get(node)
 
     def dim_note(self, t: T.Ty) -> str:
         return self.ctx.dim_note(t)
@@ -87,7 +88,7 @@ class BodyChecker:
         return origins.axis_label(self, node, t, k, which)
 
     def set_recipe(self, node: A.Node, recipe: Recipe) -> None:
-        self.checked.recipes[id(node)] = recipe
+        self.tables.recipes[node] = recipe
 
     def device_work(self, what: str, span: Span) -> None:
         self.fn.device_work.append((what, span))
@@ -95,7 +96,7 @@ class BodyChecker:
     def function_named(self, node: A.Name, call: A.Call) -> FnInfo | None:
         fn = self.ctx.fns.get(node.id)
         if fn is not None:
-            self.checked.types[id(node)] = T.FnRefT(fn.name)
+            self.tables.types[node] = T.FnRefT(fn.name)
             self.fn.calls.setdefault(fn.name, call.span)
         return fn
 
@@ -104,9 +105,9 @@ class BodyChecker:
         assert isinstance(named, A.Name)  # value_and_grad's rule found the function by it
         inner = A.Call(node.span, named, node.args[1:])
         result = self.call_fn(inner, self.ctx.fns[fn])
-        resolved = self.checked.calls.pop(id(inner), None)
-        self.checked.calls[id(node)] = resolved or CallInfo(CallKind.GRAD, fn, [])  # its arguments had errors
-        self.checked.calls[id(node)].kind = CallKind.GRAD
+        resolved = self.tables.calls.pop(inner, None)  # its arguments had errors: none
+        self.tables.calls[node] = (dataclasses.replace(resolved, kind=CallKind.GRAD) if resolved
+                                   else CallInfo(CallKind.GRAD, fn, []))
         return result
 
     # ---- statements ---------------------------------------------------------------------------
@@ -161,7 +162,7 @@ class BodyChecker:
     def bind(self, target: A.Name, t: T.Ty) -> None:
         old = self.vars.get(target.id)
         self.vars[target.id] = Var(t, old.mutable if old else False, target.span)
-        self.checked.types[id(target)] = t
+        self.tables.types[target] = t
 
     def ret(self, s: A.Return) -> None:
         self.returned = True
@@ -253,7 +254,7 @@ class BodyChecker:
 
     def expr(self, node: A.Expr) -> T.Ty:
         t = self._expr(node)
-        self.checked.types[id(node)] = t
+        self.tables.types[node] = t
         return t
 
     def _expr(self, node: A.Expr) -> T.Ty:
@@ -303,7 +304,7 @@ class BodyChecker:
         found = dim_source(self, node)
         if found is None:
             return T.UNKNOWN
-        self.checked.recipes[id(node)] = Recipe(dim=True, size=found[1])
+        self.tables.recipes[node] = Recipe(dim=True, size=found[1])
         return T.INT
 
     def attr(self, node: A.Attr) -> T.Ty:
@@ -531,7 +532,7 @@ class BodyChecker:
         if fn.kind == FnKind.PYTHON:
             self.use(Use.PYTHON, node.span)
         result = self.instantiate(fn, fn.params, args, arg_types, fn.ret)
-        self.checked.calls[id(node)].mapping = self.mapping  # read by the batch split
+        self.tables.calls[node] = dataclasses.replace(self.tables.calls[node], mapping=self.mapping)
         if any(isinstance(p.ty, T.AxisArgT) for p in fn.params) and result is not T.UNKNOWN:
             self.axis_indices(node, fn, arg_types)
         return result
@@ -545,7 +546,7 @@ class BodyChecker:
         if dim is None:
             return self.error("E0303", "an `Axis[...]` argument names a dim, as `over=D`", arg.span, "not a dim")
         t = T.AxisArgT(dim)
-        self.checked.types[id(node)] = t
+        self.tables.types[node] = t
         return t
 
     def axis_indices(self, node: A.Call, fn: FnInfo, arg_types: list[T.Ty]) -> None:
@@ -561,11 +562,11 @@ class BodyChecker:
                            f"`{p.name}` names {D.show(t.dim)}")
                 return
             found[k] = index
-        self.checked.calls[id(node)].axis_args = found
+        self.tables.calls[node] = dataclasses.replace(self.tables.calls[node], axis_args=found)
 
     def record_call(self, node: A.Call, kind: CallKind, name: str, args: list[A.Expr | A.Pattern],
                     options: CallOptions = NO_OPTIONS) -> None:
-        self.checked.calls[id(node)] = CallInfo(kind, name, args, options)
+        self.tables.calls[node] = CallInfo(kind, name, args, options)
 
     def instantiate(self, fn: FnInfo, params: list[ParamInfo], args: list[A.Arg], arg_types: list[T.Ty],
                     ret: T.Ty) -> T.Ty:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
+from types import MappingProxyType
 
 import sympy
 
@@ -57,12 +58,13 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
     ctx = Context(program, file, devices, dims, python)
     with D.derived(ctx.derived):  # while checking, a derived dim equals its definition
         device_set = collect(ctx)
-        checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data,
-                          ctx.models, ctx.fns, derived=ctx.derived)
-        ctx.checked = checked
         if not ctx.diagnostics:
             check_bodies(ctx)
             call_cycles(ctx)
+        tables = ctx.tables  # frozen from here on: Checked only reads them
+        checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data, ctx.models,
+                          ctx.fns, MappingProxyType(tables.types), MappingProxyType(tables.calls),
+                          MappingProxyType(tables.recipes), ctx.derived)
         if not ctx.diagnostics:
             checked = dataclasses.replace(checked, ir=elaborate(checked))
     ctx.raise_found(program)

@@ -10,7 +10,8 @@ from ..errors import CompileError, Diagnostic, Span
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..syntax import tree as A
-from .program import Checked, FnInfo
+from .program import FnInfo
+from .tables import Tables
 
 
 class Reporter:
@@ -49,18 +50,8 @@ class Context(Reporter):
         self.data: dict[str, T.DataT] = {}
         self.models: dict[str, T.ModelT] = {}
         self.fns: dict[str, FnInfo] = {}
-        self._checked: Checked | None = None
+        self.tables = Tables()  # what the bodies find about each node, frozen into Checked at the end
         self.defined: dict[str, Span] = {}
-
-    @property
-    def checked(self) -> Checked:
-        """The tables the bodies fill: made once the items are collected, before anything reads them."""
-        assert self._checked is not None, "read before the items were collected"
-        return self._checked
-
-    @checked.setter
-    def checked(self, checked: Checked) -> None:
-        self._checked = checked
 
     def dim_note(self, t: T.Ty) -> str:
         """`with D = 784, C = 10` for the declared dims in a type, to say what sizes it means."""

@@ -53,13 +53,13 @@ class _Elaborator:
         return N.Do(s.span, self.expr(s.expr))
 
     def target(self, name: A.Name) -> N.Target:
-        return N.Target(name.id, self.c.types[id(name)], name.span)
+        return N.Target(name.id, self.c.types[name], name.span)
 
     # ---- expressions --------------------------------------------------------------------------
 
     def expr(self, node: A.Expr) -> N.Expr:
-        ty, span = self.c.types.get(id(node), T.UNKNOWN), node.span
-        recipe = self.c.recipes.get(id(node), NO_RECIPE)
+        ty, span = self.c.types.get(node, T.UNKNOWN), node.span
+        recipe = self.c.recipes.get(node, NO_RECIPE)
         if isinstance(node, A.Name):
             if recipe.dim:
                 return N.Size(ty, span, recipe.size, node.id)
@@ -67,7 +67,7 @@ class _Elaborator:
         if isinstance(node, (A.IntLit, A.FloatLit, A.StrLit, A.BoolLit)):
             return N.Const(ty, span, node.value)
         if isinstance(node, A.Attr):
-            live = isinstance(self.c.types.get(id(node.obj)), T.ModelT)  # the tensor training updates
+            live = isinstance(self.c.types.get(node.obj), T.ModelT)  # the tensor training updates
             return N.Member(ty, span, self.expr(node.obj), node.name, live)
         if isinstance(node, A.TupleExpr):
             return N.TupleOf(ty, span, tuple(self.expr(i) for i in node.items))
@@ -80,7 +80,7 @@ class _Elaborator:
         raise AssertionError(f"can't elaborate {node!r}")
 
     def call(self, node: A.Call, ty: T.Ty, recipe: Recipe) -> N.Expr:
-        info = self.c.calls[id(node)]
+        info = self.c.calls[node]
         axis_args = info.axis_args
         span = node.span
         if info.kind in (CallKind.FN, CallKind.PYTHON, CallKind.EXTERN, CallKind.GRAD):
@@ -96,7 +96,7 @@ class _Elaborator:
 
     def axis(self, node: A.Expr, index: int) -> N.AxisArg:
         """An `Axis[...]` argument, passed as its axis's index in the call's tensors."""
-        return N.AxisArg(self.c.types[id(node)], node.span, index)
+        return N.AxisArg(self.c.types[node], node.span, index)
 
 
 def _value(arg: A.Expr | A.Pattern) -> A.Expr:

@@ -18,7 +18,6 @@ from ..syntax import tree as A
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
-    from .program import Checked
 
 
 
@@ -34,11 +33,6 @@ class Origin:
     lead: int = 0
 
 
-def _checked(ck: BodyChecker) -> Checked:
-    assert ck.checked is not None  # bodies are checked once the tables exist
-    return ck.checked
-
-
 def origin(ck: BodyChecker, node: A.Node) -> Origin | None:
     """Where `node`'s type was declared or bound, if it is a name or a member or field of one."""
     if isinstance(node, A.Name):
@@ -50,7 +44,7 @@ def origin(ck: BodyChecker, node: A.Node) -> Origin | None:
             return Origin(f"`{node.id}`", param.node.type.span, param.node.type)
         return Origin(f"`{node.id}`", var.span)
     if isinstance(node, A.Attr) and isinstance(node.obj, A.Name):
-        owner = _checked(ck).types.get(id(node.obj))
+        owner = ck.tables.types.get(node.obj)
         what = f"`{node.obj.id}.{node.name}`"
         if isinstance(owner, T.ModelT) and node.name in owner.members:
             member = owner.members[node.name].node
@@ -66,12 +60,12 @@ def _passed_through(ck: BodyChecker, node: A.Node, k: int) -> tuple[A.Node, int]
     elementwise operation or built-in call (as `relu(h)`) with an operand of the result's type, and
     `@`, whose result's leading axes are its left side's and whose last is its right side's."""
     while True:
-        t = _checked(ck).types.get(id(node))
+        t = ck.tables.types.get(node)
         if not isinstance(t, T.TensorT) or t.rank == 0:
             return node, k
         k %= t.rank
         if isinstance(node, A.Binary) and node.op == "@":
-            left, right = (_checked(ck).types.get(id(n)) for n in (node.left, node.right))
+            left, right = (ck.tables.types.get(n) for n in (node.left, node.right))
             if not (isinstance(left, T.TensorT) and isinstance(right, T.TensorT)):
                 return node, k
             if k < left.rank - 1:
@@ -84,7 +78,7 @@ def _passed_through(ck: BodyChecker, node: A.Node, k: int) -> tuple[A.Node, int]
             operands = [node.left, node.right]
         elif isinstance(node, A.Call) and _builtin(ck, node):
             operands = [a.value for a in node.args if not isinstance(a.value, A.Pattern)]
-        same = next((o for o in operands if _checked(ck).types.get(id(o)) == t), None)
+        same = next((o for o in operands if ck.tables.types.get(o) == t), None)
         if same is None:
             return node, k
         node = same
@@ -92,7 +86,7 @@ def _passed_through(ck: BodyChecker, node: A.Node, k: int) -> tuple[A.Node, int]
 
 def _builtin(ck: BodyChecker, node: A.Call) -> bool:
     """A call of a built-in function (a user's function's result is its declared type, not an operand's)."""
-    call = _checked(ck).calls.get(id(node))
+    call = ck.tables.calls.get(node)
     return call is not None and call.kind == CallKind.BUILTIN
 
 
@@ -103,7 +97,7 @@ def axis_label(ck: BodyChecker, node: A.Node, t: T.TensorT, k: int, which: str) 
     through operations is followed to the operand it comes from."""
     source, j = _passed_through(ck, node, k)
     if source is not node:
-        found_t = _checked(ck).types.get(id(source))
+        found_t = ck.tables.types.get(source)
         if isinstance(found_t, T.TensorT):
             node, t, k = source, found_t, j
             which = "last axis" if j == t.rank - 1 else "first axis" if j == 0 else f"dim {j}"

@@ -50,7 +50,7 @@ class FnInfo:
             for stmt in self.node.body for n in A.iter_nodes(stmt))
 
 
-@dataclass
+@dataclass(frozen=True)
 class CallInfo:
     """How a call resolved: which function, its arguments in parameter order, an op's options; and
     for a call of a function of the program, what binds its generics and its `Axis[...]` arguments."""
@@ -72,9 +72,11 @@ class Checked:
     data: dict[str, DataT]
     models: dict[str, ModelT]
     fns: dict[str, FnInfo]
-    types: dict[int, Ty] = field(default_factory=dict)  # id(expr) -> type
-    calls: dict[int, CallInfo] = field(default_factory=dict)  # id(call) -> resolution
-    recipes: dict[int, Recipe] = field(default_factory=dict)  # id(expr) -> how to lower it
+    # The checker's tables (check/tables.py), keyed by the syntax node: each expression's type,
+    # each call's resolution, how to lower an expression.
+    types: Mapping[A.Node, Ty] = field(default_factory=dict)
+    calls: Mapping[A.Node, CallInfo] = field(default_factory=dict)
+    recipes: Mapping[A.Node, Recipe] = field(default_factory=dict)
     derived: Mapping[str, D.Dim] = field(default_factory=dict)  # each derived dim's definition (`dim D = H * Dh`)
     # The program as typed IR (check/elaborate.py), once its bodies are checked; the plans (plan/)
     # give it back with their findings: each function's placement and split, the values `split H`
@@ -121,4 +123,4 @@ class Checked:
         return self.module.function(fn).split
 
     def type_of(self, node: A.Node) -> Ty:
-        return self.types[id(node)]
+        return self.types[node]

@@ -50,7 +50,7 @@ def _whole_exponent(ck: BodyChecker, node: A.Binary, why: str) -> int | float | 
     exponent = literal_number(node.right)
     if isinstance(node.right, A.BoolLit):
         exponent = int(node.right.value)
-    if exponent is None and ck.checked.recipes.get(id(node.right), NO_RECIPE).dim:
+    if exponent is None and ck.tables.recipes.get(node.right, NO_RECIPE).dim:
         exponent = 1
     if exponent is None:
         ck.error("E0308", f"`**` {why}, and this exponent's sign isn't known", node.span, "sign unknown",

@@ -62,7 +62,7 @@ NO_OPTIONS = CallOptions()
 
 @dataclass(frozen=True)
 class Recipe:
-    """How to lower an expression, found while checking it (Checked.recipes, by id(node); read by
+    """How to lower an expression, found while checking it (Checked.recipes, by node; read by
     check/elaborate.py)."""
 
     dim: bool = False  # a dim used as a number (`n`, `D`), whose size `size` says how to read

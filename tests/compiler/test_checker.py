@@ -32,7 +32,7 @@ def test_readme_types_and_placement() -> None:
         "forward": "workers", "loss": "workers", "train_step": "workers", "run": "controller"}
     assert c.placement("run").reason == "loops over a dataset"
     vg = c.fns["train_step"].node.body[0].value
-    assert c.calls[id(vg)].kind == "grad" and c.calls[id(vg)].name == "loss"
+    assert c.calls[vg].kind == "grad" and c.calls[vg].name == "loss"
     assert c.type_of(vg).show() == "([], Grad[Mlp])"
     assert c.dim_values == {"D": 784, "Hd": 256, "C": 10}
 
