@@ -24,6 +24,7 @@ from typing import Any
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
+from ..shapes.options import AxisOptions, EinsumOptions, MaskOptions, SizesOptions
 from . import nodes as N
 from .walk import exprs, sizes_read, statements, walk
 
@@ -73,6 +74,7 @@ class _Function:
         if isinstance(e, N.OpCall) and e.op == "masked_fill" and isinstance(e.args[1], N.OpCall) \
                 and e.args[1].op == "causal" and not e.across:
             mask = e.args[1]
+            assert isinstance(mask.options, SizesOptions)  # causal's
             shared = N.CausalMask(mask.ty, mask.span, mask.options.sizes)
             x, fill = e.args[0], e.args[2]
             assert x is not None and fill is not None
@@ -104,7 +106,8 @@ class _Function:
         masked, took_masked = self.value(weights.args[0])
         if not (isinstance(masked, N.OpCall) and _is_op(masked, "masked_fill")
                 and isinstance(masked.args[1], N.OpCall) and masked.args[1].op == "causal"
-                and masked.options.mask_index == () and _fill_hides(masked.args[2])):
+                and isinstance(masked.options, MaskOptions) and masked.options.mask_index == ()
+                and _fill_hides(masked.args[2])):
             return None
         assert masked.args[0] is not None
         scaled, took_scaled = self.value(masked.args[0])
@@ -158,7 +161,8 @@ def _is_op(e: N.Expr | None, op: str, last_axis: bool = False) -> bool:
     """A call of `op` that works per example (over its last axis, with `last_axis`)."""
     if not (isinstance(e, N.OpCall) and e.op == op and not e.across):
         return False
-    return not last_axis or (isinstance(e.ty, T.TensorT) and e.options.axis == e.ty.rank - 1)
+    return not last_axis or (isinstance(e.ty, T.TensorT) and isinstance(e.options, AxisOptions)
+                             and e.options.axis == e.ty.rank - 1)
 
 
 def _fill_hides(e: N.Expr | None) -> bool:
@@ -192,9 +196,9 @@ def _scaled(e: N.Expr) -> tuple[N.Expr, N.Expr | None]:
 def _contracts(e: N.OpCall, shape: str) -> bool:
     """Whether einsum `e`'s spec has `shape`: P the same leading letters everywhere, then the named
     letters (all different) as written."""
-    spec = e.options.spec
-    if not isinstance(spec, str):
+    if not isinstance(e.options, EinsumOptions):
         return False
+    spec = e.options.spec
     lhs, rhs = spec.split("->")
     parts, (want_lhs, want_rhs) = lhs.split(","), shape.split("->")
     wanted = want_lhs.split(",") + [want_rhs]

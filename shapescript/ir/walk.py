@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+from ..shapes.options import SizesOptions
 from . import nodes as N
 
 
@@ -47,7 +48,7 @@ def sizes_read(body: tuple[N.Stmt, ...]) -> tuple[N.ParamSize, ...]:
         elif isinstance(e, N.CausalMask):
             sources = e.sizes
         elif isinstance(e, N.OpCall):
-            sources = e.options.sizes
+            sources = e.options.sizes if isinstance(e.options, SizesOptions) else ()
         else:
             continue
         found += [s for s in sources if isinstance(s, tuple) and s not in found]

@@ -12,11 +12,11 @@ from __future__ import annotations
 import keyword
 
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions
+from ..shapes.options import BatchesOptions, CallOptions, LogsOptions
 from ..syntax import tree as A
 from .args import called_name, int_arg, literal_number
 from .checking import RuleChecker, Use
-from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register, runtime_function
+from .table import PER_EXAMPLE, Args, LowerCall, Op, Typed, register, runtime_function, typed
 
 # Nothing of what they work on is split across the devices (see above).
 NOT_SPLIT = PER_EXAMPLE
@@ -24,7 +24,7 @@ NOT_SPLIT = PER_EXAMPLE
 # ---- data ----------------------------------------------------------------------------------------
 
 
-def shuffle_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def shuffle_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.Ty:
     data, seed = args
     assert data is not None and seed is not None
     t = ck.expr(data.expr)
@@ -33,10 +33,10 @@ def shuffle_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     if not isinstance(t, T.DatasetT):
         return t if t is T.UNKNOWN else ck.error("E0401", f"`shuffle` takes a dataset, not {t.show()}",
                                                  data.span, f"this is {t.show()}")
-    return Typed(t, (data.expr, seed.expr))
+    return typed(t, (data.expr, seed.expr))
 
 
-def batches_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def batches_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[BatchesOptions] | T.Ty:
     """The dataset cut into batches; the options name its data type (the lowering hands the run time
     its spec) and a size written as a number (the DeviceTable shows the batch size)."""
     data, size_arg = args
@@ -52,17 +52,16 @@ def batches_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
                                                  data.span, f"this is {t.show()}")
     written = size_arg.value.value if isinstance(size_arg.value, A.IntLit) else None
     return Typed(T.BatchesT(t.data, size), (data.expr, size_arg.expr),
-                 CallOptions(data=t.data.name, batch_size=written))
+                 BatchesOptions(t.data.name, written))
 
 
-def batches_lower(call: LowerCall) -> str:
-    assert call.options.data is not None  # the rule records the data type's name
+def batches_lower(call: LowerCall[BatchesOptions]) -> str:
     return f"_rt.batches({call.args[0]}, {call.args[1]}, {call.spec(call.options.data)}, DEVICE)"
 
 
 # ---- output --------------------------------------------------------------------------------------
 
-def print_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def print_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.Ty:
     """Any number of values, placed by the rule itself."""
     for a in node.args:
         if a.keyword or a.mut or isinstance(a.value, A.Pattern):
@@ -70,10 +69,10 @@ def print_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
             continue
         ck.expr(a.value)
     ck.use(Use.PRINT, node.span)
-    return Typed(T.NONE, tuple(a.value for a in node.args if not isinstance(a.value, A.Pattern)))
+    return typed(T.NONE, tuple(a.value for a in node.args if not isinstance(a.value, A.Pattern)))
 
 
-def logs_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def logs_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[LogsOptions] | T.Ty:
     """Named values, placed by the rule itself; the options carry their names."""
     seen: set[str] = set()
     for a in node.args:
@@ -89,10 +88,10 @@ def logs_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
             ck.error("E0401", f"a log holds numbers and tensors, not {t.show()}", a.span, f"this is {t.show()}")
     named = [a for a in node.args if not isinstance(a.value, A.Pattern)]
     names = tuple(a.keyword or "" for a in named)  # "": a value without a name, refused above
-    return Typed(T.LOGS, tuple(a.expr for a in named), CallOptions(names=names))
+    return Typed(T.LOGS, tuple(a.expr for a in named), LogsOptions(names))
 
 
-def logs_lower(call: LowerCall) -> str:
+def logs_lower(call: LowerCall[LogsOptions]) -> str:
     names = call.options.names
     if any(keyword.iskeyword(k) for k in names):  # e.g. logs(class=x): not a Python keyword argument
         pairs = ", ".join(f"{call.literal(k)}: {v}" for k, v in zip(names, call.args))
@@ -100,7 +99,7 @@ def logs_lower(call: LowerCall) -> str:
     return f"_rt.logs({', '.join(f'{k}={v}' for k, v in zip(names, call.args))})"
 
 
-def write_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def write_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.Ty:
     sink_arg, record_arg = args
     assert sink_arg is not None and record_arg is not None
     sink, record = ck.expr(sink_arg.expr), ck.expr(record_arg.expr)
@@ -109,12 +108,12 @@ def write_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
         if t != want and t is not T.UNKNOWN:
             ck.error("E0401", f"`write` takes a {want.show()} here, not {t.show()}", arg.span,
                      f"this is {t.show()}", "write(log, logs(loss=l))")
-    return Typed(T.NONE, (sink_arg.expr, record_arg.expr))
+    return typed(T.NONE, (sink_arg.expr, record_arg.expr))
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 
-def checkpoint_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def checkpoint_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.Ty:
     """`save(path, m)` / `save(path, m, opt)`, and `load` of the same with `mut`, which it changes."""
     name = called_name(node)
     path_arg, model_arg, opt_arg = args
@@ -135,23 +134,23 @@ def checkpoint_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
         if not (isinstance(opt, T.OptT) and opt.model is m) and T.UNKNOWN not in (opt, m):
             ck.error("E0401", f"`{name}` takes the model's optimizer, not {opt.show()}", opt_arg.span,
                      f"this is {opt.show()}")
-    return Typed(T.NONE, tuple(a.expr for a in args if a is not None))
+    return typed(T.NONE, tuple(a.expr for a in args if a is not None))
 
 
 # ---- modes ---------------------------------------------------------------------------------------
 
-def train_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def train_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.Ty:
     (seed,) = args
     assert seed is not None
     if not int_arg(ck, seed, "`Train`'s seed"):
         return T.UNKNOWN
-    return Typed(T.MODE, (seed.expr,))
+    return typed(T.MODE, (seed.expr,))
 
 
-def eval_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def eval_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.Ty:
     if node.args:
         return ck.error("E0206", "`Eval()` takes no arguments", node.span)
-    return Typed(T.MODE, ())
+    return typed(T.MODE, ())
 
 
 register(

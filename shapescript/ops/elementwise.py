@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ..shapes import value_types as T
+from ..shapes.options import CallOptions
 from ..syntax import tree as A
 from .args import tensor_arg
 from .checking import RuleChecker
-from .table import LOCAL_LAYOUT, OPS, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
+from .table import LOCAL_LAYOUT, OPS, PER_EXAMPLE, Args, LowerCall, Op, Typed, register, typed
 
 
 def refused_dtype(ck: RuleChecker, name: str, arg: A.Arg, t: T.TensorT) -> bool:
@@ -18,17 +19,17 @@ def refused_dtype(ck: RuleChecker, name: str, arg: A.Arg, t: T.TensorT) -> bool:
     return True
 
 
-def unary(name: str, torch_fn: str, floats: bool, refused: tuple[str, ...] = ()) -> Op:
+def unary(name: str, torch_fn: str, floats: bool, refused: tuple[str, ...] = ()) -> Op[CallOptions]:
     """`name(x)`: x's type, value by value; `floats`: only for float tensors."""
-    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.UnknownT:
         arg = args[0]
         assert arg is not None
         t = tensor_arg(ck, arg, f"`{name}`", floats=floats)
         if t is None or refused_dtype(ck, name, arg, t):
             return T.UNKNOWN
-        return Typed(T.TensorT(t.axes, t.dtype), (arg.expr,))
+        return typed(T.TensorT(t.axes, t.dtype), (arg.expr,))
 
-    def lower(call: LowerCall) -> str:
+    def lower(call: LowerCall[CallOptions]) -> str:
         return f"{torch_fn}({call.args[0]})"
 
     return Op(name, ("x",), 1, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT, refused_dtypes=refused)

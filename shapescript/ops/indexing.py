@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions
+from ..shapes.options import AxisOptions, TopKOptions
 from ..syntax import tree as A
 from .args import int_arg, over_axis, tensor_arg
 from .checking import RuleChecker
 from .elementwise import refused_dtype
 from .table import Across, Args, LowerCall, Op, Typed, along_batch, register
 
-REFUSED_ALONG_BATCH = Across(over_batch=along_batch)
 
-
-def topk_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def topk_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[TopKOptions] | T.UnknownT:
     x, k, over = args
     assert x is not None and k is not None and over is not None
     t = tensor_arg(ck, x, "`topk`")
@@ -35,21 +33,21 @@ def topk_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     axes = t.axes[:axis] + (T.axis(D.literal(k_node.value)),) + t.axes[axis + 1:]
     result = T.TupleT((T.TensorT(axes, t.dtype), T.TensorT(axes, "i64", picked.size)))
     # An axis of unknown size is checked as the program runs (`label`: the axis as the error names it).
-    return Typed(result, (x.expr,), CallOptions(axis=axis, k=k_node.value,
+    return Typed(result, (x.expr,), TopKOptions(axis=axis, k=k_node.value,
                                                 label=picked.show() if size is None else None))
 
 
-def topk_lower(call: LowerCall) -> str:
+def topk_lower(call: LowerCall[TopKOptions]) -> str:
     if call.options.label is not None:
         return (f"_rt.topk({call.args[0]}, {call.options.k}, {call.options.axis}, {call.literal(call.options.label)}, "
                 f"{call.where})")
     return f"tuple(torch.topk({call.args[0]}, {call.options.k}, dim={call.options.axis}))"
 
 
-def picking(name: str) -> Op:
+def picking(name: str) -> Op[AxisOptions]:
     """gather(x, index, over=C): x's values at `index` along C; scatter(x, index, src, over=C): x
     with `src` written at `index` along C."""
-    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[AxisOptions] | T.UnknownT:
         x_arg, index_arg, over = args[0], args[1], args[-1]
         assert x_arg is not None and index_arg is not None and over is not None
         src_arg = args[2] if name == "scatter" else None
@@ -75,18 +73,18 @@ def picking(name: str) -> Op:
             return ck.error("E0301", f"`scatter`'s src must be {T.TensorT(idx.axes, x.dtype).show()}, like the index",
                             src_arg.span, f"this is {src.show()}")
         result = T.TensorT(idx.axes, x.dtype) if name == "gather" else T.TensorT(x.axes, x.dtype)
-        return Typed(result, tuple(a.expr for a in args[:-1] if a is not None), CallOptions(axis=axis))
+        return Typed(result, tuple(a.expr for a in args[:-1] if a is not None), AxisOptions(axis=axis))
 
-    def lower(call: LowerCall) -> str:
+    def lower(call: LowerCall[AxisOptions]) -> str:
         rest = ", ".join(call.args[1:])
         return f"torch.{name}({call.args[0]}, {call.options.axis}, {rest})"
 
     params = ("x", "index", "over") if name == "gather" else ("x", "index", "src", "over")
-    return Op(name, params, len(params), rule, lower, REFUSED_ALONG_BATCH)
+    return Op(name, params, len(params), rule, lower, Across(over_batch=along_batch))
 
 
 register(
-    Op("topk", ("x", "k", "over"), 3, topk_rule, topk_lower, REFUSED_ALONG_BATCH, refused_dtypes=("bool",)),
+    Op("topk", ("x", "k", "over"), 3, topk_rule, topk_lower, Across[TopKOptions](over_batch=along_batch), refused_dtypes=("bool",)),
     picking("gather"),
     picking("scatter"),
 )

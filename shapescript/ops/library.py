@@ -7,11 +7,11 @@ from __future__ import annotations
 from ..dtypes import DTYPES, ELEMENTS
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions
+from ..shapes.options import CallOptions, CastOptions, ClampOptions, LabelOptions, MaskOptions, OneHotOptions
 from ..syntax import tree as A
 from .args import broadcast, literal_number, number_arg, placed_within, tensor_arg
 from .checking import RuleChecker, Use
-from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register
+from .table import LOCAL_LAYOUT, PER_EXAMPLE, Args, LowerCall, Op, Typed, register, typed
 
 
 def _with_numbers(dtype: str, numbers: list[T.Ty]) -> str:
@@ -23,9 +23,9 @@ def _with_numbers(dtype: str, numbers: list[T.Ty]) -> str:
     return dtype
 
 
-def pairwise(name: str) -> Op:
+def pairwise(name: str) -> Op[CallOptions]:
     """maximum(a, b), minimum(a, b): broadcast by name, one dtype."""
-    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.UnknownT:
         a, b = (tensor_arg(ck, x, f"`{name}`") for x in args)
         if a is None or b is None:
             return T.UNKNOWN
@@ -34,15 +34,15 @@ def pairwise(name: str) -> Op:
         axes = broadcast(ck, node, a, b)
         if axes is None:
             return T.UNKNOWN
-        return Typed(T.TensorT(axes, a.dtype), tuple(x.expr for x in args if x is not None))
+        return typed(T.TensorT(axes, a.dtype), tuple(x.expr for x in args if x is not None))
 
-    def lower(call: LowerCall) -> str:
+    def lower(call: LowerCall[CallOptions]) -> str:
         return f"torch.{name}({call.place(0, call.recipe.left)}, {call.place(1, call.recipe.right)})"
 
     return Op(name, ("a", "b"), 2, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT)
 
 
-def clamp_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def clamp_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[ClampOptions] | T.UnknownT:
     x, low, high = args
     assert x is not None
     t = tensor_arg(ck, x, "`clamp`")
@@ -54,15 +54,15 @@ def clamp_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     given = [(name, a) for name, a in (("min", low), ("max", high)) if a is not None]
     bounds = [ck.type_of(a.value) or T.UNKNOWN for _, a in given]  # number_arg typed each
     return Typed(T.TensorT(t.axes, _with_numbers(t.dtype, bounds)), (x.expr,) + tuple(a.expr for _, a in given),
-                 CallOptions(bounds=tuple(name for name, _ in given)))
+                 ClampOptions(tuple(name for name, _ in given)))
 
 
-def clamp_lower(call: LowerCall) -> str:
+def clamp_lower(call: LowerCall[ClampOptions]) -> str:
     bounds = [f"{name}={text}" for name, text in zip(call.options.bounds, call.args[1:])]
     return f"torch.clamp({call.args[0]}, {', '.join(bounds)})"
 
 
-def where_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def where_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[MaskOptions] | T.UnknownT:
     cond_arg, a_arg, b_arg = args
     assert cond_arg is not None and a_arg is not None and b_arg is not None
     cond = tensor_arg(ck, cond_arg, "`where`'s condition")
@@ -76,7 +76,7 @@ def where_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     tensors = [t for t in (a, b) if isinstance(t, T.TensorT)]
     if not tensors:  # two numbers: a tensor of the condition's shape
         dtype = "f32" if T.FLOAT in (a, b) else "bool" if a == b == T.BOOL else "i64"
-        return Typed(T.TensorT(cond.axes, dtype), values, CallOptions(cond_index=()))
+        return Typed(T.TensorT(cond.axes, dtype), values, MaskOptions(()))
     if len(tensors) == 1 and T.FLOAT in (a, b) and not tensors[0].is_float:
         return ck.error("E0308", f"`where` chooses between {tensors[0].dtype} and a float", node.span,
                         "different dtypes", "write the number as an integer, or convert the tensor")
@@ -88,14 +88,14 @@ def where_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     index = placed_within(ck, cond_arg, result, cond, "the condition")
     if index is None:
         return T.UNKNOWN
-    return Typed(T.TensorT(result.axes, _with_numbers(result.dtype, [a, b])), values, CallOptions(cond_index=index))
+    return Typed(T.TensorT(result.axes, _with_numbers(result.dtype, [a, b])), values, MaskOptions(index))
 
 
-def where_lower(call: LowerCall) -> str:
-    return f"torch.where({call.place(0, call.options.cond_index)}, {call.args[1]}, {call.args[2]})"
+def where_lower(call: LowerCall[MaskOptions]) -> str:
+    return f"torch.where({call.place(0, call.options.mask_index)}, {call.args[1]}, {call.args[2]})"
 
 
-def masked_fill_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def masked_fill_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[MaskOptions] | T.UnknownT:
     x_arg, mask_arg, value = args
     assert x_arg is not None and mask_arg is not None and value is not None
     x = tensor_arg(ck, x_arg, "`masked_fill`")
@@ -112,14 +112,14 @@ def masked_fill_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Unk
     index = placed_within(ck, mask_arg, x, mask, "the mask")
     if index is None:
         return T.UNKNOWN
-    return Typed(T.TensorT(x.axes, x.dtype), (x_arg.expr, mask_arg.expr, value.expr), CallOptions(mask_index=index))
+    return Typed(T.TensorT(x.axes, x.dtype), (x_arg.expr, mask_arg.expr, value.expr), MaskOptions(index))
 
 
-def masked_fill_lower(call: LowerCall) -> str:
+def masked_fill_lower(call: LowerCall[MaskOptions]) -> str:
     return f"{call.wrapped[0]}.masked_fill({call.place(1, call.options.mask_index)}, {call.args[2]})"
 
 
-def to_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def to_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CastOptions] | T.UnknownT:
     """`to(x, f32)`: the same tensor with another dtype, value by value (torch's `.to`); an `Index`
     bound doesn't survive, since nothing is known of the values' range after a conversion.
     `to(0.0, f32)`: a number as a `[]` tensor, as a loop's running total starts."""
@@ -132,13 +132,13 @@ def to_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
                         "not a dtype", f"the dtypes: {', '.join(DTYPES)}")
     if isinstance(t, T.ScalarT):
         ck.use(Use.TENSORS, x.span)
-        return Typed(T.TensorT((), dtype.id), (x.expr,), CallOptions(dtype=dtype.id, number=True))
+        return Typed(T.TensorT((), dtype.id), (x.expr,), CastOptions(dtype.id, number=True))
     if not isinstance(t, T.TensorT):
         return T.UNKNOWN
-    return Typed(T.TensorT(t.axes, dtype.id), (x.expr,), CallOptions(dtype=dtype.id))
+    return Typed(T.TensorT(t.axes, dtype.id), (x.expr,), CastOptions(dtype.id))
 
 
-def to_lower(call: LowerCall) -> str:
+def to_lower(call: LowerCall[CastOptions]) -> str:
     assert call.options.dtype is not None  # the rule records the dtype converted to
     dtype = f"torch.{ELEMENTS[call.options.dtype].torch}"
     if call.options.number:
@@ -146,7 +146,7 @@ def to_lower(call: LowerCall) -> str:
     return f"{call.wrapped[0]}.to({dtype})"
 
 
-def one_hot_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def one_hot_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[OneHotOptions] | T.UnknownT:
     labels = args[0]
     assert labels is not None
     t = tensor_arg(ck, labels, "`one_hot`")
@@ -156,10 +156,14 @@ def one_hot_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Unknown
     if count is None or t.index is None:
         return ck.error("E0309", f"`one_hot` takes labels typed `Index[C]` with a declared C, not {t.show()}",
                         labels.span, "no known bound")
-    return Typed(T.TensorT(t.axes + (T.axis(t.index),), "f32"), (labels.expr,), CallOptions(classes=count))
+    return Typed(T.TensorT(t.axes + (T.axis(t.index),), "f32"), (labels.expr,), OneHotOptions(count))
 
 
-def embedding_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def one_hot_lower(call: LowerCall[OneHotOptions]) -> str:
+    return f"_F.one_hot({call.args[0]}, {call.options.classes}).to(torch.float32)"
+
+
+def embedding_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.UnknownT:
     table_arg, ids_arg = args
     assert table_arg is not None and ids_arg is not None
     table = tensor_arg(ck, table_arg, "`embedding`", floats=True)
@@ -171,10 +175,10 @@ def embedding_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Unkno
     if ids.index is None or not D.equal(ids.index, table.axes[0].size):
         return ck.error("E0309", f"the ids must be `Index[{table.axes[0].show()}]`, the table's rows, but are "
                         f"{ids.show()}", ids_arg.span, "not known to be in range")
-    return Typed(T.TensorT(ids.axes + table.axes[1:], table.dtype), (table_arg.expr, ids_arg.expr))
+    return typed(T.TensorT(ids.axes + table.axes[1:], table.dtype), (table_arg.expr, ids_arg.expr))
 
 
-def valid_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def valid_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[LabelOptions] | T.UnknownT:
     """`valid(batch, n)`: true at the positions along `n` that hold an item's own values, false at
     the padding the loader added to reach the batch's longest item."""
     batch_arg, dim_arg = args
@@ -192,7 +196,11 @@ def valid_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
                         dim_arg.span, "not a padded dim",
                         "a data type's generic dims, as `n` in `tokens: [n]`, are padded per batch")
     ck.use(Use.TENSORS, node.span)
-    return Typed(T.TensorT(batch.axes + (T.axis(dim),), "bool"), (batch_arg.expr,), CallOptions(label=label))
+    return Typed(T.TensorT(batch.axes + (T.axis(dim),), "bool"), (batch_arg.expr,), LabelOptions(label))
+
+
+def valid_lower(call: LowerCall[LabelOptions]) -> str:
+    return f"_rt.valid({call.args[0]}, {call.literal(call.options.label)})"
 
 
 register(
@@ -204,9 +212,9 @@ register(
        layout=LOCAL_LAYOUT),
     Op("to", ("x", "dtype"), 2, to_rule, to_lower, PER_EXAMPLE, layout=LOCAL_LAYOUT),
     Op("one_hot", ("labels",), 1, one_hot_rule,
-       lambda call: f"_F.one_hot({call.args[0]}, {call.options.classes}).to(torch.float32)", PER_EXAMPLE),
+       one_hot_lower, PER_EXAMPLE),
     Op("embedding", ("table", "ids"), 2, embedding_rule,
        lambda call: f"_F.embedding({call.args[1]}, {call.args[0]})", PER_EXAMPLE),
     Op("valid", ("batch", "dim"), 2, valid_rule,
-       lambda call: f"_rt.valid({call.args[0]}, {call.literal(call.options.label)})", PER_EXAMPLE),
+       valid_lower, PER_EXAMPLE),
 )

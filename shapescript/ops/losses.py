@@ -10,7 +10,7 @@ from __future__ import annotations
 import sympy
 
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions
+from ..shapes.options import AxisOptions, CallOptions
 from ..syntax import tree as A
 from .args import matmul, over_axis, tensor_arg
 from .checking import RuleChecker
@@ -29,10 +29,11 @@ from .table import (
     heads_contraction,
     register,
     result_values,
+    typed,
 )
 
 
-def cross_entropy_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def cross_entropy_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[AxisOptions] | T.UnknownT:
     logits_arg, labels_arg, over, mask = args
     assert logits_arg is not None and labels_arg is not None and over is not None
     logits = tensor_arg(ck, logits_arg, "`cross_entropy`", floats=True)
@@ -62,41 +63,41 @@ def cross_entropy_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.U
         if mask_index is None:
             return T.UNKNOWN
     lowered = (logits_arg.expr, labels_arg.expr) + ((mask.expr,) if mask is not None else ())
-    return Typed(T.TensorT((), logits.dtype), lowered, CallOptions(axis=axis, rank=logits.rank, mask_index=mask_index))
+    return Typed(T.TensorT((), logits.dtype), lowered, AxisOptions(axis=axis, rank=logits.rank, mask_index=mask_index))
 
 
-def _logits(call: LowerCall) -> str:
+def _logits(call: LowerCall[AxisOptions]) -> str:
     """torch takes the classes on axis 1."""
     axis, rank = call.options.axis, call.options.rank
     return call.args[0] if axis == 1 or rank == 1 else f"{call.wrapped[0]}.movedim({axis}, 1)"
 
 
-def cross_entropy_lower(call: LowerCall) -> str:
+def cross_entropy_lower(call: LowerCall[AxisOptions]) -> str:
     if call.options.mask_index is not None:
         return (f"_rt.masked_cross_entropy({_logits(call)}, {call.args[1]}, "
                 f"{call.place(2, call.options.mask_index)})")
     return f"_F.cross_entropy({_logits(call)}, {call.args[1]})"
 
 
-def all_cross_entropy(call: LowerCall) -> str:
+def all_cross_entropy(call: LowerCall[AxisOptions]) -> str:
     if call.options.mask_index is not None:
         return (f"_rt.all_masked_cross_entropy({_logits(call)}, {call.args[1]}, "
                 f"{call.place(2, call.options.mask_index)}, {call.where})")
     return f"_rt.all_cross_entropy({_logits(call)}, {call.args[1]}, {call.where})"
 
 
-def labels_split(view: CallView) -> bool:
+def labels_split(view: CallView[CallOptions]) -> bool:
     return bool(view.split_axes(view.arg_types[1]))
 
 
-def cross_entropy_payload(view: CallView) -> Payload:
+def cross_entropy_payload(view: CallView[CallOptions]) -> Payload:
     """The sum of the losses and the count: two values."""
     logits = view.arg_types[0]
     assert isinstance(logits, T.TensorT)
     return Payload("cross_entropy's sum and count", sympy.Integer(2), logits.dtype)
 
 
-def matmul_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def matmul_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.UnknownT:
     a, b = args
     assert a is not None and b is not None
     left, right = ck.operand(a.expr), ck.operand(b.expr)
@@ -105,16 +106,16 @@ def matmul_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT
     result = matmul(ck, node, left, right, a, b)
     if result is T.UNKNOWN:
         return T.UNKNOWN
-    return Typed(result, (a.expr, b.expr))
+    return typed(result, (a.expr, b.expr))
 
 
-def matmul_lower(call: LowerCall) -> str:
+def matmul_lower(call: LowerCall[CallOptions]) -> str:
     if call.recipe.tensordot:
         return f"torch.tensordot({call.args[0]}, {call.args[1]}, dims=1)"
     return f"{call.wrapped[0]} @ {call.wrapped[1]}"
 
 
-def contracts_batch(view: CallView) -> bool:
+def contracts_batch(view: CallView[CallOptions]) -> bool:
     """The left side's last axis, which `@` sums over, is the batch axis."""
     left = view.arg_types[0]
     return isinstance(left, T.TensorT) and left.rank > 0 and left.rank - 1 in view.split_axes(left)

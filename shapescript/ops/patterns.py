@@ -16,7 +16,7 @@ import sympy
 
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions
+from ..shapes.options import PatternOptions
 from ..syntax import tree as A
 from .checking import RuleChecker
 
@@ -201,7 +201,7 @@ def _flat_parts(atom: Atom) -> D.Dim:
 
 
 def lower_recipe(lhs: Side, rhs: Side, keep: list[int], node: A.Node, values: Mapping[str, int | None]
-                 ) -> CallOptions:
+                 ) -> PatternOptions:
     """How to get from the operand to the result: split its axes into atoms, permute the atoms
     that survive (`keep`, in the right side's order), and merge them into the result's axes.
 
@@ -231,7 +231,7 @@ def lower_recipe(lhs: Side, rhs: Side, keep: list[int], node: A.Node, values: Ma
             raise PatternError("can't tell the sizes of this group's parts when the program runs", node,
                                "", "give the parts' sizes as dims of the program")
         split.append(tuple(sizes))
-    return CallOptions(
+    return PatternOptions(
         split=tuple(split) if any(s is not None for s in split) else None,
         perm=tuple(keep) if list(keep) != sorted(keep) or len(keep) != len(lhs.atoms) else None,
         merge=tuple(len(g) for g in rhs.groups) if any(len(g) != 1 for g in rhs.groups) else None)

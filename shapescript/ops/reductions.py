@@ -7,7 +7,7 @@ the parts, `mean` by a sum of the parts and of their counts; the others are refu
 from __future__ import annotations
 
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions, Placing
+from ..shapes.options import AxisOptions, Placing
 from ..syntax import tree as A
 from .args import over_axis, placed_within, tensor_arg
 from .checking import RuleChecker
@@ -51,12 +51,12 @@ def mask_of(ck: RuleChecker, arg: A.Arg, t: T.TensorT) -> Placing | None:
 
 
 def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, needs_dims: bool = False,
-              across: Across | None = None, widens: bool = False, refused: tuple[str, ...] = ()) -> Op:
+              across: Across[AxisOptions] | None = None, widens: bool = False, refused: tuple[str, ...] = ()) -> Op[AxisOptions]:
     """`name(x, over=D)`, or over everything without `over=`. `result`: the result's dtype, "same"
     as x's (widened for sum and prod), "float" (x must be float), "bool" (x must be bool) or
     "index" (an `Index` into the axis, which `over=` must then name). `needs_dims`: torch's
     function needs `dim=` even to reduce everything."""
-    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[AxisOptions] | T.UnknownT:
         x, over = args[0], args[1]
         assert x is not None
         t = tensor_arg(ck, x, f"`{name}`", floats=result == "float")
@@ -80,7 +80,7 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
             if mask_index is None:
                 return T.UNKNOWN
         lowered = (x.expr,) + ((mask.expr,) if mask is not None else ())
-        options = CallOptions(axis=axis, rank=t.rank, mask_index=mask_index)
+        options = AxisOptions(axis=axis, rank=t.rank, mask_index=mask_index)
         axes = t.axes[:axis] + t.axes[axis + 1:] if axis is not None else ()
         if result == "index":
             assert axis is not None  # refused above without `over=`
@@ -88,7 +88,7 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
         dtype = "bool" if result == "bool" else t.dtype
         return Typed(T.TensorT(axes, widened(name, dtype)), lowered, options)
 
-    def lower(call: LowerCall) -> str:
+    def lower(call: LowerCall[AxisOptions]) -> str:
         axis, x = call.options.axis, call.args[0]
         if call.options.mask_index is not None:
             return f"_rt.masked_{name}({x}, {call.place(1, call.options.mask_index)}, {axis})"
@@ -102,7 +102,7 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
               layout=Layout(heads=heads_along(sums=name == "sum")), refused_dtypes=refused, widens=widens)
 
 
-def all_mean(call: LowerCall) -> str:
+def all_mean(call: LowerCall[AxisOptions]) -> str:
     """The mean of the whole batch: every device's sum and count, added up."""
     axis, x = call.options.axis, call.args[0]
     if call.options.mask_index is not None:
@@ -110,7 +110,7 @@ def all_mean(call: LowerCall) -> str:
     return f"_rt.all_mean({x}, {axis}, {call.where})"
 
 
-def mean_payload(view: CallView) -> Payload:
+def mean_payload(view: CallView[AxisOptions]) -> Payload:
     """The sums and one count, or with a mask a count per value."""
     assert isinstance(view.result, T.TensorT)
     values = numel(view.result)
@@ -118,9 +118,9 @@ def mean_payload(view: CallView) -> Payload:
                    2 * values if view.options.mask_index is not None else values + 1, view.result.dtype)
 
 
-def along_axis(name: str, template: str, floats: bool = False, widens: bool = False) -> Op:
+def along_axis(name: str, template: str, floats: bool = False, widens: bool = False) -> Op[AxisOptions]:
     """`name(x, over=D)`: x's type (cumsum widens as sum does), computed along D."""
-    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[AxisOptions] | T.UnknownT:
         x, over = args
         assert x is not None and over is not None
         t = tensor_arg(ck, x, f"`{name}`", floats=floats)
@@ -129,9 +129,9 @@ def along_axis(name: str, template: str, floats: bool = False, widens: bool = Fa
         axis = over_axis(ck, over, t, f"`{name}`")
         if axis is None:
             return T.UNKNOWN
-        return Typed(T.TensorT(t.axes, widened(name, t.dtype)), (x.expr,), CallOptions(axis=axis))
+        return Typed(T.TensorT(t.axes, widened(name, t.dtype)), (x.expr,), AxisOptions(axis=axis))
 
-    def lower(call: LowerCall) -> str:
+    def lower(call: LowerCall[AxisOptions]) -> str:
         return template.format(x=call.args[0], axis=call.options.axis)
 
     return Op(name, ("x", "over"), 2, rule, lower, Across(over_batch=along_batch),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions
+from ..shapes.options import CallOptions, EinsumOptions, PatternOptions
 from ..syntax import tree as A
 from .args import _unused_args, called_name, tensor_arg
 from .checking import RuleChecker
@@ -141,7 +141,7 @@ def _bind_sides(ck: RuleChecker, args: _Args, t: T.TensorT, p: A.Pattern, new_ax
     return lhs, rhs, axes, known
 
 
-def rearrange(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
+def rearrange(ck: RuleChecker, node: A.Call, _: Args) -> Typed[PatternOptions] | T.UnknownT:
     name = called_name(node)
     got = _one_tensor(ck, node, name)
     if got is None:
@@ -178,7 +178,7 @@ def rearrange(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     return Typed(T.TupleT((result,) * count) if name == "split" else result, (args.tensors[0].expr,), recipe)
 
 
-def reduce(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
+def reduce(ck: RuleChecker, node: A.Call, _: Args) -> Typed[PatternOptions] | T.UnknownT:
     got = _one_tensor(ck, node, "reduce", takes_op=True)
     if got is None:
         return T.UNKNOWN
@@ -205,7 +205,7 @@ def reduce(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     return Typed(T.TensorT(axes, dtype), (args.tensors[0].expr,), options)
 
 
-def repeat(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
+def repeat(ck: RuleChecker, node: A.Call, _: Args) -> Typed[PatternOptions] | T.UnknownT:
     got = _one_tensor(ck, node, "repeat")
     if got is None:
         return T.UNKNOWN
@@ -239,7 +239,7 @@ def repeat(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     return Typed(T.TensorT(axes, t.dtype, t.index), (args.tensors[0].expr,), options)
 
 
-def einsum(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
+def einsum(ck: RuleChecker, node: A.Call, _: Args) -> Typed[EinsumOptions] | T.UnknownT:
     args = pattern_args(ck, node, "einsum")
     if args is None:
         return _unused_args(ck, node)
@@ -274,7 +274,7 @@ def einsum(ck: RuleChecker, node: A.Call, _: Args) -> Typed | T.UnknownT:
     except PatternError as e:
         return _fail(ck, node, e)
     spec = ",".join(specs) + "->" + "".join(letters[_named(a.name)] for a in rhs.atoms)
-    return Typed(T.TensorT(axes, tensors[0].dtype), tuple(a.expr for a in args.tensors), CallOptions(spec=spec))
+    return Typed(T.TensorT(axes, tensors[0].dtype), tuple(a.expr for a in args.tensors), EinsumOptions(spec))
 
 
 def _named(name: str | None) -> str:
@@ -285,24 +285,24 @@ def _named(name: str | None) -> str:
 
 
 # The recipes' parts, in the order the runtime's pattern functions take them.
-Parts = Callable[[CallOptions], tuple[object, ...]]
+Parts = Callable[[PatternOptions], tuple[object, ...]]
 
 
-def recipe_parts(o: CallOptions) -> tuple[object, ...]:
+def recipe_parts(o: PatternOptions) -> tuple[object, ...]:
     return o.split, o.perm, o.merge, o.drop
 
 
-def repeat_parts(o: CallOptions) -> tuple[object, ...]:
+def repeat_parts(o: PatternOptions) -> tuple[object, ...]:
     return o.split, o.perm, o.view, o.new_sizes, o.merge
 
 
-def reduce_parts(o: CallOptions) -> tuple[object, ...]:
+def reduce_parts(o: PatternOptions) -> tuple[object, ...]:
     return o.split, o.dims, o.op, o.perm, o.merge
 
 
-def runtime_call(runtime: str, parts: Parts) -> Lower:
+def runtime_call(runtime: str, parts: Parts) -> Lower[PatternOptions]:
     """A call of the runtime's pattern function with the recipe's parts, as Python literals."""
-    def lower(call: LowerCall) -> str:
+    def lower(call: LowerCall[PatternOptions]) -> str:
         return f"_rt.{runtime}({call.args[0]}, {', '.join(call.literal(part) for part in parts(call.options))})"
     return lower
 
@@ -321,7 +321,7 @@ def _ints(values: Sequence[int]) -> str:
     return str(values[0]) if len(values) == 1 else f"({', '.join(map(str, values))})"
 
 
-def _chain(call: LowerCall, steps: Steps) -> str:
+def _chain(call: LowerCall[PatternOptions], steps: Steps) -> str:
     """The operand with the steps after it; parenthesized even with none, as the call's result is
     printed as one term (`rearrange(a + b, i j -> i j) @ w` is `(a + b) @ w`)."""
     return call.wrapped[0] + "".join(steps)
@@ -332,7 +332,7 @@ def _read_twice(text: str) -> bool:
     return all(part.isidentifier() for part in text.split("."))
 
 
-def _split_steps(call: LowerCall) -> Steps | None:
+def _split_steps(call: LowerCall[PatternOptions]) -> Steps | None:
     """`.unflatten(k, sizes)` for each operand axis the pattern splits, k counting the atoms before it.
     A part's size is a number, -1 (inferred) or ("axis", j), the size of the operand's whole axis j:
     as the parts multiply to the axis, one ("axis", j) of a group without a -1 becomes the -1. Any
@@ -396,37 +396,37 @@ def _new_axes_steps(view: tuple[int | None, ...], sizes: tuple[int | None, ...])
     return [f"[{', '.join(index)}]", f".expand({', '.join('-1' if s is None else str(s) for s in sizes)})"]
 
 
-def _rearranged(o: CallOptions) -> Steps:
+def _rearranged(o: PatternOptions) -> Steps:
     return _perm_steps(o.perm, o.drop) + _merge_steps(o.merge)
 
 
-def _parts(o: CallOptions) -> Steps:
+def _parts(o: PatternOptions) -> Steps:
     """split's parts' axis comes first: each part's merge is one on the whole, after that axis."""
     return _perm_steps(o.perm, o.drop) + _merge_steps(o.merge, first=1) + [".unbind(0)"]
 
 
-def _reduced(o: CallOptions) -> Steps:
+def _reduced(o: PatternOptions) -> Steps:
     assert o.op is not None  # reduce's rule records its operation
     return _reduce_steps(o.op, o.dims) + _perm_steps(o.perm) + _merge_steps(o.merge)
 
 
-def _repeated(o: CallOptions) -> Steps:
+def _repeated(o: PatternOptions) -> Steps:
     return _perm_steps(o.perm) + _new_axes_steps(o.view, o.new_sizes) + _merge_steps(o.merge)
 
 
-def printed(runtime: str, parts: Parts, steps: Callable[[CallOptions], Steps]) -> Lower:
+def printed(runtime: str, parts: Parts, steps: Callable[[PatternOptions], Steps]) -> Lower[PatternOptions]:
     """The recipe as torch: its split, then `steps` of its options. The runtime's function `runtime`,
     given the recipe's `parts`, only where the split can't be printed: a size read off the shape of an
     operand that isn't a name (see _split_steps)."""
     fallback = runtime_call(runtime, parts)
 
-    def lower(call: LowerCall) -> str:
+    def lower(call: LowerCall[PatternOptions]) -> str:
         split = _split_steps(call)
         return fallback(call) if split is None else _chain(call, split + steps(call.options))
     return lower
 
 
-def drops_batch(view: CallView) -> bool:
+def drops_batch(view: CallView[CallOptions]) -> bool:
     """The batch axis of an operand is not in the result: the call sums or reduces over it."""
     kept = {a.size for a in view.result.axes} if isinstance(view.result, T.TensorT) else set()
     return any(t.axes[k].size not in kept for t in view.arg_types if isinstance(t, T.TensorT)
@@ -440,11 +440,11 @@ register(
        own_args=True),
     Op("repeat", ("x", "pattern"), 2, repeat, printed("repeat", repeat_parts, _repeated), PER_EXAMPLE, own_args=True),
     Op("reduce", ("x", "pattern", "op"), 3, reduce, printed("reduce", reduce_parts, _reduced),
-       Across(drops_batch, lambda view: PARTIAL if view.options.op == "sum" else None,
+       Across[PatternOptions](drops_batch, lambda view: PARTIAL if view.options.op == "sum" else None,
               payload=result_values("`reduce`'s partial sums, every device's part of the batch added up"),
               refused_as=lambda view: f"`reduce` with {view.options.op}"), own_args=True),
     Op("einsum", ("tensors", "pattern"), 2, einsum,
        lambda call: f"torch.einsum({call.literal(call.options.spec)}, {', '.join(call.args)})",
-       Across(drops_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)), own_args=True,
-       layout=Layout(heads=heads_contraction)),
+       Across[EinsumOptions](drops_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)), own_args=True,
+       layout=Layout[EinsumOptions](heads=heads_contraction)),
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..names import similar
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions, SizeSource
+from ..shapes.options import FirstOptions, SizesOptions, SizeSource
 from ..syntax import tree as A
 from .args import literal_number, over_axis, tensor_arg
 from .checking import RuleChecker, Use
@@ -50,17 +50,17 @@ def count_source(ck: RuleChecker, node: A.Node, what: str) -> tuple[D.Dim, SizeS
     return D.literal(node.value), node.value
 
 
-def causal_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def causal_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[SizesOptions] | T.UnknownT:
     i_arg, j_arg = args
     assert i_arg is not None and j_arg is not None
     i, j = dim_source(ck, i_arg.value), dim_source(ck, j_arg.value)
     if i is None or j is None:
         return T.UNKNOWN
     ck.use(Use.TENSORS, node.span)
-    return Typed(T.TensorT((T.axis(i[0]), T.axis(j[0])), "bool"), (), CallOptions(sizes=(i[1], j[1])))
+    return Typed(T.TensorT((T.axis(i[0]), T.axis(j[0])), "bool"), (), SizesOptions((i[1], j[1])))
 
 
-def positions_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def positions_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[SizesOptions] | T.UnknownT:
     """`positions(n)`: the positions 0, 1, ..., n-1 along a dim, `[n] Index[n]` (torch.arange)."""
     n = args[0]
     assert n is not None
@@ -68,10 +68,18 @@ def positions_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Unkno
     if count is None:
         return T.UNKNOWN
     ck.use(Use.TENSORS, node.span)
-    return Typed(T.TensorT((T.axis(count[0]),), "i64", count[0]), (), CallOptions(sizes=(count[1],)))
+    return Typed(T.TensorT((T.axis(count[0]),), "i64", count[0]), (), SizesOptions((count[1],)))
 
 
-def first_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def causal_lower(call: LowerCall[SizesOptions]) -> str:
+    return f"_rt.causal({', '.join(call.size(s) for s in call.options.sizes)}, DEVICE)"
+
+
+def positions_lower(call: LowerCall[SizesOptions]) -> str:
+    return f"torch.arange({call.size(call.options.sizes[0])}, device=DEVICE)"
+
+
+def first_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[FirstOptions] | T.UnknownT:
     """`first(x, n, over=T)`: x's first n entries along its axis T (its leading axis without `over=`),
     as a `[T D]` table of position embeddings is read for a sequence of n <= T tokens. n <= T is
     checked here when both sizes are known, and by the lowered call when it runs otherwise."""
@@ -94,26 +102,26 @@ def first_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
         return ck.error("E0310", f"`first` takes {counted} entries along {taken.show()}, which has {have}",
                         n.span, "too many", f"take at most {have}, or give {taken.show()} a size of at least {want}")
     return Typed(T.TensorT(t.axes[:axis] + (T.axis(dim),) + t.axes[axis + 1:], t.dtype, t.index), (x.expr,),
-                 CallOptions(axis=axis, sizes=(source,), names=(D.show(dim), taken.show())))
+                 FirstOptions(axis=axis, sizes=(source,), names=(D.show(dim), taken.show())))
 
 
-def first_lower(call: LowerCall) -> str:
+def first_lower(call: LowerCall[FirstOptions]) -> str:
     """The runtime checks the count against the axis, naming the call's .ss place."""
     return (f"_rt.first({call.args[0]}, {call.size(call.options.sizes[0])}, {call.options.axis}, "
             f"{call.literal(call.options.names)}, {call.where})")
 
 
-def sized_by_batch(view: CallView) -> bool:
+def sized_by_batch(view: CallView[SizesOptions]) -> bool:
     """A size it reads is the batch's: on a device, that would be its part's."""
     return any(view.split_size(s) for s in view.options.sizes)
 
 
 register(
     Op("causal", ("i", "j"), 2, causal_rule,
-       lambda call: f"_rt.causal({', '.join(call.size(s) for s in call.options.sizes)}, DEVICE)",
+       causal_lower,
        Across(over_batch=sized_by_batch), check_rest=False),
     Op("positions", ("n",), 1, positions_rule,
-       lambda call: f"torch.arange({call.size(call.options.sizes[0])}, device=DEVICE)",
+       positions_lower,
        Across(over_batch=sized_by_batch), check_rest=False),
     Op("first", ("x", "n", "over"), 2, first_rule, first_lower,
        Across(over_batch=lambda view: sized_by_batch(view) or along_batch(view)), check_rest=False),

@@ -15,10 +15,11 @@ the code generator prints it with this entry's lowering.
 from __future__ import annotations
 
 from ..shapes import value_types as T
+from ..shapes.options import CallOptions
 from ..syntax import tree as A
 from .args import _unused_args
 from .checking import RuleChecker
-from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register, runtime_function
+from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register, runtime_function, typed
 
 GRADIENTS = "gradients"  # every device's gradients of its part of the batch, added up by the run time
 
@@ -49,17 +50,17 @@ def value_and_grad_rule(ck: RuleChecker, node: A.Call, args: Args) -> T.Ty:
     return T.TupleT((result, T.GradT(fn.params[0].ty)))
 
 
-def value_and_grad_on_devices(call: LowerCall) -> str:
+def value_and_grad_on_devices(call: LowerCall[CallOptions]) -> str:
     """On several devices: the same, saying where the call is, for the workers' reports of the
     gradients' all-reduce."""
     return f"_rt.value_and_grad({', '.join(call.args + [f'where={call.where}'])})"
 
 
-def _always(view: CallView) -> bool:
+def _always(view: CallView[CallOptions]) -> bool:
     return True
 
 
-def update_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
+def update_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.Ty:
     """`update(mut m, mut opt, g)`: one step of `m`'s optimizer with gradients of `m`."""
     model, opt_arg, grads = args
     assert model is not None and opt_arg is not None and grads is not None
@@ -79,7 +80,7 @@ def update_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Ty:
     if not (isinstance(g, T.GradT) and g.model is m):
         return ck.error("E0401", f"`update` needs gradients of `{m.name}`, not {g.show()}", grads.span,
                         f"this is {g.show()}", "take them from `value_and_grad`")
-    return Typed(T.NONE, (model.expr, opt_arg.expr, grads.expr))
+    return typed(T.NONE, (model.expr, opt_arg.expr, grads.expr))
 
 
 register(

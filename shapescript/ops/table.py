@@ -14,13 +14,14 @@ the function it differentiates (the IR keeps it as a GradCall, printed with its 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import sympy
 
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind
-from ..shapes.options import CallOptions, Placing, Recipe
+from ..shapes.options import NO_OPTIONS, AxisOptions, CallOptions, PatternOptions, Placing, Recipe
 from ..shapes.plans import HeadsKind
 from ..syntax import tree as A
 from .args import _unused_args
@@ -28,30 +29,40 @@ from .checking import RuleChecker
 
 Args = list[A.Arg | None]
 
+# An op's kind of options (shapes/options.py): its entry's rule gives them, its lowering and its
+# rules along the batch axis and the layout read them, and mypy checks that they agree.
+Opts = TypeVar("Opts", bound=CallOptions)
+Opts_co = TypeVar("Opts_co", bound=CallOptions, covariant=True)
+
 
 @dataclass(frozen=True)
-class Typed:
+class Typed(Generic[Opts_co]):
     """What a typing rule found: the result's type, the arguments the lowering prints (in order),
     and the options it reads (the axis a reduction runs over, a mask's placing index...)."""
 
     result: T.Ty
     args: tuple[A.Expr, ...]
-    options: CallOptions = field(default_factory=CallOptions)
+    options: Opts_co
+
+
+def typed(result: T.Ty, args: tuple[A.Expr, ...]) -> Typed[CallOptions]:
+    """What the rule of an op that reads no options found."""
+    return Typed(result, args, NO_OPTIONS)
 
 
 # A typing rule gets the checker, the call and its arguments in parameter order (keywords placed,
 # absent optional ones None); it returns what it found, or an UnknownT after reporting an error (or
 # a type with no call recorded: `value_and_grad`, recorded as a call of the function it differentiates).
-Rule = Callable[[RuleChecker, A.Call, Args], "Typed | T.Ty"]
+Rule = Callable[[RuleChecker, A.Call, Args], "Typed[Opts] | T.Ty"]
 
 
 @dataclass(frozen=True)
-class LowerCall:
+class LowerCall(Generic[Opts_co]):
     """A checked call as the code generator hands it to an op's lowering."""
 
     args: list[str]  # each argument's Python text
     wrapped: list[str]  # the same, parenthesized where an index or a method call follows it
-    options: CallOptions
+    options: Opts_co
     where: str  # the call's .ss location as a Python string literal, for run-time messages
     place: Callable[[int, Placing | None], str]  # argument k with the index placing its axes
     recipe: Recipe  # how the checker said to lower it (a broadcast operand's placing, `@` as a tensordot)
@@ -60,21 +71,21 @@ class LowerCall:
     spec: Callable[[str], str]  # the module's name for a data type's spec (`batches` hands it to the run time)
 
 
-Lower = Callable[[LowerCall], str]
+Lower = Callable[[LowerCall[Opts]], str]
 
 
-def runtime_function(name: str) -> Lower:
+def runtime_function(name: str) -> Lower[CallOptions]:
     """The lowering of a call of the run time's function `name` with the call's arguments."""
-    def lower(call: LowerCall) -> str:
+    def lower(call: LowerCall[CallOptions]) -> str:
         return f"_rt.{name}({', '.join(call.args)})"
     return lower
 
 
 @dataclass(frozen=True)
-class CallView:
+class CallView(Generic[Opts_co]):
     """A checked call as the batch split and the DeviceTable see it."""
 
-    options: CallOptions
+    options: Opts_co
     arg_types: tuple[T.Ty | None, ...]
     result: T.Ty | None
     split_axes: Callable[[T.Ty | None], list[int]]  # where a type has the batch axis
@@ -97,65 +108,65 @@ PARTIAL = "partial"  # the batch split's mark of a call whose devices' results a
 
 
 @dataclass(frozen=True)
-class Across:
+class Across(Generic[Opts]):
     """The op along the batch axis, split across the devices. `over_batch` says whether a call
     works across that axis (None: never, the op works on each example alone). If it does, either
     the op has a combined lowering (`kind`: what the batch split records, PARTIAL when the devices'
     results are added up; `lower`: the all-reduce version, None for the op itself followed by a sum
     of the parts; `payload`: what it sends), or it is refused (E1801)."""
 
-    over_batch: Callable[[CallView], bool] | None = None
-    kind: str | Callable[[CallView], str | None] | None = None  # by the call, for one op of several kinds
-    lower: Lower | None = None
-    payload: Callable[[CallView], Payload] | None = None
+    over_batch: Callable[[CallView[Opts]], bool] | None = None
+    kind: str | Callable[[CallView[Opts]], str | None] | None = None  # by the call, for one op of several kinds
+    lower: Lower[Opts] | None = None
+    payload: Callable[[CallView[Opts]], Payload] | None = None
     # The options a call takes instead of its own when its operand is split: where its batch axis
     # lies, for an op that works on its part of something drawn for the whole batch (dropout's mask).
-    split_options: Callable[[CallView], CallOptions] | None = None
-    refused_as: Callable[[CallView], str] | None = None  # how E1801 names a refused call (default: the op)
+    split_options: Callable[[CallView[Opts]], Opts] | None = None
+    refused_as: Callable[[CallView[Opts]], str] | None = None  # how E1801 names a refused call (default: the op)
 
     @property
     def refused(self) -> bool:
         """Always refused over the batch axis (a kind decided by the call may be refused or not)."""
         return self.over_batch is not None and self.kind is None
 
-    def kind_of(self, view: CallView) -> str | None:
+    def kind_of(self, view: CallView[Opts]) -> str | None:
         return self.kind(view) if callable(self.kind) else self.kind
 
 
-PER_EXAMPLE = Across()  # each example by itself, or nothing with the batch axis
+PER_EXAMPLE: Across[Any] = Across()  # each example by itself, or nothing with the batch axis
 
 
 # What an op does with values split along H (`split H`), given its call (CallView.split_axes says
 # where a type is split): shapes/plans.py's HeadsKind.
 LOCAL, SUM, GATHER, CUT = HeadsKind.LOCAL, HeadsKind.SUM, HeadsKind.GATHER, HeadsKind.CUT
-HeadsRule = Callable[[CallView], HeadsKind]
+HeadsRule = Callable[[CallView[Opts]], HeadsKind]
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(Generic[Opts]):
     """An op's layout rule. `sharded`: what a call sends when each device holds a piece of every
     param (`shard params`): norm and clip_norm of gradients add up every device's pieces' squares.
     (A read of a param, gathered from the pieces, is no op: plan/layout.py plans those.) `heads`:
     how it works on values split along H; None: it takes them whole (GATHER), always right."""
 
-    sharded: Callable[[CallView], Payload | None] | None = None
-    heads: HeadsRule | None = None
+    sharded: Callable[[CallView[Opts]], Payload | None] | None = None
+    heads: HeadsRule[Opts] | None = None
 
 
-def heads_local(view: CallView) -> HeadsKind:
+def heads_local(view: CallView[CallOptions]) -> HeadsKind:
     """Value by value (and broadcasting): each device's part alone."""
     return LOCAL
 
 
-def heads_contraction(view: CallView) -> HeadsKind:
+def heads_contraction(view: CallView[CallOptions]) -> HeadsKind:
     """`@`, matmul, einsum: H kept in the result is each device's own; H contracted, partial sums."""
     return LOCAL if view.split_axes(view.result) else SUM
 
 
-def heads_along(sums: bool) -> HeadsRule:
+def heads_along(sums: bool) -> HeadsRule[AxisOptions]:
     """An op along one axis (`over=`), or over everything: along another axis than H, each device's
     part alone; along H (or over everything), a sum is partial sums (`sums`), anything else whole."""
-    def rule(view: CallView) -> HeadsKind:
+    def rule(view: CallView[AxisOptions]) -> HeadsKind:
         where = view.split_axes(view.arg_types[0] if view.arg_types else None)
         if not where or (view.options.axis is not None and view.options.axis not in where):
             return LOCAL
@@ -163,7 +174,7 @@ def heads_along(sums: bool) -> HeadsRule:
     return rule
 
 
-def heads_rearrange(view: CallView) -> HeadsKind:
+def heads_rearrange(view: CallView[PatternOptions]) -> HeadsKind:
     """A pattern that moves H's axis without splitting it (permutes, merges it first into a group)
     works on each device's heads; one that splits it into atoms needs its size, so the whole."""
     where = view.split_axes(view.arg_types[0] if view.arg_types else None)
@@ -173,18 +184,19 @@ def heads_rearrange(view: CallView) -> HeadsKind:
     return LOCAL if not where else GATHER
 
 
-LOCAL_LAYOUT = Layout(heads=heads_local)
+LOCAL_LAYOUT: Layout[Any] = Layout(heads=heads_local)
 
 
 @dataclass(frozen=True)
-class Op:
+class Op(Generic[Opts]):
+    """One entry of the table; `Opts` is its kind of options, which its rule gives and the rest read."""
     name: str
     params: tuple[str, ...]
     required: int
-    rule: Rule
-    lower: Lower
-    across: Across
-    layout: Layout | None = None  # what it does with the layout options' pieces (None: nothing of its own)
+    rule: Rule[Opts]
+    lower: Lower[Opts]
+    across: Across[Opts]
+    layout: Layout[Opts] | None = None  # what it does with the layout options' pieces (None: nothing of its own)
     # After an error in the arguments' places, check each argument for errors of its own; not for
     # ops whose arguments name dims (`causal(i, j)`), which aren't values.
     check_rest: bool = True
@@ -199,20 +211,24 @@ class Op:
     makes_record: bool = False  # it makes a sink's record of its arguments (`logs`)
 
 
-OPS: dict[str, Op] = {}
+OPS: dict[str, Op[Any]] = {}
 # Each op's rule with the boilerplate every rule shares (`_checker`): what the checker calls, by name.
 RULES: dict[str, Callable[[RuleChecker, A.Call], T.Ty]] = {}
 
 
-def register(*ops: Op) -> None:
-    """Add ops to the table; the checker finds each one's rule by its name."""
+def register(*ops: object) -> None:
+    """Add ops to the table; the checker finds each one's rule by its name. (`object`, not `Op[Any]`:
+    built where the expected type is `Op[Any]`, an op could take any options at all; built with none,
+    mypy finds the one options type its rule gives and its lowering and other rules read.)"""
     for op in ops:
+        if not isinstance(op, Op):
+            raise TypeError(f"the op table holds ops, not {type(op).__name__}")
         assert op.name not in OPS and op.name not in RULES, f"`{op.name}` is declared twice"
         OPS[op.name] = op
         RULES[op.name] = _checker(op)
 
 
-def _checker(op: Op) -> Callable[[RuleChecker, A.Call], T.Ty]:
+def _checker(op: Op[Any]) -> Callable[[RuleChecker, A.Call], T.Ty]:
     """The boilerplate of every rule, written once: place the arguments (an error checks the rest
     of them for errors of their own), run the op's rule, record what it found for the stages after."""
     def check(ck: RuleChecker, node: A.Call) -> T.Ty:
@@ -229,7 +245,7 @@ def _checker(op: Op) -> Callable[[RuleChecker, A.Call], T.Ty]:
     return check
 
 
-def _refuse_mut(ck: RuleChecker, op: Op, node: A.Call) -> None:
+def _refuse_mut(ck: RuleChecker, op: Op[Any], node: A.Call) -> None:
     for k, a in enumerate(node.args):
         if a.mut:
             param = a.keyword or (op.params[k] if k < len(op.params) else "its argument")
@@ -242,21 +258,21 @@ def numel(t: T.TensorT) -> sympy.Expr:
     return sympy.Mul(*(a.size for a in t.axes))
 
 
-def result_values(what: str) -> Callable[[CallView], Payload]:
+def result_values(what: str) -> Callable[[CallView[CallOptions]], Payload]:
     """A payload of the result's values (a sum of every device's partial result)."""
-    def payload(view: CallView) -> Payload:
+    def payload(view: CallView[CallOptions]) -> Payload:
         assert isinstance(view.result, T.TensorT)
         return Payload(what, numel(view.result), view.result.dtype)
     return payload
 
 
-def reduces_batch(view: CallView) -> bool:
+def reduces_batch(view: CallView[AxisOptions]) -> bool:
     """A reduction whose operand has the batch axis, over everything or over that axis."""
     where = view.split_axes(view.arg_types[0] if view.arg_types else None)
     axis = view.options.axis
     return bool(where) and (axis is None or axis in where)
 
 
-def along_batch(view: CallView) -> bool:
+def along_batch(view: CallView[AxisOptions]) -> bool:
     """An operation along one axis (`over=`), which is the batch axis."""
     return view.options.axis in view.split_axes(view.arg_types[0] if view.arg_types else None)

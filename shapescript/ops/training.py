@@ -13,11 +13,24 @@ import dataclasses
 import sympy
 
 from ..shapes import value_types as T
-from ..shapes.options import CallOptions
+from ..shapes.options import AxisOptions, CallOptions, DropoutOptions, NormOptions
 from ..syntax import tree as A
 from .args import literal_number, number_arg, over_axis, tensor_arg
 from .checking import RuleChecker, Use
-from .table import PER_EXAMPLE, Across, Args, CallView, Layout, LowerCall, Op, Payload, Typed, reduces_batch, register
+from .table import (
+    PER_EXAMPLE,
+    Across,
+    Args,
+    CallView,
+    Layout,
+    LowerCall,
+    Op,
+    Payload,
+    Typed,
+    reduces_batch,
+    register,
+    typed,
+)
 
 BATCH_NORM_SENDS = "batch_norm's sums, sums of squares and count for each channel, in f64 (under Train)"
 
@@ -32,7 +45,7 @@ def _param_dtypes(model: T.ModelT) -> set[str]:
     return out
 
 
-def norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[NormOptions] | T.UnknownT:
     """The 2-norm of a tensor (over one axis, or all), or of a model's gradients taken together."""
     x, over = args
     assert x is not None
@@ -42,7 +55,7 @@ def norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
             return ck.error("E0206", "the norm of gradients is over all of them; it takes no `over=`",
                             over.span, "unexpected")
         dtypes = _param_dtypes(t.model)
-        return Typed(T.scalar_tensor(dtypes.pop() if len(dtypes) == 1 else "f32"), (x.expr,), CallOptions(grads=True))
+        return Typed(T.scalar_tensor(dtypes.pop() if len(dtypes) == 1 else "f32"), (x.expr,), NormOptions(grads=True))
     if not isinstance(t, T.TensorT) or not t.is_float:
         return t if t is T.UNKNOWN else ck.error("E0401", f"`norm` takes float tensors or gradients, not "
                                                  f"{t.show()}", x.span, f"this is {t.show()}")
@@ -51,17 +64,17 @@ def norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
     if over is not None and axis is None:
         return T.UNKNOWN
     return Typed(T.TensorT(t.axes[:axis] + t.axes[axis + 1:] if axis is not None else (), t.dtype),
-                 (x.expr,), CallOptions(axis=axis))
+                 (x.expr,), NormOptions(axis=axis))
 
 
-def norm_lower(call: LowerCall) -> str:
+def norm_lower(call: LowerCall[NormOptions]) -> str:
     if call.options.grads:
         return f"_rt.grad_norm({call.args[0]}, {call.where})"
     axis = call.options.axis
     return f"torch.linalg.vector_norm({call.args[0]}{'' if axis is None else f', dim={axis}'})"
 
 
-def clip_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def clip_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.UnknownT:
     grads, most = args
     assert grads is not None and most is not None
     g = ck.expr(grads.expr)
@@ -70,10 +83,10 @@ def clip_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Unkno
     if not isinstance(g, T.GradT):
         return g if g is T.UNKNOWN else ck.error("E0401", f"`clip_norm` takes gradients, not {g.show()}",
                                                  grads.span, f"this is {g.show()}")
-    return Typed(g, (grads.expr, most.expr))
+    return typed(g, (grads.expr, most.expr))
 
 
-def dropout_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def dropout_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[DropoutOptions] | T.UnknownT:
     x, p, mode_arg = args
     assert x is not None and p is not None and mode_arg is not None
     t = tensor_arg(ck, x, "`dropout`", floats=True)
@@ -89,16 +102,20 @@ def dropout_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Unknown
     if t is None:
         return T.UNKNOWN
     # batch_axis: the operand's axis split across the devices (None: unsplit), see DROPOUT_ACROSS
-    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, p.expr, mode_arg.expr), CallOptions(batch_axis=None))
+    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, p.expr, mode_arg.expr), DropoutOptions(batch_axis=None))
 
 
-def dropout_split_options(view: CallView) -> CallOptions:
+def dropout_split_options(view: CallView[DropoutOptions]) -> DropoutOptions:
     """A split operand: the mask is drawn for the whole batch, each device keeping its rows."""
     where = view.split_axes(view.arg_types[0])
     return dataclasses.replace(view.options, batch_axis=where[0]) if where else view.options
 
 
-def batch_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.UnknownT:
+def dropout_lower(call: LowerCall[DropoutOptions]) -> str:
+    return f"_rt.dropout({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options.batch_axis})"
+
+
+def batch_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[AxisOptions] | T.UnknownT:
     """`batch_norm(x, stats, mode, over=C)`: normalize each C-channel over every other axis; `stats`
     is a model with buffers `mean: [C]` and `var: [C]`, the running statistics that Train updates
     (as PyTorch's buffers are, without `mut`) and Eval uses."""
@@ -129,24 +146,24 @@ def batch_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed | T.Unkn
                         f"this is {stats.show()}",
                         f"declare `model Stats:` with `buffer mean: {channel.show()} = zeros()` and "
                         f"`buffer var: {channel.show()} = ones()`")
-    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, stats_arg.expr, mode_arg.expr), CallOptions(axis=axis))
+    return Typed(T.TensorT(t.axes, t.dtype), (x.expr, stats_arg.expr, mode_arg.expr), AxisOptions(axis=axis))
 
 
-def batch_norm_lower(call: LowerCall) -> str:
+def batch_norm_lower(call: LowerCall[AxisOptions]) -> str:
     return f"_rt.batch_norm({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options.axis})"
 
 
-def all_batch_norm(call: LowerCall) -> str:
+def all_batch_norm(call: LowerCall[AxisOptions]) -> str:
     return (f"_rt.all_batch_norm({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options.axis}, "
             f"{call.where})")
 
 
-def statistics_over_batch(view: CallView) -> bool:
+def statistics_over_batch(view: CallView[AxisOptions]) -> bool:
     """The batch axis is among the axes the statistics are taken over (all but the channels')."""
     return any(k != view.options.axis for k in view.split_axes(view.arg_types[0]))
 
 
-def batch_norm_payload(view: CallView) -> Payload:
+def batch_norm_payload(view: CallView[AxisOptions]) -> Payload:
     """Each channel's sum and sum of squares, and the count."""
     x = view.arg_types[0]
     assert isinstance(x, T.TensorT) and view.options.axis is not None
@@ -156,7 +173,7 @@ def batch_norm_payload(view: CallView) -> Payload:
 SQUARES = "the sums of the squares of every device's pieces of the gradients"
 
 
-def grads_squares(view: CallView) -> Payload | None:
+def grads_squares(view: CallView[CallOptions]) -> Payload | None:
     """The norm of sharded gradients: each device's sum of its pieces' squares, added up (one number)."""
     grads = view.arg_types[0]
     if not isinstance(grads, T.GradT):
@@ -166,13 +183,13 @@ def grads_squares(view: CallView) -> Payload | None:
 
 
 register(
-    Op("norm", ("x", "over"), 1, norm_rule, norm_lower, Across(over_batch=reduces_batch),
-       layout=Layout(sharded=grads_squares)),
+    Op("norm", ("x", "over"), 1, norm_rule, norm_lower, Across[NormOptions](over_batch=reduces_batch),
+       layout=Layout[NormOptions](sharded=grads_squares)),
     Op("clip_norm", ("grads", "max"), 2, clip_norm_rule,
        lambda call: f"_rt.clip_norm({call.args[0]}, {call.args[1]}, {call.where})", PER_EXAMPLE,
        layout=Layout(sharded=grads_squares)),
     Op("dropout", ("x", "p", "mode"), 3, dropout_rule,
-       lambda call: f"_rt.dropout({call.args[0]}, {call.args[1]}, {call.args[2]}, {call.options.batch_axis})",
+       dropout_lower,
        Across(split_options=dropout_split_options)),
     Op("batch_norm", ("x", "stats", "mode", "over"), 4, batch_norm_rule, batch_norm_lower,
        Across(statistics_over_batch, "batch_norm", all_batch_norm, batch_norm_payload)),

@@ -30,6 +30,7 @@ from ..ir.walk import source_order, statement_parts, statements, walk
 from ..ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
+from ..shapes.options import BatchesOptions
 from ..shapes.plans import HeadsKind, Where
 from .layout import Dims, head_axis, model_params, sharded_read
 from .split import split_axes
@@ -223,7 +224,8 @@ class _Builder:
     def _batch_size(self) -> tuple[int | None, Span | None]:
         for fn in self.m.functions:
             for node in walk(fn.body):
-                size = node.options.batch_size if isinstance(node, N.OpCall) else None
+                options = node.options if isinstance(node, N.OpCall) else None
+                size = options.batch_size if isinstance(options, BatchesOptions) else None
                 if isinstance(size, int):  # `batches(n)` with n written as a number
                     return size, node.span
         return None, None

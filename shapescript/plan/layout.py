@@ -211,7 +211,7 @@ class _Marker:
             elif isinstance(node, N.OpCall | N.FnCall | N.GradCall):
                 self.call(node)
 
-    def view(self, node: N.Expr, operands: Sequence[N.Expr], options: CallOptions = NO_OPTIONS) -> CallView:
+    def view(self, node: N.Expr, operands: Sequence[N.Expr], options: CallOptions = NO_OPTIONS) -> CallView[CallOptions]:
         def split(t: T.Ty | None) -> list[int]:
             axis = head_axis(self.dims, t)
             return [] if axis is None else [axis]

@@ -236,7 +236,7 @@ class Classifier:
         if across.split_options is not None:
             self.mark(node, options=across.split_options(view))
 
-    def view(self, node: N.OpCall) -> CallView:
+    def view(self, node: N.OpCall) -> CallView[CallOptions]:
         return CallView(node.options, tuple(a.ty if a is not None else None for a in node.args), node.ty,
                         self.split_positions, lambda size: isinstance(size, tuple) and self.is_split_param(size))
 

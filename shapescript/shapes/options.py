@@ -22,30 +22,95 @@ PatternSplit = tuple[tuple[int | tuple[str, int], ...] | None, ...]
 
 @dataclass(frozen=True)
 class CallOptions:
-    """What a call of an op of the table carries besides its arguments: each op sets the fields it
-    reads (in ops/), the others keep their defaults."""
+    """What a call of an op of the table carries besides its arguments, for its lowering: each
+    family of ops has a kind of its own below, with only the fields its ops read (an op's entry in
+    the table names its kind, so mypy checks that its rule gives what its lowering reads); an op
+    that reads nothing takes this empty one."""
 
-    # Along an axis: reductions, operations along one axis, cross_entropy, topk, gather, batch_norm...
+
+@dataclass(frozen=True)
+class AxisOptions(CallOptions):
+    """Reductions, operations along one axis, cross_entropy, gather, batch_norm."""
     axis: int | None = None  # the axis it works along (`over=`); None: over everything
     rank: int | None = None  # the operand's rank (a reduction over everything, cross_entropy's logits)
     mask_index: Placing | None = None  # a mask's placing index (None: no mask; (): torch places it)
-    cond_index: Placing | None = None  # where's condition's placing index
-    k: int | None = None  # topk's k
-    grads: bool = False  # norm: of a model's gradients, not of a tensor
-    batch_axis: int | None = None  # dropout: its operand's axis split across the devices (None: none)
-    # Values of the call
-    bounds: tuple[str, ...] = ()  # clamp: which bounds are given ("min", "max"), in its arguments' order
-    dtype: str | None = None  # to: the dtype converted to
-    number: bool = False  # to: of a plain number, made a [] tensor
-    classes: int | None = None  # one_hot: how many classes
-    label: str | None = None  # valid: the padded dim's name in the lengths; topk: its unsized axis
-    # Sizes: causal, positions and first read dims' sizes
+
+
+@dataclass(frozen=True)
+class NormOptions(AxisOptions):
+    """norm: of a tensor along an axis (None: all of it), or of a model's gradients."""
+    grads: bool = False
+
+
+@dataclass(frozen=True)
+class TopKOptions(AxisOptions):
+    k: int = 1
+    label: str | None = None  # its axis without a size, by name
+
+
+@dataclass(frozen=True)
+class MaskOptions(CallOptions):
+    """masked_fill's mask, where's condition: its placing index (None: no mask; (): torch places it)."""
+    mask_index: Placing | None = None
+
+
+@dataclass(frozen=True)
+class ClampOptions(CallOptions):
+    bounds: tuple[str, ...]  # which bounds are given ("min", "max"), in its arguments' order
+
+
+@dataclass(frozen=True)
+class CastOptions(CallOptions):
+    """to: the dtype converted to, and whether the value is a plain number, made a [] tensor."""
+    dtype: str
+    number: bool = False
+
+
+@dataclass(frozen=True)
+class OneHotOptions(CallOptions):
+    classes: int
+
+
+@dataclass(frozen=True)
+class LabelOptions(CallOptions):
+    """valid: the padded dim's name in the lengths."""
+    label: str
+
+
+@dataclass(frozen=True)
+class DropoutOptions(CallOptions):
+    batch_axis: int | None = None  # its operand's axis split across the devices (None: none)
+
+
+@dataclass(frozen=True)
+class SizesOptions(CallOptions):
+    """causal and positions: the sizes of the dims they are given, as the function reads them."""
     sizes: tuple[SizeSource | None, ...] = ()
-    names: tuple[str, ...] = ()  # logs: its values' names; first: its count and axis as the .ss shows them
-    # The controller's batches
-    data: str | None = None  # the data type's name (the lowering hands the run time its spec)
-    batch_size: int | None = None  # a batch size written as a number (the DeviceTable shows it)
-    # Patterns (ops/patterns.py): the recipe's parts, as the run time's pattern functions take them
+
+
+@dataclass(frozen=True)
+class FirstOptions(SizesOptions, AxisOptions):
+    """first: its count's size (`sizes`), its axis, and the count and axis as the .ss shows them."""
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LogsOptions(CallOptions):
+    names: tuple[str, ...]  # its values' names
+
+
+@dataclass(frozen=True)
+class BatchesOptions(CallOptions):
+    """The controller's batches: the data type's name (the lowering hands the run time its spec), and
+    a batch size written as a number (the DeviceTable shows it)."""
+    data: str
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class PatternOptions(CallOptions):
+    """rearrange, reduce, repeat (ops/patterns.py): the recipe's parts, as the run time's pattern
+    functions take them."""
     split: PatternSplit | None = None
     perm: tuple[int, ...] | None = None  # the atoms' order (None: as they are)
     merge: tuple[int, ...] | None = None  # how many atoms each result axis merges (None: one each)
@@ -54,7 +119,11 @@ class CallOptions:
     new_sizes: tuple[int | None, ...] = ()  # repeat: each new axis's size (None: an operand's)
     dims: tuple[int, ...] = ()  # reduce: the atoms reduced
     op: str | None = None  # reduce: the reduction (sum, mean, max, min, prod)
-    spec: str | None = None  # einsum's spec, as torch takes it
+
+
+@dataclass(frozen=True)
+class EinsumOptions(CallOptions):
+    spec: str  # as torch takes it
 
 
 NO_OPTIONS = CallOptions()
