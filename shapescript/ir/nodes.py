@@ -24,7 +24,7 @@ from ..shapes.options import NO_RECIPE, CallOptions, Recipe
 from ..shapes.options import ParamSize as ParamSize
 from ..shapes.options import Placing as Placing
 from ..shapes.options import SizeSource as SizeSource
-from ..shapes.plans import ANYWHERE, BatchSplit, HeadsKind, Placement
+from ..shapes.plans import ANYWHERE, BatchSplit, Combine, HeadsKind, Placement
 from ..shapes.value_types import DataT, ModelT, Ty
 
 
@@ -83,7 +83,7 @@ class BinOp(Expr):
     left: Expr
     right: Expr
     recipe: Recipe = NO_RECIPE  # where broadcast operands' axes go; `@` as a tensordot
-    across: str | None = None  # on several devices: how the devices' results combine
+    across: Combine | None = None  # on several devices: how the devices' results combine
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class OpCall(Expr):
     args: tuple[Expr | None, ...]
     options: CallOptions
     recipe: Recipe = NO_RECIPE
-    across: str | None = None
+    across: Combine | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ..names import MEMBER_PREFIX
 from ..ops import OPS, LowerCall
 from ..shapes import value_types as T
 from ..shapes.options import NO_OPTIONS, NO_RECIPE
-from ..shapes.plans import HeadsKind
+from ..shapes.plans import Combine, HeadsKind
 from .specs import spec_var
 from .text import literal
 from .type_checks import TypeChecks
@@ -215,8 +215,11 @@ class BodyPrinter:
         call = LowerCall(args, wrapped, node.options, literal(str(node.span)), place, node.recipe, size_text, literal,
                          spec_var)
         op = OPS[node.op]
-        if node.across:
-            return op.across.lower(call) if op.across.lower else f"_rt.all_sum({op.lower(call)}, {call.where})"
+        if node.across == Combine.PARTIAL:  # every device's result is a partial sum
+            return f"_rt.all_sum({op.lower(call)}, {call.where})"
+        if node.across == Combine.OWN:
+            assert op.across.lower is not None  # the op table's entries say so (tests/compiler/test_op_table.py)
+            return op.across.lower(call)
         return op.lower(call)
 
     def grad_call(self, node: N.GradCall) -> str:

@@ -16,6 +16,7 @@ from .args import matmul, over_axis, tensor_arg
 from .checking import RuleChecker
 from .reductions import mask_of
 from .table import (
+    OWN,
     PARTIAL,
     PARTIAL_PRODUCTS,
     Across,
@@ -123,7 +124,7 @@ def contracts_batch(view: CallView[CallOptions]) -> bool:
 
 register(
     Op("cross_entropy", ("logits", "labels", "over", "mask"), 3, cross_entropy_rule, cross_entropy_lower,
-       Across(labels_split, "cross_entropy", all_cross_entropy, cross_entropy_payload)),
+       Across(labels_split, OWN, all_cross_entropy, cross_entropy_payload)),
     Op("matmul", ("a", "b"), 2, matmul_rule, matmul_lower,
        Across(contracts_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)),
        layout=Layout(heads=heads_contraction)),

@@ -14,6 +14,7 @@ from .checking import RuleChecker
 from .elementwise import refused_dtype
 from .table import (
     OPS,
+    OWN,
     PARTIAL,
     Across,
     Args,
@@ -142,7 +143,7 @@ register(
     reduction("sum", "torch.sum", "same", maskable=True, widens=True, across=Across(
         reduces_batch, PARTIAL, payload=result_values("`sum`'s partial sums, every device's part of the batch added up"))),
     reduction("mean", "torch.mean", "float", maskable=True,
-              across=Across(reduces_batch, "mean", all_mean, mean_payload)),
+              across=Across(reduces_batch, OWN, all_mean, mean_payload)),
     reduction("max", "torch.amax", "same", needs_dims=True),
     reduction("min", "torch.amin", "same", needs_dims=True),
     reduction("prod", "torch.prod", "same", widens=True),

@@ -19,9 +19,7 @@ from ..shapes.options import CallOptions
 from ..syntax import tree as A
 from .args import _unused_args
 from .checking import RuleChecker
-from .table import PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register, runtime_function, typed
-
-GRADIENTS = "gradients"  # every device's gradients of its part of the batch, added up by the run time
+from .table import OWN, PER_EXAMPLE, Across, Args, CallView, LowerCall, Op, Typed, register, runtime_function, typed
 
 
 def value_and_grad_rule(ck: RuleChecker, node: A.Call, args: Args) -> T.Ty:
@@ -86,6 +84,6 @@ def update_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions]
 register(
     # Lowered with the function differentiated first, then its arguments.
     Op("value_and_grad", ("f", "args"), 1, value_and_grad_rule, runtime_function("value_and_grad"),
-       Across(_always, GRADIENTS, value_and_grad_on_devices), own_args=True, checks_mut=True),
+       Across(_always, OWN, value_and_grad_on_devices), own_args=True, checks_mut=True),
     Op("update", ("model", "opt", "grads"), 3, update_rule, runtime_function("update"), PER_EXAMPLE, checks_mut=True),
 )

@@ -22,7 +22,7 @@ import sympy
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind
 from ..shapes.options import NO_OPTIONS, AxisOptions, CallOptions, PatternOptions, Placing, Recipe
-from ..shapes.plans import HeadsKind
+from ..shapes.plans import Combine, HeadsKind
 from ..syntax import tree as A
 from .args import _unused_args
 from .checking import RuleChecker
@@ -104,7 +104,7 @@ class Payload:
 
 # What a sum of every device's partial results combines: `@` and einsum over the batch axis too.
 PARTIAL_PRODUCTS = "the partial products of a contraction over the batch axis"
-PARTIAL = "partial"  # the batch split's mark of a call whose devices' results are added up
+PARTIAL, OWN = Combine.PARTIAL, Combine.OWN
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,11 @@ class Across(Generic[Opts]):
     """The op along the batch axis, split across the devices. `over_batch` says whether a call
     works across that axis (None: never, the op works on each example alone). If it does, either
     the op has a combined lowering (`kind`: what the batch split records, PARTIAL when the devices'
-    results are added up; `lower`: the all-reduce version, None for the op itself followed by a sum
-    of the parts; `payload`: what it sends), or it is refused (E1801)."""
+    results are added up, the op itself followed by an all-reduce of the result; OWN with `lower`,
+    its lowering for several devices; `payload`: what it sends), or it is refused (E1801)."""
 
     over_batch: Callable[[CallView[Opts]], bool] | None = None
-    kind: str | Callable[[CallView[Opts]], str | None] | None = None  # by the call, for one op of several kinds
+    kind: Combine | Callable[[CallView[Opts]], Combine | None] | None = None  # by the call, for one op of several kinds
     lower: Lower[Opts] | None = None
     payload: Callable[[CallView[Opts]], Payload] | None = None
     # The options a call takes instead of its own when its operand is split: where its batch axis
@@ -129,7 +129,7 @@ class Across(Generic[Opts]):
         """Always refused over the batch axis (a kind decided by the call may be refused or not)."""
         return self.over_batch is not None and self.kind is None
 
-    def kind_of(self, view: CallView[Opts]) -> str | None:
+    def kind_of(self, view: CallView[Opts]) -> Combine | None:
         return self.kind(view) if callable(self.kind) else self.kind
 
 

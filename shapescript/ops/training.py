@@ -18,6 +18,7 @@ from ..syntax import tree as A
 from .args import literal_number, number_arg, over_axis, tensor_arg
 from .checking import RuleChecker, Use
 from .table import (
+    OWN,
     PER_EXAMPLE,
     Across,
     Args,
@@ -192,5 +193,5 @@ register(
        dropout_lower,
        Across(split_options=dropout_split_options)),
     Op("batch_norm", ("x", "stats", "mode", "over"), 4, batch_norm_rule, batch_norm_lower,
-       Across(statistics_over_batch, "batch_norm", all_batch_norm, batch_norm_payload)),
+       Across(statistics_over_batch, OWN, all_batch_norm, batch_norm_payload)),
 )

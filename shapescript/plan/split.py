@@ -24,7 +24,7 @@ from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import CallOptions, ParamSize
-from ..shapes.plans import BatchSplit, Where
+from ..shapes.plans import BatchSplit, Combine, Where
 from .planning import Planning
 
 SplitDims = set[Any]  # a function's generic dims that are the batch axis
@@ -146,7 +146,7 @@ def python_calls(ctx: Planning, fn: N.Function, dims: SplitDims) -> None:
 class Mark:
     """What the split found at an operation: how its devices' results combine (None: they don't),
     and the options an op's call takes instead of its own when its operand is split."""
-    across: str | None = None
+    across: Combine | None = None
     options: CallOptions | None = None
 
 
@@ -209,7 +209,7 @@ class Classifier:
     def split_positions(self, t: T.Ty | None) -> list[int]:
         return split_axes(self.dims, t) if t is not None else []
 
-    def mark(self, node: N.Expr, across: str | None = None, options: CallOptions | None = None) -> None:
+    def mark(self, node: N.Expr, across: Combine | None = None, options: CallOptions | None = None) -> None:
         old = self.marks.get(id(node), Mark())
         self.marks[id(node)] = Mark(across or old.across, options or old.options)
 

@@ -26,6 +26,17 @@ class Placement:
 ANYWHERE = Placement(Where.ANYWHERE)
 
 
+class Combine(enum.StrEnum):
+    """How an operation across the batch axis combines every device's part, on several devices (the
+    batch split marks it, ops/table.py's `Across.kind` says which for each op): PARTIAL, each
+    device's result is a partial sum of the whole, and an all-reduce of the result adds them up
+    (sum, `@`, einsum); OWN, the op has a lowering of its own for several devices, which sends what
+    it needs (mean its sums and a count, cross_entropy its loss's sum and count)."""
+
+    PARTIAL = "partial"
+    OWN = "own"
+
+
 class HeadsKind(enum.StrEnum):
     """With `split H`: what an op does with values split along H, by its layout rule (ops/table.py),
     and so what plan/layout.py marks on a value. An op's devices work on their parts alone (LOCAL),

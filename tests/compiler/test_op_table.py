@@ -17,6 +17,7 @@ from shapescript.inits import INITS
 from shapescript.ops import OPS, Across
 from shapescript.pipeline import check_source
 from shapescript.plan.comms import device_table
+from shapescript.shapes.plans import Combine
 
 # Every module of shapescript/ outside the op table, and the strings it may hold that are spelled
 # as an op's name: none, unless it is there for a reason that isn't a decision about an op.
@@ -67,6 +68,10 @@ def test_every_op_has_a_rule_a_lowering_and_an_entry_for_the_batch_axis(name: st
         assert op.across.lower is not None and op.across.payload is None
     else:  # combined: the DeviceTable must be able to say what it sends
         assert op.across.payload is not None
+    if isinstance(op.across.kind, Combine):  # an all-reduce of the result, or the op's own lowering
+        assert (op.across.kind == Combine.OWN) == (op.across.lower is not None)
+    elif op.across.kind is not None:  # decided per call (reduce: with sum, partial sums)
+        assert op.across.lower is None
     # Its layout rule: what it sends when the params are in pieces (norms of gradients only), and how
     # it works on values split along H (none: it takes them whole, which is always right).
     assert (op.layout is not None and op.layout.sharded is not None) == (name in SENDS_WITH_PIECES)

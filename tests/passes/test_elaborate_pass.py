@@ -16,7 +16,7 @@ from shapescript.ir import nodes as N
 from shapescript.ir.walk import walk
 from shapescript.pipeline import parse_devices
 from shapescript.shapes import value_types as T
-from shapescript.shapes.plans import ANYWHERE
+from shapescript.shapes.plans import ANYWHERE, Combine
 from shapescript.syntax import tree as A
 from shapescript.syntax.parser import parse
 
@@ -99,7 +99,7 @@ def test_the_batch_split_is_on_the_nodes_on_several_devices_only() -> None:
     assert split is not None and split.params == (None, None, 0) and split.result is None
     across = [(type(e).__name__, getattr(e, "op", ""), e.across) for f in two.functions for e in walk(f.body)
               if isinstance(e, (N.OpCall, N.BinOp)) and e.across]
-    assert across == [("OpCall", "cross_entropy", "cross_entropy")]
+    assert across == [("OpCall", "cross_entropy", Combine.OWN)]  # its own lowering: all_cross_entropy
     assert not [e for f in one.functions for e in walk(f.body) if getattr(e, "across", None)]
     placed = {f.name: f.placement.where for f in two.functions}
     assert placed == {"scores": "workers", "loss": "workers", "step": "workers", "fit": "controller"}
