@@ -207,7 +207,7 @@ def define(ctx: Context, name: str, span: Span, what: str) -> bool:
 def refuse_reserved(ctx: Context, node: A.Field | A.Member, owner: str, reserved: frozenset[str]) -> None:
     """E0207 at the name of a field or member that would meet an attribute its handle has itself."""
     line = ctx.program.source.splitlines()[node.span.line - 1]
-    after_kind = node.span.col - 1 + (len(node.kind) if isinstance(node, A.Member) and node.kind != "sub" else 0)
+    after_kind = node.span.col - 1 + (len(node.kind) if isinstance(node, A.Member) and node.kind != A.MemberKind.SUB else 0)
     col = line.find(node.name, after_kind) + 1  # the name is the next word
     span = Span(node.span.file, node.span.line, col, node.span.line, col + len(node.name)) if col else node.span
     what = "member" if isinstance(node, A.Member) else "field"
@@ -223,12 +223,12 @@ def members(ctx: Context, model: T.ModelT) -> None:
         if is_reserved(m.name, MODEL_RESERVED):
             refuse_reserved(ctx, m, "a model", MODEL_RESERVED)
             continue
-        if m.kind == "sub":
+        if m.kind == A.MemberKind.SUB:
             t = resolve_type(ctx, m.type, {}, allow_generic=False, what=f"stack `{m.name}`")
             if isinstance(t, T.ModelT):
-                model.members[m.name] = T.MemberT("sub", m.name, m, model=t)
+                model.members[m.name] = T.MemberT(A.MemberKind.SUB, m.name, m, model=t)
             elif isinstance(t, T.StackT):
-                model.members[m.name] = T.MemberT("sub", m.name, m, model=t.model, count=t.count)
+                model.members[m.name] = T.MemberT(A.MemberKind.SUB, m.name, m, model=t.model, count=t.count)
             elif t is not T.UNKNOWN:
                 ctx.error("E0401", f"`{m.name}` is a {t.show()}, but a model's fields are params, buffers "
                           "and sub-models", m.type.span, "not a model",
@@ -240,11 +240,11 @@ def members(ctx: Context, model: T.ModelT) -> None:
         if not isinstance(t, T.TensorT):
             ctx.error("E0401", f"{m.kind} `{m.name}` must be a tensor, not {t.show()}", m.type.span)
             continue
-        if m.kind == "param" and not t.is_float:
+        if m.kind == A.MemberKind.PARAM and not t.is_float:
             ctx.error("E0308", f"param `{m.name}` has dtype {t.dtype}, but trained params are floats",
                       m.type.span, "not a float type", "make it a `buffer`, or give it a float dtype")
             continue
-        init, args = init_of(ctx, m, {x.name: "sub-model" if x.kind == "sub" else x.kind
+        init, args = init_of(ctx, m, {x.name: "sub-model" if x.kind == A.MemberKind.SUB else str(x.kind)
                                       for x in model.node.members})
         model.members[m.name] = T.MemberT(m.kind, m.name, m, tensor=t, init=init, init_args=args)
 

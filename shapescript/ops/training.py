@@ -39,7 +39,7 @@ BATCH_NORM_SENDS = "batch_norm's sums, sums of squares and count for each channe
 def _param_dtypes(model: T.ModelT) -> set[str]:
     out: set[str] = set()
     for m in model.members.values():
-        if m.kind == "param" and m.tensor is not None:
+        if m.kind == A.MemberKind.PARAM and m.tensor is not None:
             out.add(m.tensor.dtype)
         elif m.model is not None:
             out |= _param_dtypes(m.model)
@@ -138,7 +138,7 @@ def batch_norm_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[AxisOpti
                         f"{t.axes[axis].show()}", x.span, f"this is {t.show()}")
     channel = T.TensorT((t.axes[axis],), t.dtype)
     ok = isinstance(stats, T.ModelT) and all(
-        (mem := stats.members.get(name)) is not None and mem.kind == "buffer" and mem.tensor is not None
+        (mem := stats.members.get(name)) is not None and mem.kind == A.MemberKind.BUFFER and mem.tensor is not None
         and mem.tensor.rank == 1 and mem.tensor.axes[0].same(channel.axes[0]) and mem.tensor.dtype == t.dtype
         for name in ("mean", "var"))
     if not ok:

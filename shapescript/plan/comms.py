@@ -16,6 +16,7 @@ symbols (`3,072·b·n` bytes).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import BatchesOptions
 from ..shapes.plans import HeadsKind, Where
+from ..syntax.tree import MemberKind
 from .layout import Dims, head_axis, model_params, sharded_read
 from .split import split_axes
 
@@ -89,15 +91,27 @@ class LineItem:
         return sympy.Add(*(s.bytes for s in self.sent))
 
 
+class ValueKind(enum.StrEnum):
+    """How a value lies on the devices: SPLIT along an axis (each device its part of the batch),
+    HEADS (split along `split H`'s dim), WHOLE on every device, a MODEL's copy (or pieces) on every
+    device, an OPTIMIZER's state beside its model's, or in the CONTROLLER only."""
+
+    SPLIT = "split"
+    HEADS = "heads"
+    WHOLE = "whole"
+    MODEL = "model"
+    OPTIMIZER = "optimizer"
+    CONTROLLER = "controller"
+
+
 @dataclass(frozen=True)
 class Layout:
-    """How one value lies on the devices. kind: split (along `axis`), whole, model (a copy on
-    every device), optimizer (state beside its model's copy), controller (in the controller only)."""
+    """How one value lies on the devices (`kind`; SPLIT and HEADS along `axis`)."""
     name: str
     fn: str | None
     span: Span
     type: str
-    kind: str
+    kind: ValueKind
     axis: str | None = None
     bytes: sympy.Expr | None = None  # the whole value's; a model's params and buffers on one device
     per_example: sympy.Expr | None = None  # a split value's bytes per example
@@ -372,7 +386,7 @@ class _Builder:
         if k is None:
             return None
         whole = numel(ty) * DTYPE_BYTES[ty.dtype]
-        return Layout(name, fn.name, span, ty.show(), "heads", ty.axes[k].show(), self.size(whole),
+        return Layout(name, fn.name, span, ty.show(), ValueKind.HEADS, ty.axes[k].show(), self.size(whole),
                       self.size(whole / self.count))
 
     def sharded(self, fn: N.Function, node: N.Expr) -> Collective | None:
@@ -436,10 +450,10 @@ class _Builder:
         `split H` its part of those with H (and the others whole, or in pieces with both)."""
         model, count = (ty, 1) if isinstance(ty, T.ModelT) else (ty.model, ty.count)
         if not self.parts(model):
-            return Layout(name, fn, span, ty.show(), "model", bytes=self.size(model_bytes(model) * count))
+            return Layout(name, fn, span, ty.show(), ValueKind.MODEL, bytes=self.size(model_bytes(model) * count))
         buffers = self.size((model_bytes(model) - param_bytes(model)) * count)
         split = tuple(p.path for p in model_params(model) if (p.owner, p.name) in self.m.head_params)
-        return Layout(name, fn, span, ty.show(), "model", bytes=self.size(self.param_bytes(model) * count),
+        return Layout(name, fn, span, ty.show(), ValueKind.MODEL, bytes=self.size(self.param_bytes(model) * count),
                       sharded=True, buffers=buffers, split_params=split)
 
     def parts(self, model: T.ModelT) -> bool:
@@ -465,31 +479,31 @@ class _Builder:
             return self.model_layout(name, fn.name, span, ty)
         if isinstance(ty, T.OptT):  # AdamW keeps two moments per param value; SGD's momentum is optional
             state = 2 * self.param_bytes(ty.model)
-            return Layout(name, fn.name, span, shown, "optimizer",
+            return Layout(name, fn.name, span, shown, ValueKind.OPTIMIZER,
                           bytes=self.size(state) if ty.kind == "AdamW" else None, sharded=self.parts(ty.model))
         if isinstance(ty, T.GradT) and self.parts(ty.model):
-            return Layout(name, fn.name, span, shown, "whole", bytes=self.size(self.param_bytes(ty.model)),
+            return Layout(name, fn.name, span, shown, ValueKind.WHOLE, bytes=self.size(self.param_bytes(ty.model)),
                           sharded=True)
         heads = self.heads_layout(fn, name, span, ty)
         if heads is not None:
             return heads
         where = fn.placement.where
         if where == Where.CONTROLLER and not isinstance(ty, T.BatchT):
-            return Layout(name, fn.name, span, shown, "controller")
+            return Layout(name, fn.name, span, shown, ValueKind.CONTROLLER)
         axes, per_example = value_axes(ty)
         if axes is None:
-            return Layout(name, fn.name, span, shown, "controller" if where == Where.CONTROLLER else "whole")
+            return Layout(name, fn.name, span, shown, ValueKind.CONTROLLER if where == Where.CONTROLLER else ValueKind.WHOLE)
         dims = self.split_dims(fn)
         split = [a for a in axes if a.size in dims] if self.count > 1 else []
         whole = sympy.Mul(*(a.size for a in axes)) * per_example
         if isinstance(ty, T.BatchT) and (split or where == Where.CONTROLLER) and not self.m.heads:
             first = ty.axes[0]
-            return Layout(name, fn.name, span, shown, "split" if self.count > 1 else "whole", first.show(),
+            return Layout(name, fn.name, span, shown, ValueKind.SPLIT if self.count > 1 else ValueKind.WHOLE, first.show(),
                           self.size(whole), self.size(whole / first.size))
         if split:
-            return Layout(name, fn.name, span, shown, "split", split[0].show(), self.size(whole),
+            return Layout(name, fn.name, span, shown, ValueKind.SPLIT, split[0].show(), self.size(whole),
                           self.size(whole / split[0].size))
-        return Layout(name, fn.name, span, shown, "whole", bytes=self.size(whole))
+        return Layout(name, fn.name, span, shown, ValueKind.WHOLE, bytes=self.size(whole))
 
 
 def _count(times: sympy.Expr | int) -> sympy.Expr | int:
@@ -507,9 +521,9 @@ def model_bytes(model: T.ModelT) -> sympy.Expr:
     """Params and buffers, as each device's copy holds them."""
     total: sympy.Expr = sympy.Integer(0)
     for m in model.members.values():
-        if m.kind in ("param", "buffer") and m.tensor is not None:
+        if m.kind in (MemberKind.PARAM, MemberKind.BUFFER) and m.tensor is not None:
             total += numel(m.tensor) * DTYPE_BYTES[m.tensor.dtype]
-        elif m.kind == "sub" and m.model is not None:
+        elif m.kind == MemberKind.SUB and m.model is not None:
             total += model_bytes(m.model) * (m.count if m.count is not None else 1)
     return total
 

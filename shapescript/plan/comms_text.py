@@ -11,7 +11,7 @@ import sympy
 from ..check.program import Checked
 from ..shapes import dims as D
 from ..shapes.plans import Where
-from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent, device_table
+from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent, ValueKind, device_table
 
 UNITS = ("KiB", "MiB", "GiB", "TiB")
 # How `shapescript comms` is told a batch size where no `batches(n)` gives one; the notebook's
@@ -88,7 +88,7 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
     head = f"`{v.name}`: {v.type}"
     if table.count == 1:
         return f"{head}, on {table.devices}" + (f": {bytes_text(v.bytes)}" if v.bytes is not None else "")
-    if v.kind == "model" and v.sharded:
+    if v.kind == ValueKind.MODEL and v.sharded:
         assert v.bytes is not None and v.buffers is not None
         buffers = f", and its buffers whole: {bytes_text(v.buffers)}" if v.buffers != 0 else ""
         model = v.type.rpartition(" ")[2]  # a stack's `[L] Block`: Block
@@ -99,27 +99,27 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         with_heads = f" ({split} split along {table.heads}, the others in pieces)" if split else ""
         return (f"{head}, sharded: each device holds {share_word(table.count)} of every param of {model}"
                 f"{with_heads}, {bytes_text(v.bytes)} of its params{buffers}")
-    if v.kind == "model":
+    if v.kind == ValueKind.MODEL:
         assert v.bytes is not None  # a model's size is always known
         return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"
-    if v.kind == "optimizer" and v.sharded:
+    if v.kind == ValueKind.OPTIMIZER and v.sharded:
         state = f": {bytes_text(v.bytes)} of state each (two moments per value of its pieces)" if v.bytes is not None else ""
         return f"{head}, on every device, beside its pieces of the model's params{state}"
-    if v.kind == "whole" and v.sharded:  # gradients
+    if v.kind == ValueKind.WHOLE and v.sharded:  # gradients
         assert v.bytes is not None
         return f"{head}, sharded: each device holds its piece of every gradient, {bytes_text(v.bytes)}"
-    if v.kind == "optimizer":
+    if v.kind == ValueKind.OPTIMIZER:
         state = f": {bytes_text(v.bytes)} of state each (two moments per param value)" if v.bytes is not None else ""
         return f"{head}, on every device, beside each copy of the model{state}"
-    if v.kind == "controller":
+    if v.kind == ValueKind.CONTROLLER:
         fn = table.fns.get(v.fn or "")
         why = f" (`{fn.name}` runs there: it {fn.reason})" if fn is not None and fn.reason else ""
         return f"{head}, in the controller{why}"
-    if v.kind == "heads":
+    if v.kind == ValueKind.HEADS:
         assert v.per_example is not None
         return (f"{head}, split along {heads_text(table, v)}: "
                 f"{bytes_text(v.per_example)} of it on each device")
-    if v.kind == "split":
+    if v.kind == ValueKind.SPLIT:
         size = f"; {bytes_text(v.per_example)} per example" if v.per_example is not None else ""
         fn = table.fns.get(v.fn or "")
         if fn is not None and fn.placement == Where.CONTROLLER:
@@ -280,20 +280,20 @@ def layout_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
     """A value's layout in a few words: "split along b: 32/32 of 64", "whole", "in the controller"."""
     if table.count == 1:
         return f"on {table.devices}"
-    if v.kind == "split":
+    if v.kind == ValueKind.SPLIT:
         parts = table.shares_text(batch)
         n = batch if batch is not None else table.batch
         return f"split along {v.axis}" + (f": {parts} of {n}" if parts else "")
-    if v.kind == "heads":
+    if v.kind == ValueKind.HEADS:
         return f"split along {heads_text(table, v)}"
     if v.sharded and not table.shard_params:
-        return {"model": f"params with {table.heads} split along it", "optimizer": "beside each device's parts of "
+        return {ValueKind.MODEL: f"params with {table.heads} split along it", ValueKind.OPTIMIZER: "beside each device's parts of "
                 "its model"}.get(v.kind, "a part of each on every device")
     if v.sharded:
-        return {"model": f"sharded: {share_word(table.count)} of every param on each device",
-                "optimizer": "beside each device's pieces of its model"}.get(v.kind, "a piece of each on every device")
-    return {"model": "a copy on every device", "optimizer": "beside each copy of its model",
-            "controller": "in the controller"}.get(v.kind, "whole on every device")
+        return {ValueKind.MODEL: f"sharded: {share_word(table.count)} of every param on each device",
+                ValueKind.OPTIMIZER: "beside each device's pieces of its model"}.get(v.kind, "a piece of each on every device")
+    return {ValueKind.MODEL: "a copy on every device", ValueKind.OPTIMIZER: "beside each copy of its model",
+            ValueKind.CONTROLLER: "in the controller"}.get(v.kind, "whole on every device")
 
 
 def size_json(expr: sympy.Expr | None) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_OPTIONS, CallOptions
 from ..shapes.plans import BatchSplit, HeadsKind, Where
+from ..syntax.tree import MemberKind
 from .split import call_sites
 
 Dims = frozenset[sympy.Basic]
@@ -93,9 +94,9 @@ class ParamOf(NamedTuple):
 def model_params(model: T.ModelT, prefix: str = "", count: sympy.Expr = sympy.S.One) -> Iterator[ParamOf]:
     """Every trained param of `model`, in declaration order, depth-first."""
     for m in model.members.values():
-        if m.kind == "param" and m.tensor is not None:
+        if m.kind == MemberKind.PARAM and m.tensor is not None:
             yield ParamOf(prefix + m.name, model.name, m.name, m.tensor, count)
-        elif m.kind == "sub" and m.model is not None:
+        elif m.kind == MemberKind.SUB and m.model is not None:
             yield from model_params(m.model, f"{prefix}{m.name}.", count * (m.count if m.count is not None else 1))
 
 
@@ -128,7 +129,7 @@ def sharded_read(node: N.Expr) -> tuple[T.ModelT, T.MemberT, T.TensorT] | None:
     if not isinstance(node, N.Member) or not isinstance(node.obj.ty, T.ModelT):
         return None
     member = node.obj.ty.members.get(node.name)
-    if member is None or member.kind != "param" or member.tensor is None:
+    if member is None or member.kind != MemberKind.PARAM or member.tensor is None:
         return None
     return node.obj.ty, member, member.tensor
 

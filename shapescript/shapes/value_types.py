@@ -121,7 +121,7 @@ class BatchT(Ty):
 
 @dataclass(eq=False)
 class MemberT:
-    kind: str  # param | buffer | sub
+    kind: A.MemberKind
     name: str
     node: A.Member
     tensor: TensorT | None = None

@@ -278,14 +278,14 @@ class _Parser(TypeGrammar):
 
     def member(self) -> A.Member:
         start = self.tok.span
-        kind = "sub"
+        kind = A.MemberKind.SUB
         if self.tok.kind == "NAME" and self.tok.text in ("param", "buffer") and self.peek().kind == "NAME":
-            kind = self.advance().text
+            kind = A.MemberKind(self.advance().text)
         name = self.expect_name("a member name")
         self.expect(":", f"after `{name.text}`")
         typ = self.type()
         init = None
-        if kind != "sub":
+        if kind != A.MemberKind.SUB:
             self.expect("=", f"and an initializer for `{name.text}`",
                         help="e.g. `param w: [D C] = normal(std=0.02)`")
             init_expr = self.expr()

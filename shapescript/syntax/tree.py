@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -224,9 +225,18 @@ class Data(Node):
     fields: list[Field]
 
 
+class MemberKind(enum.StrEnum):
+    """What a model's member is: a trained tensor, a tensor training doesn't change (running
+    statistics), or a sub-model (or a stack of them)."""
+
+    PARAM = "param"
+    BUFFER = "buffer"
+    SUB = "sub"
+
+
 @dataclass(eq=False)
 class Member(Node):
-    kind: str  # param | buffer | sub
+    kind: MemberKind
     name: str
     type: TypeExpr
     init: Call | None
