@@ -6,9 +6,11 @@
 The corpus: grammar programs without mistakes (`ProgramGen(mistakes=0)`, fixed seeds), grammar
 programs with mistakes (for diagnostics), the examples' .ss files, the programs of tests/programs.py
 and the docs' `ss` blocks. Each is compiled with its own devices line and for `cpu`, `cpu[0 1]` and
-`cpu[0 1 2]`; what is kept for each: the diagnostics' text where it doesn't compile, else every
-module it prints (one device, standalone, the debug build that checks types, or a controller's and a
-worker's), and on several devices the DeviceTable's report. A standalone module's inlined run time
+`cpu[0 1 2]`, and (but the programs with mistakes) with each layout option on the two sets of
+several devices (`split H` where the program has a dim H). What is kept for each: the diagnostics'
+text where it doesn't compile, else every module it prints (one device, standalone, the debug build
+that checks types, or a controller's and a worker's), and on several devices the DeviceTable's
+report. A standalone module's inlined run time
 (the run time's own source, not generated code) is kept once, under RUN_TIME, so that a change to
 the run time's text shows as that one entry. `dump` always reads tests/fuzzing and
 tests/programs.py from the checkout this script is in, so two commits are given the same programs.
@@ -26,6 +28,7 @@ HERE = Path(__file__).resolve().parent.parent
 GOOD_SEEDS = range(300)
 BAD_SEEDS = range(1000, 1300)
 DEVICES = (None, "cpu", "cpu[0 1]", "cpu[0 1 2]")
+LAYOUTS = (("shard params",), ("split H",), ("shard params", "split H"))
 RUN_TIME = "(the run time a standalone module inlines)"
 
 
@@ -94,15 +97,37 @@ def without_run_time(module: str) -> str:
                      for line in module.split("\n"))
 
 
+def with_layout(source: str, options: tuple[str, ...]) -> str:
+    """`source` with its devices line (and its options) replaced by `devices cpu` with `options`."""
+    lines, kept, in_devices = source.split("\n"), [], False
+    for line in lines:
+        if line.startswith("devices "):
+            in_devices = True
+            continue
+        if in_devices and line.strip() in ("shard params",) + tuple(f"split {w}" for w in line.split()[1:2]):
+            continue
+        in_devices = False
+        kept.append(line)
+    return "\n".join(["devices cpu", *(f"    {o}" for o in options), *kept])
+
+
 def dump(path: Path) -> None:
     from shapescript.lower.specs import standalone_prelude
     found: dict[str, dict[str, str]] = {RUN_TIME: {"source": standalone_prelude()}}
     for name, source in programs():
         for devices in DEVICES:
             found[f"{name} @ {devices or 'own'}"] = outputs(source, devices)
+        if name.startswith("bad-"):
+            continue
+        # The layout options on several devices, where the program has a dim H for `split H`.
+        heads = "\ndim H" in "\n" + source
+        for options in LAYOUTS:
+            if heads or not any(o.startswith("split") for o in options):
+                for devices in DEVICES[2:]:
+                    found[f"{name} @ {devices} {' + '.join(options)}"] = outputs(with_layout(source, options), devices)
     path.write_text(json.dumps(found, indent=1, sort_keys=True))
     errors = sum("diagnostics" in v for v in found.values())
-    print(f"{len(found) - 1} compilations ({errors} with diagnostics) of {len(found) // len(DEVICES)} programs, and "
+    print(f"{len(found) - 1} compilations ({errors} with diagnostics), and "
           f"the run time standalone modules inline -> {path}")
 
 

@@ -16,7 +16,7 @@ from .background import BackgroundRun, stop_runs_of
 from .check.program import Checked, FnInfo
 from .devices import DeviceSet
 from .errors import ClusterNeededError, ShapeScriptError, Span
-from .lower.codegen import py_name
+from .lower.printer import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
 from .parallel import pipeline

@@ -50,12 +50,12 @@ def lay_out(module: N.Module) -> N.Module:
     functions = []
     for fn in module.functions:
         if fn.kind == FnKind.FN and fn.placement.where == Where.WORKERS:
-            body = _gathered_reads(fn.body, head_params) if devices.shard_params else fn.body
-            if devices.split:
+            if devices.shard_params:
+                fn = dataclasses.replace(fn, body=_gathered_reads(fn.body, head_params))
+            if devices.split:  # marked by the identity of the nodes of the body it then rewrites
                 marks: dict[int, tuple[HeadsMark, ...]] = {}
                 _Marker(module, fn, dims, marks).run()
-                body = _with_heads(body, marks)
-            fn = dataclasses.replace(fn, body=body)
+                fn = dataclasses.replace(fn, body=_with_heads(fn.body, marks))
         functions.append(fn)
     return dataclasses.replace(module, functions=tuple(functions), heads=devices.split,
                                head_params=head_params)

@@ -78,6 +78,8 @@ def test_with_both_options_a_param_split_along_H_is_not_gathered() -> None:
     both = HEADS.replace("split H", "shard params\n    split H")
     module = build(both, "cpu[0 1]").module
     assert members(module, "scores") == [("w", False), ("v", False)]
+    # split H's marks are those of split H alone, on the body whose other params' reads are gathered
+    assert heads_of(module, "scores") == heads_of(build(HEADS, "cpu[0 1]").module, "scores")
     extra = both + "\nmodel Bias:\n    param c: [C] = zeros()\n\nfn shift(m: Bias, x: [b C]) -> [b C] = x + m.c\n"
     assert members(build(extra, "cpu[0 1]").module, "shift") == [("c", True)]
 

@@ -129,7 +129,7 @@ def test_the_plan_gathers_cuts_and_sums_where_the_rules_say() -> None:
     assert "_rt.gather_heads(s, 1, " in source  # softmax and logsumexp along H take it whole
     assert "_rt.all_sum(_rt.matmul(p, m._m_v), " in source  # a contraction over H: partial sums
     assert "_size_s_1 = s.shape[1] * _rt.world()" in source  # k read as a number: the whole of it
-    assert checked.layout.head_params == {("Net", "w"): 1, ("Net", "v"): 0, ("Net", "u"): 0}  # not q
+    assert dict(checked.module.head_params) == {("Net", "w"): 1, ("Net", "v"): 0, ("Net", "u"): 0}  # not q
 
 
 def test_an_argument_that_does_not_split_evenly_is_refused() -> None:
