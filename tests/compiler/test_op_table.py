@@ -175,11 +175,17 @@ def test_every_run_time_name_a_module_prints_exists() -> None:
     assert not missing, f"printed but not in the run time: {missing}"
 
 
-def test_the_fuzzers_ops_are_the_tables() -> None:
-    """The fuzzer's lists of ops are the table's: its unary functions are every op of one tensor
-    (a new one is fuzzed, or this fails), and each name it calls or mutates to is an op, a built-in
-    name or an initializer."""
-    assert set(Exprs.UNARY) == {name for name, op in OPS.items() if op.params == ("x",)}
-    assert set(Exprs.REDUCE) <= {name for name, op in OPS.items() if op.params[:2] == ("x", "over")}
+def test_the_fuzzers_ops_are_the_tables_and_type_as_it_assumes() -> None:
+    """The fuzzer draws its unary functions and reductions from the table (tests/fuzzing/exprs.py):
+    each types as the fuzzer's programs assume, checked here by the checker itself (a unary function
+    keeps a float tensor's type; a reduction drops the axis `over=` names, or gives a [] without it,
+    in the operand's dtype); each name it calls or mutates to is an op, a built-in or an initializer."""
+    assert "relu" in Exprs.UNARY and "sum" in Exprs.REDUCE and "argmax" not in Exprs.REDUCE
+    header = "dim B = 3\ndim D = 4\n"  # each body is checked against its declared type: E0301 if not
+    for name in Exprs.UNARY:
+        check_source(header + f"fn f(x: [B D] f64) -> [B D] f64 = {name}(x)\n")
+    for name in Exprs.REDUCE:
+        check_source(header + f"fn f(x: [B D] f64) -> [B] f64 = {name}(x, over=D)\n"
+                     f"fn g(x: [B D] f64) -> [] f64 = {name}(x)\n")
     assert set(FUNCS) <= set(OPS) | set(BUILTIN_NAMES) | set(INITS)  # an initializer is a model member's
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from fuzzing.rand import Rand
+from shapescript.ops import OPS
 
 FLOATS = ("f16", "bf16", "f32", "f64")
 
@@ -74,8 +75,12 @@ class Exprs:
     cross_entropy and calls of earlier functions. Each takes the pool and returns an `Ex`, or None
     where the pool has nothing that fits. ProgramGen sets the state they read."""
 
-    UNARY = ["relu", "exp", "tanh", "sigmoid", "gelu", "silu", "abs", "sqrt", "log"]
-    REDUCE = ["sum", "mean", "max", "min", "logsumexp", "prod", "std", "var"]
+    # From the op table, in its order: a new op is fuzzed as soon as it is declared.
+    UNARY = [name for name, op in OPS.items() if op.params == ("x",)]  # value by value, one tensor
+    # The reductions to the operand's dtype, over an axis or everything (`over=` optional); those
+    # whose results or operands are of other kinds are drawn apart (argmax, argmin) or not at all.
+    REDUCE = [name for name, op in OPS.items() if op.params[:2] == ("x", "over") and op.required == 1
+              and name not in ("argmax", "argmin", "any", "all", "norm")]
 
     r: Rand
     dims: list[str]

@@ -212,7 +212,9 @@ def test_ctrl_c_while_another_thread_calls_leaves_its_call_alone(pool5: WorkerPo
     result: list[object] = []
     busy = threading.Thread(target=lambda: result.append(pool5.call("sleep", (3,), where=WHERE)))
     busy.start()
-    time.sleep(0.5)  # the other thread holds the pool
+    deadline = time.monotonic() + 30
+    while not _held_elsewhere(pool5) and time.monotonic() < deadline:  # until the other thread holds the pool
+        time.sleep(0.01)
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         timer = later(0.3, os.kill, os.getpid(), signal.SIGINT)
@@ -380,3 +382,13 @@ def test_a_forked_child_never_stops_its_parents_workers(tmp_path: Path) -> None:
         "same workers True"]
     assert gone([int(p) for p in lines[0].split()[1:]])
     assert list(tmp_path.glob("shapescript-workers-*")) == []  # the private folder went with the workers
+
+
+def _held_elsewhere(pool: WorkerPool) -> bool:
+    """Whether another thread holds the pool's one-call-at-a-time lock (an RLock: this thread's try
+    would take it even if this thread held it, which it never does here)."""
+    lock = pool._lock
+    if lock.acquire(blocking=False):
+        lock.release()
+        return False
+    return True

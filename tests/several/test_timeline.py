@@ -319,8 +319,10 @@ def test_the_throttle_draws_at_most_once_an_interval_and_always_the_last() -> No
         throttle.poke()
         time.sleep(0.005)
     last_poke = time.monotonic()
-    time.sleep(0.25)
-    assert 3 <= len(drawn) <= 6, drawn
+    while (not drawn or drawn[-1] < last_poke - 0.1) and time.monotonic() < last_poke + 30:
+        time.sleep(0.01)  # the last pokes' draw, however late the machine runs its timer
+    # At most one draw an interval (however the machine schedules the pokes), and the last poke drawn.
+    assert 2 <= len(drawn) <= (last_poke - began) / 0.1 + 1, drawn
     assert all(b - a >= 0.09 for a, b in zip(drawn, drawn[1:]))
     assert drawn[-1] >= last_poke - 0.1  # the pokes at the end were drawn
 
