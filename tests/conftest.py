@@ -145,3 +145,14 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _after(item: pytest.Item) -> list[pytest.Item]:
     items = item.session.items
     return items[items.index(item) + 1:] if item in items else []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What is alive once the tests are collected (the modules imported, torch's among them, and the
+    tests themselves) stays for the whole session: collected first, then frozen out of the
+    collector's way (gc.freeze), so that a full collection later scans only what the tests made
+    since. A test that makes many objects late in the suite took 46 s rather than 8 s without it
+    (tests/notebook's Ctrl-C at every line of tqdm), and the whole suite 970 s rather than 833 s.
+    (Freezing again after each file's tests gained nothing more: 855 s.)"""
+    gc.collect()
+    gc.freeze()

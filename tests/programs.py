@@ -45,6 +45,20 @@ HEADS_NET = textwrap.dedent("""\
 
     fn scores(m: Net, x: [b D]) -> [b C] = softmax(x @ m.w, over=H) @ m.v
     """)
+# What HEADS_NET needs before it, with `split H` (on one device until devices are given).
+HEADS_HEADER = textwrap.dedent("""\
+    devices cpu
+        split H
+
+    dim D = 6
+    dim H = 6
+    dim C = 3
+
+    data Ex:
+        x: [D]
+        y: [] Index[C]
+
+    """)
 
 # A small program on several devices: a linear classifier, its step and a loop over a dataset.
 LINEAR = LIN_HEADER + textwrap.dedent("""\

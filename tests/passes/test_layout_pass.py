@@ -23,19 +23,7 @@ from shapescript.plan.split import split_batches
 from shapescript.shapes.plans import HeadsKind
 from shapescript.syntax.parser import parse
 
-HEADER = textwrap.dedent("""\
-    devices cpu
-        split H
-    dim D = 6
-    dim H = 6
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    """)
-HEADS = HEADER + P.HEADS_NET + textwrap.dedent("""\
+HEADS = P.HEADS_HEADER + P.HEADS_NET + textwrap.dedent("""\
 
     fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
     """)

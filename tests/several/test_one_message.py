@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from programs import HEADS_NET, LIN_HEADER, LIN_LOSS
+from programs import HEADS_HEADER, HEADS_NET, LIN_HEADER, LIN_LOSS
 
 import shapescript as ss
 
@@ -79,19 +79,7 @@ def test_a_loops_steps_go_as_one_message_and_train_as_one_device(devices: str,
     torch.testing.assert_close(w, one_w, atol=1e-5, rtol=1e-5)
 
 
-HEADS_PROGRAM = textwrap.dedent("""\
-    devices cpu
-        split H
-
-    dim D = 6
-    dim H = 6
-    dim C = 3
-
-    data Ex:
-        x: [D]
-        y: [] Index[C]
-
-    """) + HEADS_NET + textwrap.dedent("""\
+HEADS_PROGRAM = HEADS_HEADER + HEADS_NET + textwrap.dedent("""\
 
     fn loss(m: Net, batch: [b] Ex) -> [] = cross_entropy(scores(m, batch.x), batch.y, over=C)
 
