@@ -1,16 +1,20 @@
 """What the controller and a worker say to each other over the worker's socket, pickled (worker.py's
 `dumps`): the controller sends a Call, a Verdict or Stop; a worker answers each call with a Reply,
-and says it is ready with one. Each travels as a plain tuple (`wire`): its kind's word, then its
-fields, since a plain tuple of strings pickles several times faster than a NamedTuple or an enum
-member, and every call's round trip (some 100 µs: parallel/spin.py) pays for it twice per worker."""
+and says it is ready with one. Each is a frozen dataclass, and travels as a plain tuple (`wire`):
+its kind's word, then its fields, since a plain tuple of strings pickles several times faster than
+a class instance or an enum member, and every call's round trip (some 100 µs: parallel/spin.py)
+pays for it twice per worker."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 
-class Call(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Call:
     """Run handlers.HANDLERS[handler](state, *args); `where` names it in errors and the timeline.
     `chained`: sent before the answer to the call before it was read (parallel/pipeline.py), so it
     is skipped if that one failed or was skipped, and it waits for a Verdict before it changes
@@ -22,7 +26,8 @@ class Call(NamedTuple):
     chained: bool = False
 
 
-class Verdict(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Verdict:
     """The controller's word on the call before a chained one: whether it went through (its answers
     read and its record written). WorkerState.take_verdict waits for it; one nothing waits for is
     dropped."""
@@ -30,7 +35,8 @@ class Verdict(NamedTuple):
     ok: bool
 
 
-class Stop(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Stop:
     """End: the worker leaves its loop and exits."""
 
 
@@ -48,7 +54,8 @@ class Status(enum.StrEnum):
     READY = "ready"
 
 
-class Reply(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Reply:
     """A worker's answer: a Status and its value (the result; for ERR, worker.error_payload's dict;
     for READY, {"pid", "device"}; None when skipped)."""
 
@@ -58,6 +65,7 @@ class Reply(NamedTuple):
 
 _WORDS: dict[type[Message], str] = {Call: "call", Verdict: "verdict", Stop: "stop"}
 _KINDS: dict[str, type[Message]] = {word: kind for kind, word in _WORDS.items()}
+_FIELDS = {kind: tuple(f.name for f in dataclasses.fields(kind)) for kind in _WORDS}  # in order
 _STATUSES = {status.value: status for status in Status}
 
 
@@ -65,12 +73,13 @@ def wire(message: Message | Reply) -> tuple[Any, ...]:
     """The plain tuple `message` travels as (pickled by worker.py's `dumps`)."""
     if isinstance(message, Reply):
         return (message.status.value, message.value)
-    return (_WORDS[type(message)], *message)
+    kind = type(message)
+    return (_WORDS[kind], *(getattr(message, name) for name in _FIELDS[kind]))
 
 
 def message_from(wired: tuple[Any, ...]) -> Message:
     """The controller's message that `wire` made `wired` of."""
-    return _KINDS[wired[0]]._make(wired[1:])
+    return _KINDS[wired[0]](*wired[1:])
 
 
 def reply_from(wired: tuple[Any, ...]) -> Reply:

@@ -433,7 +433,7 @@ def _serve(conn: Connection, state: WorkerState, spin_s: float = 0.0) -> bool:
             return True
         if isinstance(message, Verdict):  # on a step whose chained call this worker skipped, or never waited for
             continue
-        name, where, args, chained = message
+        name, where, args, chained = message.handler, message.where, message.args, message.chained
         if chained and failed:  # the step before it failed: this one never happened
             _send(conn, Reply(Status.SKIPPED))
             continue
