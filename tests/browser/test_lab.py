@@ -242,12 +242,13 @@ def _check_the_themes(page) -> None:
 
 
 def _saved(lab: Lab) -> str:
-    """The notebook's file as the server reads it, or "" while JupyterLab is still writing it (the
-    server then answers 500: it read a file cut short, as a run of the suite once saw)."""
+    """The notebook's file as the server reads it, or "" while JupyterLab is still writing it: the
+    server then answers 404 (the file moved aside while the new one is written) or 500 (a file cut
+    short), as runs of the suite have seen."""
     try:
         return json.dumps(lab.api("GET", f"contents/{NOTEBOOK}"))
     except urllib.error.HTTPError as e:
-        if e.code != 500:
+        if e.code not in (404, 500):
             raise
         return ""
 
