@@ -25,11 +25,16 @@ $(VENV)/.ray: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[ray]'
 	touch $@
 
+# mypy (about 30 s of one core) runs beside pytest, which leaves the second core idle much of the
+# time; its report comes after the tests', and either failing fails the target.
 test: $(VENV)/.installed $(VENV)/.ray chromium
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	@typed=$$(mktemp); trap 'rm -f "$$typed"' EXIT; \
+	$(VENV)/bin/mypy >"$$typed" 2>&1 & mypy=$$!; \
+	$(PY) -m pytest -q; tests=$$?; \
+	wait $$mypy; typing=$$?; echo "mypy:"; cat "$$typed"; \
+	exit $$((tests || typing))
 
 # mypy checks the whole package ([tool.mypy] in pyproject.toml), and the compiler's stages with every
 # flag of --strict (an override there: one run, not two). `make strict` runs --strict itself on them.
