@@ -29,7 +29,7 @@ from shapescript.errors import (
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from shapescript import parallel, sinks
+    from shapescript import parallel, schedules, sinks
     from shapescript.api import Program, cluster, load
     from shapescript.parallel import collective_timeout
     from shapescript.pipeline import build
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from shapescript.runtime.data import Batch, TensorDataset
     from shapescript.runtime.model import Model
     from shapescript.runtime.modes import Eval, Mode, Train
-    from shapescript.runtime.optim import Optimizer, adamw, sgd
+    from shapescript.runtime.optim import Optimizer, adadelta, adagrad, adam, adamw, rmsprop, sgd
 
 # Each name imported on first use: (module, its name there)
 _LATER = {
@@ -51,7 +51,7 @@ _LATER = {
     "Eval": ("shapescript.runtime.modes", "Eval"), "Mode": ("shapescript.runtime.modes", "Mode"),
     "Train": ("shapescript.runtime.modes", "Train"),
     "Optimizer": ("shapescript.runtime.optim", "Optimizer"), "adamw": ("shapescript.runtime.optim", "adamw"),
-    "sgd": ("shapescript.runtime.optim", "sgd"),
+    **{maker: ("shapescript.runtime.optim", maker) for maker in ("adam", "adagrad", "adadelta", "rmsprop", "sgd")},
 }
 
 
@@ -78,7 +78,8 @@ def __dir__() -> list[str]:
 
 __all__ = ["Batch", "CompileError", "DeviceError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer",
            "Program", "ShapeError", "ShapeScriptError", "SourceWarning", "TensorDataset", "Train", "WorkerError",
-           "adamw", "build", "cluster", "collective_timeout", "load", "parallel", "restore", "save", "sgd", "sinks"]
+           "adadelta", "adagrad", "adam", "adamw", "build", "cluster", "collective_timeout", "load", "parallel", "restore",
+           "rmsprop", "save", "schedules", "sgd", "sinks"]
 
 
 def load_ipython_extension(ip: InteractiveShell) -> None:  # `%load_ext shapescript`; IPython is imported only then

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .devices import MAX_CUDA_INDEX, MAX_DEVICES
 from .errors import Severity
 from .names import DATA_RESERVED, MODEL_RESERVED, reserved_text
+from .optimizers import kinds_text
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ _ENTRIES = [
          "Use one of the fields the type declares."),
     Code("E0204", "Unknown type",
          "A type name that is neither a dtype (f16, bf16, f32, f64, i32, i64, bool), a data type, "
-         "a model, nor one of Dataset[T], AdamW[M], Sgd[M], Grad[M], Index[C], Sink, int, float, "
-         "bool, str.",
+         f"a model, nor one of Dataset[T], {kinds_text()}, Grad[M], Index[C], Sink, int, "
+         "float, bool, str.",
          "fn f(x: [n] f33) -> [n] f33 = x\n",
          "Fix the spelling, or declare the type."),
     Code("E0205", "Not a function",

@@ -14,6 +14,7 @@ from ..errors import Span
 from ..names import similar
 from ..ops import RULES
 from ..ops.args import labels, same_value
+from ..optimizers import OptimizerKind
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..syntax import tree as A
@@ -177,4 +178,4 @@ def misspelled_dim(expected: T.Ty, actual: T.Ty) -> str:
     return ""
 
 
-BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "AdamW", "Sgd", "Index", "Axis", "Grad", "Mode"}
+BUILTIN_NAMES = frozenset(RULES) | {"Dataset", "Sink", "Index", "Axis", "Grad", "Mode"} | frozenset(OptimizerKind)

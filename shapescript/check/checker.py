@@ -18,6 +18,7 @@ from ..dtypes import DTYPES
 from ..errors import CompileError, Diagnostic, Span
 from ..inits import INITS
 from ..names import DATA_RESERVED, MODEL_RESERVED, STD_EXTERNS, is_reserved, reserved_text, similar
+from ..optimizers import OptimizerKind
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.kinds import FnKind
@@ -30,7 +31,6 @@ from .context import Context
 from .elaborate import elaborate
 from .program import Checked, FnInfo, ParamInfo
 
-OPTIMIZERS = {"AdamW", "Sgd"}
 SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
 
 
@@ -422,7 +422,7 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
         return T.BatchT((), ctx.data[name])
     if name in ctx.models and not node.args:
         return ctx.models[name]
-    one_arg = {"Dataset": "a data type", "Grad": "a model", **{o: "a model" for o in OPTIMIZERS}}
+    one_arg = {"Dataset": "a data type", "Grad": "a model", **{o.value: "a model" for o in OptimizerKind}}
     if name in one_arg:
         arg = node.args[0] if len(node.args) == 1 else None
         arg_name = arg.name if isinstance(arg, (A.DimName, A.NamedType)) and not getattr(arg, "args", None) else None
@@ -430,12 +430,12 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
             return T.DatasetT(ctx.data[arg_name])
         if name != "Dataset" and arg_name in ctx.models:
             model = ctx.models[arg_name]
-            return T.GradT(model) if name == "Grad" else T.OptT(name, model)
+            return T.GradT(model) if name == "Grad" else T.OptT(OptimizerKind(name), model)
         return ctx.error("E0204", f"`{name}[...]` takes {one_arg[name]}", node.span,
                          f"expected {name}[{'Digit' if name == 'Dataset' else 'Model'}]",
                          f"the program declares {describe_names(ctx, name)}")
     return ctx.error("E0204", f"unknown type `{name}`", node.span, "not a type",
-                     similar(name, list(ctx.data) + list(ctx.models) + list(DTYPES) + ["Dataset", "Sink"]))
+                     similar(name, list(ctx.data) + list(ctx.models) + list(DTYPES) + ["Dataset", "Sink", *OptimizerKind]))
 
 
 def padded_dims(data: T.DataT, generics: dict[str, D.Dim]) -> tuple[tuple[str, D.Dim], ...]:

@@ -115,7 +115,7 @@ def param_guard(c: ir.Module, fn: ir.Function, index: int) -> RtCall:
     if kind is not None:
         return rt("KindGuard", param=param, kind=kind[0], type_name=kind[1],
                   model=t.name if isinstance(t, T.ModelT) else t.model.name if isinstance(t, T.OptT) else None,
-                  optimizer=t.kind if isinstance(t, T.OptT) else None)
+                  optimizer=t.kind.value if isinstance(t, T.OptT) else None)
     return rt("NotFromPython", param=param, type_text=t.show())
 
 

@@ -74,7 +74,7 @@ def update_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions]
                         f"this is {m.show()}")
     if not (isinstance(opt, T.OptT) and opt.model is m):
         return ck.error("E0401", f"`update` needs an optimizer of `{m.name}`, not {opt.show()}",
-                        opt_arg.span, f"this is {opt.show()}", f"declare it `AdamW[{m.name}]`")
+                        opt_arg.span, f"this is {opt.show()}", f"declare it `AdamW[{m.name}]`, or another optimizer of it")
     if not (isinstance(g, T.GradT) and g.model is m):
         return ck.error("E0401", f"`update` needs gradients of `{m.name}`, not {g.show()}", grads.span,
                         f"this is {g.show()}", "take them from `value_and_grad`")

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from shapescript.optimizers import OptimizerKind
 from shapescript.parallel import loading, sharded_state, shared
 from shapescript.parallel.handlers import handler
 from shapescript.parallel.timeline import timed
@@ -71,7 +72,7 @@ def init_model(state: Any, handle: int, model: str, seed: int) -> None:
 
 
 @handler("make_optimizer")
-def make_optimizer(state: Any, handle: int, model: int, kind: str, hyper: dict[str, Any]) -> None:
+def make_optimizer(state: Any, handle: int, model: int, kind: OptimizerKind, hyper: dict[str, Any]) -> None:
     state.objects[handle] = sharded_state.make_optimizer(state.objects[model], kind, hyper)
 
 
@@ -219,15 +220,26 @@ def save(state: Any, path: str, model: int, opt: int | None) -> None:
 
 
 @handler("restore")
-def restore(state: Any, path: str, model: int, opt: int | None) -> dict[str, Any] | None:
+def restore(state: Any, path: str, model: int, opt: int | None) -> tuple[dict[str, Any], int] | None:
     """Every worker loads the file (with `shard params`, keeping its pieces); the optimizer's
-    settings as restored go back to the controller."""
+    settings and updates made, as restored, go back to the controller."""
     held, optimizer = state.objects[model], state.objects[opt] if opt is not None else None
     if sharding.sharding(held) is not None:
         sharded_state.load(path, held, optimizer)
     else:
         checkpoint.load(path, held, optimizer)
-    return dict(optimizer.hyper) if optimizer is not None else None
+    return (dict(optimizer.hyper), optimizer.steps) if optimizer is not None else None
+
+
+@handler("set_optimizer")
+def set_optimizer(state: Any, handle: int, settings: dict[str, Any]) -> None:
+    """`opt.set(...)` on every worker's optimizer (the controller checked the settings first)."""
+    state.objects[handle].set(**settings)
+
+
+@handler("optimizer_steps")
+def optimizer_steps(state: Any, handle: int) -> int:
+    return int(state.objects[handle].steps)
 
 
 @handler("free")

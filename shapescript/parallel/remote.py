@@ -23,6 +23,7 @@ import torch
 from shapescript.devices import shares
 from shapescript.errors import ShapeError, WorkerError
 from shapescript.names import MEMBER_PREFIX
+from shapescript.optimizers import OptimizerKind
 from shapescript.parallel import pipeline
 from shapescript.parallel.loading import OWN_SHARE, RemoteBatch, RemoteBatches
 from shapescript.parallel.shared import SharedRows, share_rows
@@ -30,6 +31,8 @@ from shapescript.runtime import model as model_module
 from shapescript.runtime.data import Batch, batch_fields, trusted_batch
 from shapescript.runtime.model import ModelSpec, SubSpec, members_text, param_names, refuse_change
 from shapescript.runtime.modes import Mode
+from shapescript.runtime.optim import Settings, checked_change, lr_at
+from shapescript.runtime.schedules import Schedule
 
 _handles = itertools.count(1)
 
@@ -83,10 +86,10 @@ class RemoteModel:
     def params(self) -> list[torch.Tensor]:
         return list(self.state_dict().values())
 
-    def _make_optimizer(self, kind: str, hyper: dict[str, Any]) -> RemoteOptimizer:
-        """adamw(m, ...) and sgd(m, ...) of a handle: the state is made on every worker."""
+    def _make_optimizer(self, kind: OptimizerKind, hyper: dict[str, Any]) -> RemoteOptimizer:
+        """adamw(m, ...), sgd(m, ...) and the others of a handle: the state is made on every worker."""
         handle = next(_handles)
-        self._workers().call("make_optimizer", (handle, self._handle, kind, hyper), where=kind.lower())
+        self._workers().call("make_optimizer", (handle, self._handle, kind, hyper), where=kind.maker)
         return RemoteOptimizer(self, kind, hyper, handle)
 
     def __repr__(self) -> str:
@@ -161,9 +164,38 @@ class RemoteOptimizer:
 
     is_remote = True
 
-    def __init__(self, model: RemoteModel, kind: str, hyper: dict[str, Any], handle: int) -> None:
-        self.model, self.kind, self.hyper, self._handle = model, kind, hyper, handle
+    def __init__(self, model: RemoteModel, kind: OptimizerKind, hyper: dict[str, Any], handle: int) -> None:
+        self.model, self.kind, self._handle = model, kind, handle
+        self._settings = Settings(hyper)
         _free_with(self, model._pool, handle)
+
+    @property
+    def hyper(self) -> Settings:
+        return self._settings
+
+    @property
+    def steps(self) -> int:
+        """The updates made, as every worker counts them (after the steps sent before)."""
+        return int(self.model._workers().call("optimizer_steps", (self._handle,), where="opt.steps")[0])
+
+    @property
+    def lr(self) -> float:
+        """The lr of the next update."""
+        return lr_at(self._settings["lr"], self.steps)
+
+    @property
+    def schedule(self) -> Schedule | None:
+        lr = self._settings["lr"]
+        return lr if isinstance(lr, Schedule) else None
+
+    def set(self, **settings: Any) -> None:
+        """As Optimizer.set, on every worker: checked here first, so that all of them take it or none."""
+        changed = checked_change(self.kind, self._settings, settings)
+        self.model._workers().call("set_optimizer", (self._handle, changed), where=f"{self.kind.maker}.set")
+        self._settings = Settings({**self._settings, **changed})
+
+    def replace_settings(self, hyper: dict[str, Any], steps: int) -> None:
+        self._settings = Settings(hyper)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The state by param and key (`w1.exp_avg`), whole, copied from the workers."""

@@ -5,22 +5,22 @@ device would write, and any checkpoint loads into each worker's parts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from shapescript.optimizers import OptimizerKind
 from shapescript.runtime import checkpoint
 from shapescript.runtime.model import Model, copy_state, leaves
-from shapescript.runtime.optim import Optimizer, adamw, sgd, torch_optimizer
+from shapescript.runtime.optim import MAKERS, Optimizer, torch_optimizer
 from shapescript.runtime.sharding import this_part, whole_of, whole_state
 
-# Callable[..., Optimizer]: the two take different hyperparameters, given by name from `hyper`
-MAKERS: dict[str, Callable[..., Optimizer]] = {"AdamW": adamw, "Sgd": sgd}
 
-
-def make_optimizer(model: Model, kind: str, hyper: dict[str, Any]) -> Optimizer:
-    return MAKERS[kind](model, **hyper)
+def make_optimizer(model: Model, kind: OptimizerKind, hyper: dict[str, Any], steps: int = 0) -> Optimizer:
+    """`kind`'s maker with `hyper`'s settings, given by name, at `steps` updates made."""
+    made = MAKERS[kind](model, **hyper)
+    made.steps = steps
+    return made
 
 
 def _torch_params(opt: Optimizer) -> list[torch.Tensor]:
@@ -40,7 +40,7 @@ def whole_copy(model: Model, opt: Optimizer | None) -> tuple[Model, Optimizer | 
     copy_state(whole, whole_state(model))
     if opt is None:
         return whole, None
-    whole_opt = make_optimizer(whole, opt.kind, dict(opt.hyper))
+    whole_opt = make_optimizer(whole, opt.kind, dict(opt.hyper), opt.steps)
     state = opt.torch_opt.state_dict()
     per_param: dict[int, dict[str, Any]] = {}
     for index, (name, part) in enumerate(zip(opt.param_order(), _torch_params(opt))):
@@ -73,7 +73,7 @@ def load(path: str, model: Model, opt: Optimizer | None) -> None:
     checkpoint.load(path, whole, whole_opt)
     fresh = None
     if opt is not None and whole_opt is not None:
-        fresh = torch_optimizer(opt.kind, model, whole_opt.hyper)
+        fresh = torch_optimizer(opt.kind, model, whole_opt.hyper, whole_opt.steps)
         state = whole_opt.torch_opt.state_dict()
         names, params = whole_opt.param_order(), _torch_params(whole_opt)
         per_param = {index: {key: this_part(model, names[index], v) if _per_value(v, params[index]) else v
@@ -84,4 +84,4 @@ def load(path: str, model: Model, opt: Optimizer | None) -> None:
             model._leaf(name).copy_(this_part(model, name, whole._leaf(name)))
     if opt is not None and fresh is not None and whole_opt is not None:
         opt.torch_opt = fresh
-        opt.hyper.update(whole_opt.hyper)
+        opt.replace_settings(whole_opt.hyper, whole_opt.steps)

@@ -29,6 +29,7 @@ from ..errors import Span
 from ..ir import nodes as N
 from ..ir.walk import source_order, statement_parts, statements, walk
 from ..ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
+from ..optimizers import FACTS
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import BatchesOptions
@@ -118,6 +119,7 @@ class Layout:
     sharded: bool = False  # a model, optimizer or gradients each device holds parts of (`shard params`, `split H`)
     buffers: sympy.Expr | None = None  # such a model's buffers, whole on each device
     split_params: tuple[str, ...] = ()  # such a model's params split along H (`split H`)
+    state: str | None = None  # an optimizer's: what it keeps per param value ("two moments")
 
 
 @dataclass(frozen=True)
@@ -477,10 +479,11 @@ class _Builder:
         shown = ty.show()
         if isinstance(ty, (T.ModelT, T.StackT)):
             return self.model_layout(name, fn.name, span, ty)
-        if isinstance(ty, T.OptT):  # AdamW keeps two moments per param value; SGD's momentum is optional
-            state = 2 * self.param_bytes(ty.model)
-            return Layout(name, fn.name, span, shown, ValueKind.OPTIMIZER,
-                          bytes=self.size(state) if ty.kind == "AdamW" else None, sharded=self.parts(ty.model))
+        if isinstance(ty, T.OptT):  # its state's size where its kind alone says it (optimizers.py)
+            per_param = FACTS[ty.kind].state_per_param
+            state = None if per_param is None else self.size(per_param * self.param_bytes(ty.model))
+            return Layout(name, fn.name, span, shown, ValueKind.OPTIMIZER, bytes=state, sharded=self.parts(ty.model),
+                          state=FACTS[ty.kind].state_text)
         if isinstance(ty, T.GradT) and self.parts(ty.model):
             return Layout(name, fn.name, span, shown, ValueKind.WHOLE, bytes=self.size(self.param_bytes(ty.model)),
                           sharded=True)

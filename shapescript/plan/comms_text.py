@@ -103,13 +103,13 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         assert v.bytes is not None  # a model's size is always known
         return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"
     if v.kind == ValueKind.OPTIMIZER and v.sharded:
-        state = f": {bytes_text(v.bytes)} of state each (two moments per value of its pieces)" if v.bytes is not None else ""
+        state = f": {bytes_text(v.bytes)} of state each ({v.state} per value of its pieces)" if v.bytes is not None else ""
         return f"{head}, on every device, beside its pieces of the model's params{state}"
     if v.kind == ValueKind.WHOLE and v.sharded:  # gradients
         assert v.bytes is not None
         return f"{head}, sharded: each device holds its piece of every gradient, {bytes_text(v.bytes)}"
     if v.kind == ValueKind.OPTIMIZER:
-        state = f": {bytes_text(v.bytes)} of state each (two moments per param value)" if v.bytes is not None else ""
+        state = f": {bytes_text(v.bytes)} of state each ({v.state} per param value)" if v.bytes is not None else ""
         return f"{head}, on every device, beside each copy of the model{state}"
     if v.kind == ValueKind.CONTROLLER:
         fn = table.fns.get(v.fn or "")

@@ -27,13 +27,14 @@ from shapescript.runtime.leftovers import TEMP_NAME, sweep, temp_beside, temp_na
 from shapescript.runtime.model import Model, check_state, copy_state, leaves, param_names, type_text
 from shapescript.runtime.optim import (
     EXTRA_RULES,
-    HYPER_RULES,
+    KINDS,
     Optimizer,
     checked_hyper,
     grouped_names,
     named_state,
     torch_optimizer,
 )
+from shapescript.runtime.schedules import Schedule
 from shapescript.runtime.steps import between_steps
 
 if TYPE_CHECKING:
@@ -41,11 +42,6 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 _META = "shapescript"
-# The per-param state each optimizer keeps: required keys, and keys it may add.
-_STATE_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "AdamW": (frozenset({"step", "exp_avg", "exp_avg_sq"}), frozenset({"max_exp_avg_sq"})),
-    "Sgd": (frozenset({"momentum_buffer"}), frozenset()),
-}
 # safetensors' names of the dtypes a model may hold.
 _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                 torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
@@ -55,6 +51,8 @@ _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16"
 def _json_value(value: Any) -> Any:
     if isinstance(value, torch.Tensor):  # torch allows a tensor lr
         return value.item()
+    if isinstance(value, Schedule):  # read back by schedules.from_header
+        return value.header()
     raise TypeError(f"cannot store {type(value).__name__} in a checkpoint header")
 
 
@@ -93,7 +91,7 @@ def _remote(op: str, path: Any, model: Any, opt: Any) -> bool:
     replies = model._workers().call(op, (os.fspath(path), model._handle, opt._handle if opt is not None else None),
                                     where=f"{op} {os.fspath(path)}")
     if op == "restore" and opt is not None:
-        opt.hyper.update(replies[0])  # the settings the checkpoint held, as one device's restore keeps them
+        opt.replace_settings(*replies[0])  # the settings the checkpoint held, as one device's restore keeps them
     return True
 
 
@@ -117,7 +115,7 @@ def _save_here(path: str, model: Model, opt: Optimizer | None) -> None:
         scalars = [f"opt.{name}" for name in state_scalars]  # stored as 0-d f64 tensors
         state = opt.torch_opt.state_dict()
         group = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
-        meta.update(optimizer=opt.kind, hyper=opt.hyper, group=group, scalars=scalars)
+        meta.update(optimizer=opt.kind, hyper=dict(opt.hyper), group=group, scalars=scalars, steps=opt.steps)
     header = {_META: json.dumps(meta, default=_json_value)}
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
@@ -238,7 +236,7 @@ def _settings(path: str, opt: Optimizer, meta: dict[str, Any], count: int) -> tu
         if not isinstance(value, dict):
             raise ShapeError(f"{at} `{key}` is {_json_text(value)}, not the {opt.kind} optimizer's settings")
     assert isinstance(hyper, dict) and isinstance(group, dict)
-    rules = HYPER_RULES[opt.kind]
+    rules = KINDS[opt.kind].settings
     hyper = {"no_decay": [], **hyper}  # written before param groups: every param decays
     missing, extra = sorted(set(rules) - set(hyper)), sorted(set(hyper) - set(rules))
     if missing or extra:
@@ -262,6 +260,20 @@ def _settings(path: str, opt: Optimizer, meta: dict[str, Any], count: int) -> tu
     return hyper, groups
 
 
+# State that is a sum or a mean of squares (Adam's, RMSprop's, Adagrad's, Adadelta's): never below 0.
+_SQUARES = frozenset({"exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "acc_delta"})
+
+
+def _steps(path: str, meta: dict[str, Any]) -> int:
+    """The updates the optimizer had made (its schedule's position); 0 in a checkpoint written before
+    they were counted."""
+    steps = meta.get("steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise DomainError(f"checkpoint {path}: its header's `steps` must be a whole number >= 0 (the updates "
+                          f"made), not {_json_text(steps)}")
+    return steps
+
+
 def _check_state_values(path: str, per_param: dict[str, dict[str, Any]]) -> None:
     """Values of the optimizer's state that no training makes, which would turn into NaNs."""
     for name, state in per_param.items():
@@ -271,7 +283,7 @@ def _check_state_values(path: str, per_param: dict[str, dict[str, Any]]) -> None
                 if not (0 <= step < math.inf and step == int(step)):
                     raise DomainError(f"checkpoint {path}: `opt.{name}.step` must be a whole number >= 0 "
                                       f"(steps taken), not {step:g}")
-            elif key in ("exp_avg_sq", "max_exp_avg_sq") and not bool((torch.as_tensor(value) >= 0).all()):
+            elif key in _SQUARES and not bool((torch.as_tensor(value) >= 0).all()):
                 raise DomainError(f"checkpoint {path}: `opt.{name}.{key}` must be >= 0 everywhere "
                                   f"(a mean of squares), but holds {torch.as_tensor(value).min().item():g}")
 
@@ -311,7 +323,10 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
             problems.append(f"`{key}` is {type_text(t.shape, t.dtype)}, expected "
                             f"{type_text(*want)} (declared at {where[name]})")
         per_param.setdefault(name, {})[state_key] = t.item() if key in scalars and t.numel() == 1 else t
-    required, optional = _STATE_KEYS[opt.kind]
+    rules = KINDS[opt.kind]
+    by_setting = set(rules.by_setting.values())
+    required = rules.state | {key for name, key in rules.by_setting.items() if hyper[name]}
+    optional = rules.optional_state | by_setting  # a setting turned off (opt.set) leaves its state
     for name, state in per_param.items():
         keys = set(state)
         if not required <= keys <= required | optional:
@@ -349,11 +364,13 @@ def _load_here(path: str, model: Model, opt: Optimizer | None) -> None:
     state = {k[len("model."):]: t for k, t in tensors.items() if k.startswith("model.")}
     check_state(spec, state, f"checkpoint {path}")
     fresh = None
+    steps = 0
     if opt is not None:  # a torch optimizer with the checkpoint's groups, swapped in with the model
         torch_state, hyper = _opt_state(path, model, opt, meta, tensors)
-        fresh = torch_optimizer(opt.kind, model, hyper)
+        steps = _steps(path, meta)
+        fresh = torch_optimizer(opt.kind, model, hyper, steps)
         fresh.load_state_dict(torch_state)
     copy_state(model, state)
     if opt is not None and fresh is not None:
         opt.torch_opt = fresh
-        opt.hyper.update(hyper)
+        opt.replace_settings(hyper, steps)

@@ -49,7 +49,7 @@ from shapescript.runtime import collectives, optim
 from shapescript.runtime.data import Batch, trusted_batch
 from shapescript.runtime.model import Model
 from shapescript.runtime.modes import Mode
-from shapescript.runtime.optim import Optimizer
+from shapescript.runtime.optim import KINDS, Optimizer
 
 RECORD_ENV = "SHAPESCRIPT_RECORD"
 # On unless SHAPESCRIPT_RECORD=off, read once per process.
@@ -156,6 +156,10 @@ def signature(values: Sequence[Any], extra: Any = None) -> tuple[Any, ...] | str
         elif isinstance(v, Mode):
             return "takes a Mode, whose random draws are counted in Python"
         elif isinstance(v, Optimizer):
+            if v.schedule is not None:  # a graph would replay the lr it captured
+                return "takes an optimizer whose lr follows a schedule, set before each update"
+            if "step" in KINDS[v.kind].state and not KINDS[v.kind].capturable:
+                return f"takes a {v.kind} optimizer, which counts its steps on the CPU"
             parts.append(("optimizer", id(v), id(v.torch_opt), len(v.torch_opt.state), _settings(v.torch_opt)))
         elif v is None or isinstance(v, (bool, int, float, str)):
             parts.append((type(v), v))

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..dtypes import FLOAT_DTYPES, INT_DTYPES
+from ..optimizers import OptimizerKind
 from ..syntax import tree as A
 from . import dims as D
 
@@ -162,7 +163,7 @@ class StackT(Ty):
 
 @dataclass(frozen=True)
 class OptT(Ty):
-    kind: str  # AdamW | Sgd
+    kind: OptimizerKind
     model: ModelT
 
     def show(self) -> str:
