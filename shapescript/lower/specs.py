@@ -87,7 +87,8 @@ def model_order(c: ir.Module) -> list[T.ModelT]:
 
 # The runtime modules a standalone build inlines, in dependency order. Each imports only torch,
 # safetensors, the standard library and the modules before it.
-STANDALONE_MODULES = ("errors.py", "names.py", "dtypes.py", "inits.py", "runtime/steps.py", "runtime/sigint.py",
+STANDALONE_MODULES = ("errors.py", "names.py", "dtypes.py", "inits.py", "optimizers.py", "runtime/steps.py",
+                      "runtime/sigint.py", "runtime/schedules.py",
                       "runtime/model.py", "runtime/collectives.py", "runtime/sharding.py", "runtime/heads.py",
                       "runtime/fused_step.py", "runtime/optim.py", "runtime/products.py",
                       "runtime/data.py", "runtime/loops.py", "runtime/sinks.py", "runtime/checkpoint.py", "runtime/calls.py",

@@ -4,7 +4,9 @@ An optimizer made with `lr=` one of these sets its param groups' lr to `at(k)` j
 update, k being the updates it has made (`Optimizer.steps`), which a checkpoint keeps. Each worker's
 optimizer counts its own updates, and every worker makes every update, so all of them use the same
 lr as one device does. The schedules are frozen and checked when made; a checkpoint holds one as
-its `header()`, read back through `from_header` with the same checks.
+its `header()`, read back through `from_header` with the same checks. (A standalone build inlines
+this module beside the rest of the run time: its helpers' names are its own.) `ss.schedules`
+(shapescript/schedules.py) has the functions that make them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, ClassVar
 from shapescript.errors import DomainError
 
 
-def _rate(where: str, name: str, value: Any) -> float:
+def _schedule_rate(where: str, name: str, value: Any) -> float:
     """A finite number >= 0 as a float, or DomainError."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and not value < 0 and value < math.inf
     try:
@@ -25,16 +27,16 @@ def _rate(where: str, name: str, value: Any) -> float:
             return float(value)
     except OverflowError:  # an int past the largest float: finite as Python compares it
         pass
-    raise DomainError(f"{where}: {name} must be a finite number >= 0, not {_short(value)}")
+    raise DomainError(f"{where}: {name} must be a finite number >= 0, not {_schedule_text(value)}")
 
 
-def _count(where: str, name: str, value: Any, least: int = 0) -> int:
+def _schedule_count(where: str, name: str, value: Any, least: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise DomainError(f"{where}: {name} must be a whole number >= {least}, not {_short(value)}")
+        raise DomainError(f"{where}: {name} must be a whole number >= {least}, not {_schedule_text(value)}")
     return int(value)
 
 
-def _short(value: Any) -> str:
+def _schedule_text(value: Any) -> str:
     text = repr(value) if not (isinstance(value, int) and value.bit_length() > 256) else "a very large int"
     return text if len(text) <= 80 else text[:80] + "..."
 
@@ -67,7 +69,7 @@ class Constant(Schedule):
     name: ClassVar[str] = "constant"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _rate("constant", "lr", self.lr))
+        object.__setattr__(self, "lr", _schedule_rate("constant", "lr", self.lr))
 
     def at(self, k: int) -> float:
         return self.lr
@@ -83,9 +85,9 @@ class Linear(Schedule):
     name: ClassVar[str] = "linear"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "start", _rate("linear", "start", self.start))
-        object.__setattr__(self, "end", _rate("linear", "end", self.end))
-        object.__setattr__(self, "steps", _count("linear", "steps", self.steps, least=1))
+        object.__setattr__(self, "start", _schedule_rate("linear", "start", self.start))
+        object.__setattr__(self, "end", _schedule_rate("linear", "end", self.end))
+        object.__setattr__(self, "steps", _schedule_count("linear", "steps", self.steps, least=1))
 
     def at(self, k: int) -> float:
         if k >= self.steps:
@@ -103,9 +105,9 @@ class Step(Schedule):
     name: ClassVar[str] = "step"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "start", _rate("step", "start", self.start))
-        object.__setattr__(self, "every", _count("step", "every", self.every, least=1))
-        object.__setattr__(self, "factor", _rate("step", "factor", self.factor))
+        object.__setattr__(self, "start", _schedule_rate("step", "start", self.start))
+        object.__setattr__(self, "every", _schedule_count("step", "every", self.every, least=1))
+        object.__setattr__(self, "factor", _schedule_rate("step", "factor", self.factor))
 
     def at(self, k: int) -> float:
         try:
@@ -127,10 +129,10 @@ class WarmupCosine(Schedule):
     name: ClassVar[str] = "warmup_cosine"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "peak", _rate("warmup_cosine", "peak", self.peak))
-        object.__setattr__(self, "warmup", _count("warmup_cosine", "warmup", self.warmup))
-        object.__setattr__(self, "decay_until", _count("warmup_cosine", "decay_until", self.decay_until))
-        object.__setattr__(self, "floor", _rate("warmup_cosine", "floor", self.floor))
+        object.__setattr__(self, "peak", _schedule_rate("warmup_cosine", "peak", self.peak))
+        object.__setattr__(self, "warmup", _schedule_count("warmup_cosine", "warmup", self.warmup))
+        object.__setattr__(self, "decay_until", _schedule_count("warmup_cosine", "decay_until", self.decay_until))
+        object.__setattr__(self, "floor", _schedule_rate("warmup_cosine", "floor", self.floor))
         if self.decay_until <= self.warmup:
             raise DomainError(f"warmup_cosine: decay_until ({self.decay_until}) must come after the warmup "
                               f"({self.warmup} updates): the cosine runs from one to the other")
@@ -151,7 +153,7 @@ def from_header(value: Any, where: str) -> Schedule:
     """The schedule a checkpoint's header holds (`header()`'s form), checked as when it was made."""
     kind = value.get("schedule") if isinstance(value, dict) else None
     if not isinstance(kind, str) or kind not in SCHEDULES:
-        raise DomainError(f"{where} must be a number or a schedule ({', '.join(SCHEDULES)}), not {_short(value)}")
+        raise DomainError(f"{where} must be a number or a schedule ({', '.join(SCHEDULES)}), not {_schedule_text(value)}")
     made: Any = SCHEDULES[kind]  # a dataclass
     names = {f.name for f in fields(made)}
     given = {k: v for k, v in value.items() if k != "schedule"}
@@ -162,20 +164,3 @@ def from_header(value: Any, where: str) -> Schedule:
         return made(**given)
     except TypeError:  # a setting left out
         raise DomainError(f"{where}: the {kind} schedule needs {', '.join(sorted(names))}") from None
-
-
-# ss.schedules.<name>(...): the functions a user calls, each making one of the classes above.
-def constant(lr: float) -> Schedule:
-    return Constant(lr)
-
-
-def linear(start: float, end: float, steps: int) -> Schedule:
-    return Linear(start, end, steps)
-
-
-def step(start: float, every: int, factor: float = 0.1) -> Schedule:
-    return Step(start, every, factor)
-
-
-def warmup_cosine(peak: float, warmup: int, decay_until: int, floor: float = 0.0) -> Schedule:
-    return WarmupCosine(peak, warmup, decay_until, floor)
