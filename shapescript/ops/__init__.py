@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     shaping,
     sizes,
     steps,
+    target_losses,
     training,
 )
 from .table import OPS, RULES, Across, CallView, LowerCall, Op, Payload, Typed, numel

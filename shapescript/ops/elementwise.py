@@ -1,4 +1,4 @@
-"""Functions applied to each value by itself: relu, exp, log, ..., each one torch call."""
+"""Functions applied to each value by itself: relu, exp, log, sin, erf, sign, ..., each one torch call."""
 
 from __future__ import annotations
 
@@ -39,4 +39,7 @@ register(*(unary(*entry) for entry in (
     ("relu", "torch.relu", True), ("exp", "torch.exp", True), ("log", "torch.log", True),
     ("sqrt", "torch.sqrt", True), ("tanh", "torch.tanh", True), ("sigmoid", "torch.sigmoid", True),
     ("gelu", "_F.gelu", True), ("silu", "_F.silu", True), ("abs", "torch.abs", False, ("bool",)),
+    ("sin", "torch.sin", True), ("cos", "torch.cos", True), ("softplus", "_F.softplus", True),
+    ("log1p", "torch.log1p", True), ("expm1", "torch.expm1", True), ("erf", "torch.erf", True),
+    ("sign", "torch.sign", False),
 )))

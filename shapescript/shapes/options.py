@@ -49,6 +49,15 @@ class TopKOptions(AxisOptions):
 
 
 @dataclass(frozen=True)
+class LossOptions(AxisOptions):
+    """The losses that compare a value with a target, and cosine_similarity: the keyword numbers
+    given (torch's names, printed after the two tensors in the arguments' order, as `beta=`), and
+    where the batch axis lies when the split puts it on the axis a call sums over (`axis`)."""
+    keywords: tuple[str, ...] = ()
+    batch_axis: int | None = None
+
+
+@dataclass(frozen=True)
 class MaskOptions(CallOptions):
     """masked_fill's mask, where's condition: its placing index (None: no mask; (): torch places it)."""
     mask_index: Placing | None = None

@@ -1,5 +1,5 @@
 """docs/architecture.md's "Adding an op" and "Adding a pass", followed. The first's ```python block
-declares `softplus` in the op table, and nothing else is needed for the op to be checked, lowered,
+declares `mish` in the op table, and nothing else is needed for the op to be checked, lowered,
 run and placed on several devices. The second's adds a rewrite of the IR to the optimizations,
 and nothing else is needed for every build but the debug one to run it."""
 
@@ -35,37 +35,37 @@ def run_block(section: str) -> None:
 
 
 @pytest.fixture()
-def softplus() -> Iterator[Op]:
+def mish() -> Iterator[Op]:
     """The doc's block, run as written; the op is taken out of the table again afterwards."""
-    assert "softplus" not in OPS
+    assert "mish" not in OPS
     run_block("Adding an op")
     try:
-        yield OPS["softplus"]
+        yield OPS["mish"]
     finally:
-        OPS.pop("softplus", None)
-        RULES.pop("softplus", None)
+        OPS.pop("mish", None)
+        RULES.pop("mish", None)
 
 
-def test_the_declared_op_is_checked_lowered_and_run_like_torch(softplus: Op) -> None:
-    prog = ss.load("fn f(x: [n]) -> [n] = softplus(x)\n", name="sp.ss")
+def test_the_declared_op_is_checked_lowered_and_run_like_torch(mish: Op) -> None:
+    prog = ss.load("fn f(x: [n]) -> [n] = mish(x)\n", name="mish.ss")
     x = torch.randn(7, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(prog.f(x), F.softplus(x))
-    assert "_F.softplus(x)" in prog.python_source
+    assert torch.equal(prog.f(x), F.mish(x))
+    assert "_F.mish(x)" in prog.python_source
     with pytest.raises(ss.CompileError) as info:  # the rule's `floats=True`
-        ss.load("fn f(x: [n] i64) -> [n] i64 = softplus(x)\n", name="sp.ss")
+        ss.load("fn f(x: [n] i64) -> [n] i64 = mish(x)\n", name="mish.ss")
     assert info.value.codes == ["E0308"]
 
 
-def test_on_two_devices_it_works_on_each_example_and_sends_nothing(softplus: Op) -> None:
-    source = "dim D = 4\n\ndata Ex:\n    x: [D]\n\nfn f(batch: [b] Ex) -> [] = sum(softplus(batch.x))\n"
-    table = device_table(check_source(source, "sp.ss", DeviceSet("cpu", (0, 1))))
+def test_on_two_devices_it_works_on_each_example_and_sends_nothing(mish: Op) -> None:
+    source = "dim D = 4\n\ndata Ex:\n    x: [D]\n\nfn f(batch: [b] Ex) -> [] = sum(mish(batch.x))\n"
+    table = device_table(check_source(source, "mish.ss", DeviceSet("cpu", (0, 1))))
     sent = [item.collective.what for items in table.lines.values() for item in items if item.collective]
     assert sent == ["`sum`'s partial sums, every device's part of the batch added up"]  # the sum's, none of its own
 
 
 def test_without_the_declaration_the_name_is_unknown() -> None:
     with pytest.raises(ss.CompileError) as info:
-        ss.load("fn f(x: [n]) -> [n] = softplus(x)\n", name="sp.ss")
+        ss.load("fn f(x: [n]) -> [n] = mish(x)\n", name="mish.ss")
     assert info.value.codes == ["E0201"]
 
 
