@@ -31,8 +31,7 @@ from shapescript.runtime import model as model_module
 from shapescript.runtime.data import Batch, batch_fields, trusted_batch
 from shapescript.runtime.model import ModelSpec, SubSpec, members_text, param_names, refuse_change
 from shapescript.runtime.modes import Mode
-from shapescript.runtime.optim import Settings, checked_change, lr_at
-from shapescript.runtime.schedules import Schedule
+from shapescript.runtime.optim import Settings, SettingsView, checked_change, lr_at
 
 _handles = itertools.count(1)
 
@@ -159,7 +158,7 @@ def read_member(root: RemoteModel, spec: ModelSpec, path: str, name: str) -> Any
     return root._workers().call("read", (root._handle, dotted), where=f"reading {dotted}")[0]
 
 
-class RemoteOptimizer:
+class RemoteOptimizer(SettingsView):
     """Optimizer state on every worker, for one RemoteModel."""
 
     is_remote = True
@@ -170,10 +169,6 @@ class RemoteOptimizer:
         _free_with(self, model._pool, handle)
 
     @property
-    def hyper(self) -> Settings:
-        return self._settings
-
-    @property
     def steps(self) -> int:
         """The updates made, as every worker counts them (after the steps sent before)."""
         return int(self.model._workers().call("optimizer_steps", (self._handle,), where="opt.steps")[0])
@@ -182,11 +177,6 @@ class RemoteOptimizer:
     def lr(self) -> float:
         """The lr of the next update."""
         return lr_at(self._settings["lr"], self.steps)
-
-    @property
-    def schedule(self) -> Schedule | None:
-        lr = self._settings["lr"]
-        return lr if isinstance(lr, Schedule) else None
 
     def set(self, **settings: Any) -> None:
         """As Optimizer.set, on every worker: checked here first, so that all of them take it or none."""

@@ -123,7 +123,24 @@ class Settings(Mapping[str, Any]):
         return repr(self._values)
 
 
-class Optimizer:
+class SettingsView:
+    """What an optimizer on one device and one on several (parallel/remote.py's RemoteOptimizer)
+    both show of their settings (`_settings`)."""
+
+    __slots__ = ()
+    _settings: Settings
+
+    @property
+    def hyper(self) -> Settings:
+        return self._settings
+
+    @property
+    def schedule(self) -> Schedule | None:
+        lr = self._settings["lr"]
+        return lr if isinstance(lr, Schedule) else None
+
+
+class Optimizer(SettingsView):
     """A torch optimizer bound to one model; `kind` is the .ss type's name.
 
     Its torch param groups: one with every trained param, or, when `hyper["no_decay"]` names
@@ -140,15 +157,6 @@ class Optimizer:
         self.torch_opt = torch_opt
         self._settings = Settings(hyper)
         self.steps = steps
-
-    @property
-    def hyper(self) -> Settings:
-        return self._settings
-
-    @property
-    def schedule(self) -> Schedule | None:
-        lr = self._settings["lr"]
-        return lr if isinstance(lr, Schedule) else None
 
     @property
     def lr(self) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -41,13 +42,14 @@ def _schedule_text(value: Any) -> str:
     return text if len(text) <= 80 else text[:80] + "..."
 
 
-class Schedule:
+class Schedule(ABC):
     """What every schedule has: `at(k)`, and its settings as a checkpoint's header holds them."""
 
     name: ClassVar[str]
 
+    @abstractmethod
     def at(self, k: int) -> float:
-        raise NotImplementedError
+        """The lr of update k (k from 0)."""
 
     def settings(self) -> dict[str, Any]:
         made: Any = self  # every subclass is a dataclass
