@@ -203,7 +203,8 @@ _ENTRIES = [
     Code("E0404", "Indexing with [...]",
          "Tensors are not indexed with `[...]`: positions are not part of the types.",
          "fn f(x: [n]) -> [] = x[0]\n",
-         "Use a reduction, gather, or a pattern such as rearrange."),
+         "Use `take(x, i, over=D)` or `window(x, start, size, over=D)`, a reduction, gather, or a "
+         "pattern such as rearrange."),
     Code("E0405", "A function that calls itself",
          "A function can't call itself, directly or through other functions: the language has no "
          "`if` on a value and no early `return`, so nothing could end the recursion. The error "
@@ -227,6 +228,17 @@ _ENTRIES = [
          "value (a division by zero, `log(0)`) is refused.",
          "dim D = 4\n\nmodel M:\n    param w: [D] = normal(std=1.0 / n)\n",
          "Use numbers and declared dims: `normal(std=1.0 / D)`."),
+    Code("E0408", "Arithmetic a gradient doesn't have",
+         "A `Grad[M]` holds a value for each trained param of M. Gradients of the same model add "
+         "and subtract (`g1 + g2`, the gradient of the two losses' sum), and a gradient scales by a "
+         "number or a float `[]` (`g / 4`, `g * s`), as accumulating over micro-batches needs. "
+         "Gradients of different models, a product of two gradients, or a gradient with a tensor "
+         "of any other shape have no meaning and are refused.",
+         "dim D = 4\n\nmodel A:\n    param w: [D] = zeros()\n\nmodel B:\n    param w: [D] = zeros()\n\n"
+         "fn l(m: A) -> [] = sum(m.w * m.w, over=D)\n\nfn k(m: B) -> [] = sum(m.w, over=D)\n\n"
+         "fn both(a: A, b: B) -> Grad[A]:\n    la, ga = value_and_grad(l, a)\n"
+         "    lb, gb = value_and_grad(k, b)\n    return ga + gb\n",
+         "Add gradients of one model, each taken with `value_and_grad` of that model; scale with a number."),
     Code("E0501", "Changing what isn't `mut`",
          "A function may change only the parameters it declares `mut`; passing anything else to "
          "a `mut` parameter is an error.",

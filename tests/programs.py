@@ -332,3 +332,35 @@ PADDED = textwrap.dedent("""\
 
     fn total(batch: [b] Seq) -> [n D] = sum(batch.x, over=b)
     """)
+
+
+# Gradient arithmetic: two micro-batches' gradients accumulated, clipped and applied, a field read
+# (tests/several/test_accumulation.py, tests/passes/test_accumulate_pass.py).
+ACCUMULATE = """\
+dim D = 4
+dim C = 3
+
+data Ex:
+    x: [D]
+    y: [] Index[C]
+
+model Lin:
+    param w: [D C] = normal(std=0.1)
+    param b: [C] = normal(std=0.1)
+
+fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(batch.x @ m.w + m.b, batch.y, over=C)
+
+fn accumulate(mut m: Lin, mut opt: Sgd[Lin], one: [b] Ex, two: [b] Ex, s: []) -> [C]:
+    l1, g1 = value_and_grad(loss, m, one)
+    l2, g2 = value_and_grad(loss, m, two)
+    g = (g1 + g2) / 2
+    update(mut m, mut opt, clip_norm(g - g1 * 0.0 + s * g2 - g2 * s, 0.5))
+    return g.b
+
+fn grads_of(m: Lin, one: [b] Ex) -> Grad[Lin]:
+    l, g = value_and_grad(loss, m, one)
+    return g
+
+fn average(mut avg: Lin, m: Lin, decay: []):
+    ema(mut avg, m, decay)
+"""

@@ -26,6 +26,7 @@ from . import calls as B
 from . import origins
 from .calls import misspelled_dim
 from .context import Context
+from .gradients import gradient_arith, gradient_field
 from .hints import cast_help, source_text, tensor_help
 from .program import CallInfo, FnInfo, ParamInfo
 from .rules import number_arith, number_negation, whole_tensor_power
@@ -281,7 +282,7 @@ class BodyChecker:
         if isinstance(node, A.Subscript):
             self.expr(node.obj)
             return self.error("E0404", "indexing a tensor with `[...]` isn't part of the language",
-                              node.span, "indexing", "use gather, or a pattern such as rearrange")
+                              node.span, "indexing", "use take or window along a dim, gather, or a pattern such as rearrange")
         raise AssertionError(f"unknown expression {node!r}")
 
     def name(self, node: A.Name) -> T.Ty:
@@ -315,6 +316,8 @@ class BodyChecker:
             return self.error("E0203", f"`{t.data.name}` has no field `{node.name}`", node.name_span,
                               "unknown field", similar(node.name, list(t.data.fields))
                               or f"its fields: {', '.join(t.data.fields)}")
+        if isinstance(t, T.GradT):
+            return gradient_field(self, node, t)
         if isinstance(t, T.ModelT):
             member = t.members.get(node.name)
             if member is None:
@@ -331,9 +334,10 @@ class BodyChecker:
 
     # ---- operators ----------------------------------------------------------------------------
 
-    def operand(self, node: A.Expr) -> T.Ty:
-        """A tensor or a plain number, for an operator; anything else is an error."""
-        t = self.expr(node)
+    def operand(self, node: A.Expr, t: T.Ty | None = None) -> T.Ty:
+        """A tensor or a plain number, for an operator (its type `t` where already known); anything
+        else is an error."""
+        t = self.expr(node) if t is None else t
         if isinstance(t, T.TensorT) or t is T.UNKNOWN:
             if isinstance(t, T.TensorT):
                 self.use(Use.TENSORS, node.span)
@@ -346,8 +350,11 @@ class BodyChecker:
     def binary(self, node: A.Binary) -> T.Ty:
         if node.op in ("and", "or"):
             return self.logical(node)
-        left = self.operand(node.left)
-        right = self.operand(node.right)
+        left, right = self.expr(node.left), self.expr(node.right)
+        if isinstance(left, T.GradT) or isinstance(right, T.GradT):
+            return T.UNKNOWN if T.UNKNOWN in (left, right) else gradient_arith(self, node, left, right)
+        left = self.operand(node.left, left)
+        right = self.operand(node.right, right)
         if T.UNKNOWN in (left, right):
             return T.UNKNOWN
         if node.op == "@":

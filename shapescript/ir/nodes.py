@@ -133,6 +133,7 @@ class GradCall(Expr):
     args: tuple[Expr, ...]  # as FnCall's
     op: str
     binds: Binding = ()
+    deferred: bool = False  # its gradients stay each device's own until read (plan/accumulate.py)
 
 
 # Found by ir/fuse.py: spans of the program that torch has one kernel for.

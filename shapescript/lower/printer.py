@@ -134,6 +134,8 @@ class BodyPrinter:
             obj = self.expr(node.obj, nested=True)
             if node.gathered:  # each device's piece, gathered into the whole param
                 return f"_rt.gather_param({obj}, {literal(MEMBER_PREFIX + node.name)}, {literal(str(node.span))})"
+            if isinstance(node.obj.ty, T.GradT):  # a param's gradient, or a sub-model's gradients
+                return f"_rt.grad_field({obj}, {literal(node.name)}, {literal(str(node.span))})"
             if node.live:  # the live tensor; `m.w` from Python is a copy
                 return f"{obj}.{MEMBER_PREFIX}{node.name}"
             if keyword.iskeyword(node.name):
@@ -226,7 +228,7 @@ class BodyPrinter:
         """value_and_grad, by its op's entry in the table: the function it differentiates, then that
         function's arguments. On several devices it always works across the batch axis (every
         device's gradients are added up), and its entry's lowering for that says where it is."""
-        args = [py_name(node.fn)] + self.passed(node.args)
+        args = [py_name(node.fn)] + self.passed(node.args) + (["sync=False"] if node.deferred else [])
         call = LowerCall(args, args, NO_OPTIONS, literal(str(node.span)), lambda k, index: args[k], NO_RECIPE,
                          size_text, literal, spec_var)
         op = OPS[node.op]

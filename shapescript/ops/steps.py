@@ -1,5 +1,6 @@
 """The built-ins of a training step: `value_and_grad` (a function's value and its gradient with
-respect to the model it takes first) and `update` (one optimizer step).
+respect to the model it takes first), `update` (one optimizer step) and `ema` (a second model
+moved toward the first: an exponential moving average of its params).
 
 Both are device work (plan/placement.py reads `device_work`): on several devices they run on the
 workers. `value_and_grad` works across the batch axis: each device's gradients are of its part of
@@ -81,9 +82,35 @@ def update_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions]
     return typed(T.NONE, (model.expr, opt_arg.expr, grads.expr))
 
 
+def ema_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.Ty:
+    """`ema(mut avg, m, decay)`: avg's params moved toward m's, `avg = decay·avg + (1 − decay)·m`,
+    two models of one type; `decay` a number or a float `[]`."""
+    avg_arg, model_arg, decay_arg = args
+    assert avg_arg is not None and model_arg is not None and decay_arg is not None
+    avg, m, decay = (ck.expr(a.expr) for a in (avg_arg, model_arg, decay_arg))
+    ck.device_work("ema", node.span)
+    ck.check_mut(avg_arg, True, "avg", "`ema`")
+    ck.check_mut(model_arg, False, "model", "`ema`")
+    if T.UNKNOWN in (avg, m, decay):
+        return T.NONE
+    if not isinstance(m, T.ModelT):
+        return ck.error("E0401", f"`ema` averages a model's params, not {m.show()}", model_arg.span,
+                        f"this is {m.show()}")
+    if avg is not m:
+        return ck.error("E0401", f"`ema` moves a {m.name} toward a model of its own type, not {avg.show()}",
+                        avg_arg.span, f"this is {avg.show()}", f"keep the average in a second {m.name}: "
+                        f"`ema(mut avg, m, decay=0.999)` with `avg: {m.name}`")
+    if not (decay in (T.INT, T.FLOAT) or isinstance(decay, T.TensorT) and decay.rank == 0 and decay.is_float):
+        return ck.error("E0401", f"`ema`'s decay is a number or a float [], not {decay.show()}", decay_arg.span,
+                        f"this is {decay.show()}")
+    return typed(T.NONE, (avg_arg.expr, model_arg.expr, decay_arg.expr))
+
+
 register(
     # Lowered with the function differentiated first, then its arguments.
     Op("value_and_grad", ("f", "args"), 1, value_and_grad_rule, runtime_function("value_and_grad"),
        Across(_always, OWN, value_and_grad_on_devices), own_args=True, checks_mut=True),
-    Op("update", ("model", "opt", "grads"), 3, update_rule, runtime_function("update"), PER_EXAMPLE, checks_mut=True),
+    Op("update", ("model", "opt", "grads"), 3, update_rule, runtime_function("update"), PER_EXAMPLE, checks_mut=True,
+       reads_gradients=True),
+    Op("ema", ("avg", "model", "decay"), 3, ema_rule, runtime_function("ema"), PER_EXAMPLE, checks_mut=True),
 )

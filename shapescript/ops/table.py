@@ -209,6 +209,9 @@ class Op(Generic[Opts]):
     widens: bool = False  # its result of a bool or i32 tensor is i64, as torch's sum is (an i32 sum overflows)
     writes_record: bool = False  # it writes a record to a sink (`write`): a step's result it only logs needn't wait
     makes_record: bool = False  # it makes a sink's record of its arguments (`logs`)
+    # It reads gradients whole (update, clip_norm, norm): gradients each device kept its own while
+    # they added up are averaged there (plan/accumulate.py, runtime/grads.py).
+    reads_gradients: bool = False
 
 
 OPS: dict[str, Op[Any]] = {}

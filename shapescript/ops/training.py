@@ -185,10 +185,10 @@ def grads_squares(view: CallView[CallOptions]) -> Payload | None:
 
 register(
     Op("norm", ("x", "over"), 1, norm_rule, norm_lower, Across[NormOptions](over_batch=reduces_batch),
-       layout=Layout[NormOptions](sharded=grads_squares)),
+       layout=Layout[NormOptions](sharded=grads_squares), reads_gradients=True),
     Op("clip_norm", ("grads", "max"), 2, clip_norm_rule,
        lambda call: f"_rt.clip_norm({call.args[0]}, {call.args[1]}, {call.where})", PER_EXAMPLE,
-       layout=Layout(sharded=grads_squares)),
+       layout=Layout(sharded=grads_squares), reads_gradients=True),
     Op("dropout", ("x", "p", "mode"), 3, dropout_rule,
        dropout_lower,
        Across(split_options=dropout_split_options)),

@@ -35,6 +35,7 @@ from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import BatchesOptions
 from ..shapes.plans import HeadsKind, Where
 from ..syntax.tree import MemberKind
+from .accumulate import pending_names, reads_pending, reads_whole
 from .layout import Dims, head_axis, model_params, sharded_read
 from .split import split_axes
 
@@ -277,7 +278,14 @@ class _Builder:
         """Each collective in `fn`'s body, and each call that sends something, in source order."""
         if self.count == 1 or fn.kind != FnKind.FN:
             return
+        # gradients a deferred value_and_grad leaves each device's own: averaged where first read whole
+        pending = pending_names(fn) if any(isinstance(e, N.GradCall) and e.deferred for e in walk(fn.body)) else None
         for node, marks, times in self.operations(fn.body, sympy.Integer(1)):
+            read = self.first_read(node, pending)
+            if read is not None:
+                yield LineItem(node.span, fn.name, tuple(Sent(c) for c in self.gradients(fn, node, read)),
+                               repeats=times)
+                continue
             if isinstance(node, N.Member) and node.gathered:
                 yield dataclasses.replace(self.gathered(fn, node, differentiated), repeats=times)
                 continue
@@ -297,7 +305,7 @@ class _Builder:
             if fn.placement.where == Where.CONTROLLER and callee.placement.where == Where.CONTROLLER:
                 continue  # runs in the controller: sends nothing itself
             sent: list[Sent] = []
-            if isinstance(node, N.GradCall):
+            if isinstance(node, N.GradCall) and not node.deferred:
                 sent.extend(Sent(c) for c in self.gradients(fn, node, node.args[0]))
             inner = self.sends(callee.name, differentiated or grad)
             sent.extend(Sent(s.collective, s.times, (callee.name,) + s.via) for s in inner)
@@ -412,9 +420,29 @@ class _Builder:
     def _make(self, fn: N.Function, node: N.Expr, what: str, values: sympy.Expr, dtype: str) -> Collective:
         return Collective("all-reduce", what, fn.name, node.span, self.size(values), dtype)
 
-    def gradients(self, fn: N.Function, node: N.Expr, model_arg: N.Expr) -> list[Collective]:
-        """value_and_grad's all-reduce of the whole params' gradients: one per dtype."""
-        model = model_arg.ty
+    def first_read(self, node: N.Expr, pending: set[str] | None) -> T.Ty | None:
+        """The model whose pending gradients `node` reads whole (update, clip_norm, norm, a field):
+        each such read averages them, a variable's in place (taken out of `pending`), a worked-out
+        value's as it is; None if it reads none."""
+        if not pending:
+            return None
+        if isinstance(node, N.OpCall) and reads_whole(node):
+            read = next((a for a in node.args if a is not None and isinstance(a.ty, T.GradT)), None)
+        elif isinstance(node, N.Member) and isinstance(node.obj.ty, T.GradT):
+            read = node.obj
+        else:
+            return None
+        if read is None or not reads_pending(read, pending):
+            return None
+        if isinstance(read, N.Name):  # averaged in place: read whole from then on
+            pending.discard(read.id)
+        assert isinstance(read.ty, T.GradT)
+        return read.ty.model
+
+    def gradients(self, fn: N.Function, node: N.Expr, model_arg: N.Expr | T.Ty) -> list[Collective]:
+        """value_and_grad's all-reduce of the whole params' gradients (or, deferred, that of their
+        first reader's): one per dtype."""
+        model = model_arg if isinstance(model_arg, T.Ty) else model_arg.ty
         if not isinstance(model, T.ModelT) or self.sharding:
             return []  # sharded: each gathered param's gradient is reduce-scattered where it's read
         by_dtype: dict[str, list[tuple[str, sympy.Expr]]] = {}

@@ -177,14 +177,14 @@ class Classifier:
         if not self.dims:
             return
         for node in source_order(self.fn.body):
+            if isinstance(node, N.OpCall) and self.call(node):
+                continue  # refused across the batch axis (E1801): its result's type adds nothing
             if isinstance(node.ty, T.TensorT):
                 self.check_type(node, node.ty)
             if isinstance(node, N.Size):
                 self.size_of_batch(node)
             elif isinstance(node, N.BinOp) and node.op == "@":
                 self.contraction(node, node.left)
-            elif isinstance(node, N.OpCall):
-                self.call(node)
             elif isinstance(node, N.FnCall) and node.kind == CallKind.EXTERN:
                 self.extern_axes(node)
 
@@ -224,17 +224,19 @@ class Classifier:
         if isinstance(t, T.TensorT) and t.rank and t.axes[-1].size in self.dims:
             self.mark(node, PARTIAL)
 
-    def call(self, node: N.OpCall) -> None:
+    def call(self, node: N.OpCall) -> bool:
+        """Mark what the call does along the batch axis; whether it is refused there (E1801)."""
         op = OPS[node.op]
         across, view = op.across, self.view(node)  # the op table says what it does along the batch axis
         if across.over_batch is not None and across.over_batch(view):
             kind = across.kind_of(view)
             if kind is None:
                 self.across(node, across.refused_as(view) if across.refused_as else f"`{op.name}`")
-            else:
-                self.mark(node, kind)
+                return True
+            self.mark(node, kind)
         if across.split_options is not None:
             self.mark(node, options=across.split_options(view))
+        return False
 
     def view(self, node: N.OpCall) -> CallView[CallOptions]:
         return CallView(node.options, tuple(a.ty if a is not None else None for a in node.args), node.ty,

@@ -12,6 +12,7 @@ from shapescript.runtime.collectives import (
                                               world,
 )
 from shapescript.runtime.data import Batch, DataSpec, FieldSpec, TensorDataset
+from shapescript.runtime.grads import Grads, grad_field
 from shapescript.runtime.guards import (  # GUARDS, PYTHON_RESULTS
                                               ArgDims,
                                               AxisCheck,
@@ -26,7 +27,17 @@ from shapescript.runtime.guards import (  # GUARDS, PYTHON_RESULTS
 from shapescript.runtime.heads import cut_heads, gather_heads
 from shapescript.runtime.loops import batches, shuffle
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec
-from shapescript.runtime.modes import Eval, Mode, Train, dropout
+from shapescript.runtime.modes import (
+                                              Eval,
+                                              Mode,
+                                              Train,
+                                              bernoulli,
+                                              categorical,
+                                              dropout,
+                                              randint,
+                                              random_normal,
+                                              random_uniform,
+)
 from shapescript.runtime.ops import (
                                               affine_layer_norm,
                                               batch_norm,
@@ -38,15 +49,17 @@ from shapescript.runtime.ops import (
                                               masked_cross_entropy,
                                               masked_mean,
                                               masked_sum,
+                                              take,
                                               topk,
                                               valid,
+                                              window,
 )
-from shapescript.runtime.optim import Grads, Optimizer, adamw, sgd, update, value_and_grad
+from shapescript.runtime.optim import Optimizer, adamw, ema, sgd, update, value_and_grad
 from shapescript.runtime.patterns import rearrange, reduce, repeat, split_parts
 from shapescript.runtime.products import matmul
 from shapescript.runtime.sharding import gather_param
 from shapescript.runtime.sinks import Logs, Sink, logs, write
 
-__all__ = ["affine_layer_norm", "ArgDims", "AxisCheck", "BatchGuard", "DimFormula", "KindGuard", "NotFromPython", "Param", "ResultGuard", "TensorGuard", "all_batch_norm", "all_cross_entropy", "all_masked_cross_entropy", "all_masked_mean", "all_mean", "all_sum", "masked_cross_entropy", "matmul", "masked_mean", "masked_sum", "valid", "batch_norm", "Eval", "Mode", "Train", "causal", "causal_mask", "clip_norm", "first", "dropout", "gather_param", "gather_heads", "cut_heads", "world", "grad_norm", "Batch", "DataSpec", "FieldSpec", "Grads", "Logs", "Model", "ModelSpec", "Optimizer", "ParamSpec",
+__all__ = ["affine_layer_norm", "ArgDims", "AxisCheck", "BatchGuard", "DimFormula", "KindGuard", "NotFromPython", "Param", "ResultGuard", "TensorGuard", "all_batch_norm", "all_cross_entropy", "all_masked_cross_entropy", "all_masked_mean", "all_mean", "all_sum", "masked_cross_entropy", "matmul", "masked_mean", "masked_sum", "valid", "batch_norm", "Eval", "Mode", "Train", "causal", "causal_mask", "clip_norm", "first", "dropout", "random_normal", "random_uniform", "bernoulli", "randint", "categorical", "gather_param", "gather_heads", "grad_field", "ema", "cut_heads", "world", "grad_norm", "Batch", "DataSpec", "FieldSpec", "Grads", "Logs", "Model", "ModelSpec", "Optimizer", "ParamSpec",
            "Sink", "SubSpec", "TensorDataset", "adamw", "batches", "load", "logs", "python_call", "rearrange", "reduce", "repeat", "save", "sgd",
-           "show", "shuffle", "split_parts", "topk", "update", "value_and_grad", "write"]
+           "show", "shuffle", "split_parts", "take", "topk", "window", "update", "value_and_grad", "write"]

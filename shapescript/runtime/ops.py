@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 def grad_norm(g: Grads, where: str = "norm") -> torch.Tensor:
     """The 2-norm of all of a model's gradients together, as torch's clip_grad_norm_ measures it.
     Of sharded gradients: every worker's pieces' squares added up (one all-reduce of one number)."""
+    g = g.synced(where)
     if not any(g.pieces):
         return torch.nn.utils.get_total_norm(g.tensors)
     parts = torch.nn.utils.get_total_norm([t for t, part in zip(g.tensors, g.pieces) if part])
@@ -85,6 +86,29 @@ def topk(x: torch.Tensor, k: int, axis: int, along: str, where: str) -> tuple[to
         raise ShapeError(f"{where}: `topk` takes the {k} largest entries along {along}, which has only {size}")
     values, indices = torch.topk(x, k, dim=axis)
     return values, indices
+
+
+def take(x: torch.Tensor, i: int | torch.Tensor, axis: int, along: str, where: str) -> torch.Tensor:
+    """x at position `i` along `axis`, without that axis: a whole number (negative from the end)
+    checked here, so that out of range is our error and not torch's; an `Index[...]` tensor is in range."""
+    if isinstance(i, torch.Tensor):
+        return x.index_select(axis, i.reshape(1)).squeeze(axis)
+    size = x.shape[axis]
+    if not -size <= i < size:
+        raise ShapeError(f"{where}: `take` at position {i} along {along}, which has {size}: a position is in "
+                         f"0..{size - 1}, or -{size}..-1 from the end")
+    return x.select(axis, i)
+
+
+def window(x: torch.Tensor, start: int, count: int, axis: int, names: tuple[str, str], where: str) -> torch.Tensor:
+    """x's `count` entries along `axis` from `start` (negative: from the end), checked as `first`'s are."""
+    size = x.shape[axis]
+    begin = start if start >= 0 else size + start
+    if count > size or not 0 <= begin <= size - count:
+        counted, along = names
+        counted = counted if counted == str(count) else f"{counted} = {count}"
+        raise ShapeError(f"{where}: `window` takes {counted} entries along {along} from {start}, which has {size}")
+    return x.narrow(axis, begin, count)
 
 
 def batch_norm(x: torch.Tensor, stats: object, mode: Mode, axis: int) -> torch.Tensor:

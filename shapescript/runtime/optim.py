@@ -21,6 +21,7 @@ from shapescript.names import similar
 from shapescript.optimizers import OptimizerKind
 from shapescript.runtime.collectives import BucketedAverage, average_grads, bucketed_average
 from shapescript.runtime.fused_step import optimizer_step
+from shapescript.runtime.grads import Grads
 from shapescript.runtime.model import Model, ModelSpec, leaves, param_names, type_text
 from shapescript.runtime.schedules import Schedule, from_header
 from shapescript.runtime.sharding import keeping_pieces, sharding
@@ -28,32 +29,16 @@ from shapescript.runtime.sigint import deliver_ctrl_c, hold_ctrl_c, release_ctrl
 from shapescript.runtime.steps import between_steps
 
 
-class Grads:
-    """The gradients of a model's trained params, aligned with `model.params()`. `pieces`: for each,
-    whether each worker holds a part of it (`shard params`, `split H`), so that a norm adds up every
-    worker's squares of them; () where every worker holds them all."""
-
-    __slots__ = ("model_spec", "tensors", "pieces")
-
-    def __init__(self, model_spec: ModelSpec, tensors: list[torch.Tensor], pieces: tuple[bool, ...] = ()) -> None:
-        self.model_spec = model_spec
-        self.tensors = tensors
-        self.pieces = pieces
-
-    def named(self) -> dict[str, torch.Tensor]:
-        return dict(zip(param_names(self.model_spec), self.tensors))
-
-    def __repr__(self) -> str:
-        return f"Grads[{self.model_spec.name}]({', '.join(param_names(self.model_spec))})"
-
-
-def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: str = "value_and_grad"
-                   ) -> tuple[torch.Tensor, Grads]:
-    """`f(m, *args)` and its gradient with respect to `m`'s trained params."""
+def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: str = "value_and_grad",
+                   sync: bool = True) -> tuple[torch.Tensor, Grads]:
+    """`f(m, *args)` and its gradient with respect to `m`'s trained params. `sync=False` (the
+    compiler's choice where the gradients only add up before an update, plan/accumulate.py): a whole
+    model's gradients stay this worker's own until read whole (grads.py)."""
     params = m.params()
     pieces = sharding(m)
+    pending = not sync and pieces is None
     # A whole model's gradients are averaged as the backward makes them (None: after it)
-    buckets = bucketed_average(params, where) if pieces is None else None
+    buckets = bucketed_average(params, where) if pieces is None and not pending else None
     grad_was = torch.is_grad_enabled()
     torch._C._set_grad_enabled(True)  # as torch.enable_grad(), without a context object every step
     try:
@@ -65,6 +50,8 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: 
     finally:
         torch._C._set_grad_enabled(grad_was)
     tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    if pending:
+        return v.detach(), Grads(m.spec, tensors, pending=True)
     if pieces is None:
         mean = buckets.finish(tensors) if buckets is not None else average_grads(tensors, where)
         return v.detach(), Grads(m.spec, mean)
@@ -539,6 +526,7 @@ def update(m: Model, opt: Optimizer, g: Grads) -> None:
         raise ShapeError(f"update: the gradients are of a {g.model_spec.name}, the model is a "
                          f"{m.spec.name} (declared at {m.spec.where})")
     params = m.params()
+    g = g.synced("update")
     schedule = opt.schedule
     if schedule is not None:  # its lr at this position, for this update
         lr = schedule.at(opt.steps)
@@ -561,3 +549,17 @@ def update(m: Model, opt: Optimizer, g: Grads) -> None:
             p.grad = None
         if held:
             deliver_ctrl_c(held[0])  # Python's own handler raises KeyboardInterrupt here
+
+
+def ema(avg: Model, m: Model, decay: float | torch.Tensor) -> None:
+    """`avg`'s params moved toward `m`'s: decay·avg + (1 − decay)·m, as torch's AveragedModel with
+    get_ema_multi_avg_fn(decay) (its `lerp_`); buffers stay. On several devices every worker holds
+    both models alike (or alike pieces of them), so each moves its own."""
+    if before_update is not None:  # it changes a model: as an update, only once the step may
+        before_update()
+    if avg.spec is not m.spec and avg.spec != m.spec:
+        raise ShapeError(f"ema: the average is a {avg.spec.name}, the model a {m.spec.name}")
+    weight = 1 - decay
+    with torch.no_grad():
+        for a, p in zip(avg.params(), m.params()):
+            a.lerp_(p, weight)

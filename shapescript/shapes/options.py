@@ -92,6 +92,14 @@ class DropoutOptions(CallOptions):
 
 
 @dataclass(frozen=True)
+class DrawOptions(DropoutOptions, AxisOptions):
+    """The random draws (random_normal, ..., categorical): where the result's batch axis lies (the
+    draw is for the whole batch, each device keeping its part), categorical's axis (`axis`), and the
+    keyword numbers given, in their arguments' order after the tensor and the mode."""
+    keywords: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SizesOptions(CallOptions):
     """causal and positions: the sizes of the dims they are given, as the function reads them."""
     sizes: tuple[SizeSource | None, ...] = ()

@@ -352,6 +352,7 @@ TESTED_ELSEWHERE = {
     "dropout": "compiler/test_stdlib.py", "Train": "compiler/test_stdlib.py", "Eval": "compiler/test_stdlib.py",
     "batch_norm": "compiler/test_stdlib.py", "clip_norm": "compiler/test_stdlib.py",
     "value_and_grad": "runtime/test_runtime_optim.py", "update": "runtime/test_runtime_optim.py",
+    "ema": "several/test_accumulation.py",
     "valid": "runtime/test_padding.py", "save": "runtime/test_runtime_checkpoint.py",
     "load": "runtime/test_runtime_checkpoint.py", "shuffle": "runtime/test_controller.py",
     "batches": "runtime/test_controller.py", "logs": "runtime/test_controller.py",
@@ -359,6 +360,9 @@ TESTED_ELSEWHERE = {
     **dict.fromkeys(("sin", "cos", "softplus", "log1p", "expm1", "erf", "sign", "mse_loss", "l1_loss", "smooth_l1_loss",
                      "binary_cross_entropy_with_logits", "nll_loss", "kl_div", "cosine_similarity"),
                     "compiler/test_more_ops.py"),
+    **dict.fromkeys(("take", "window", "cat", "stack", "pad"), "compiler/test_selecting_ops.py"),
+    **dict.fromkeys(("random_normal", "random_uniform", "bernoulli", "randint", "categorical"),
+                    "compiler/test_random_ops.py"),
 }
 
 
