@@ -336,18 +336,8 @@ PADDED = textwrap.dedent("""\
 
 # Gradient arithmetic: two micro-batches' gradients accumulated, clipped and applied, a field read
 # (tests/several/test_accumulation.py, tests/passes/test_accumulate_pass.py).
-ACCUMULATE = """\
-dim D = 4
-dim C = 3
-
-data Ex:
-    x: [D]
-    y: [] Index[C]
-
-model Lin:
-    param w: [D C] = normal(std=0.1)
-    param b: [C] = normal(std=0.1)
-
+ACCUMULATE = LIN_HEADER.replace("    param w: [D C] = normal(std=0.1)\n",
+                                "    param w: [D C] = normal(std=0.1)\n    param b: [C] = normal(std=0.1)\n") + """
 fn loss(m: Lin, batch: [b] Ex) -> [] = cross_entropy(batch.x @ m.w + m.b, batch.y, over=C)
 
 fn accumulate(mut m: Lin, mut opt: Sgd[Lin], one: [b] Ex, two: [b] Ex, s: []) -> [C]:

@@ -4,6 +4,8 @@ label. Each takes the checker as a `RuleChecker`, the narrow view a rule has of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..errors import Span
 from ..names import similar
 from ..shapes import dims as D
@@ -181,6 +183,27 @@ def number_arg(ck: RuleChecker, arg: A.Arg | None, what: str) -> bool:
         return True
     ck.error("E0401", f"{what} is a number, not {t.show()}", arg.span, f"this is {t.show()}")
     return False
+
+
+def keyword_numbers(ck: RuleChecker, name: str, keywords: tuple[str, ...], given: Sequence[A.Arg | None],
+                    whole: bool = False, at_least_zero: bool = False) -> tuple[str, ...] | None:
+    """The keyword numbers given (`beta=`, `mean=`, `low=`...), each a plain number (`whole`: a whole
+    one; `at_least_zero`: not below 0 where it is written as a number, E0310); their names, or None
+    after an error."""
+    out: list[str] = []
+    for keyword, arg in zip(keywords, given):
+        if arg is None:
+            continue
+        what = f"`{name}`'s {keyword}"
+        if not (int_arg(ck, arg, what) if whole else number_arg(ck, arg, what)):
+            return None
+        value = literal_number(arg.value) if at_least_zero else None
+        if value is not None and value < 0:
+            ck.error("E0310", f"{what} is at least 0, not {value}", arg.span, "below 0",
+                     f"give `{keyword}=` a number of 0 or more")
+            return None
+        out.append(keyword)
+    return tuple(out)
 
 
 def _unused_args(ck: RuleChecker, node: A.Call) -> T.UnknownT:

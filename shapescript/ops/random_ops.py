@@ -22,7 +22,7 @@ from collections.abc import Callable
 from ..shapes import value_types as T
 from ..shapes.options import DrawOptions
 from ..syntax import tree as A
-from .args import int_arg, literal_number, number_arg, over_axis, tensor_arg
+from .args import keyword_numbers, literal_number, over_axis, tensor_arg
 from .checking import RuleChecker
 from .table import Across, Args, CallView, LowerCall, Op, Typed, along_batch, register
 
@@ -42,21 +42,6 @@ def mode_arg(ck: RuleChecker, arg: A.Arg, name: str) -> bool:
                  arg.span, "draws nothing", "give it Train(seed=...), or a `mode: Mode` parameter")
         return False
     return True
-
-
-def keyword_numbers(ck: RuleChecker, name: str, keywords: tuple[str, ...], given: Args, whole: bool = False,
-                    ) -> tuple[str, ...] | None:
-    """The keyword numbers given (`mean=`, `low=`...), each a plain number (`whole`: a whole one);
-    their names, or None after an error."""
-    out: list[str] = []
-    for keyword, arg in zip(keywords, given):
-        if arg is None:
-            continue
-        what = f"`{name}`'s {keyword}"
-        if not (int_arg(ck, arg, what) if whole else number_arg(ck, arg, what)):
-            return None
-        out.append(keyword)
-    return tuple(out)
 
 
 def bounds_in_order(ck: RuleChecker, name: str, low: A.Arg | None, high: A.Arg | None, default_low: float,

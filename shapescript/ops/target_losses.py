@@ -18,7 +18,7 @@ import sympy
 from ..shapes import value_types as T
 from ..shapes.options import LossOptions
 from ..syntax import tree as A
-from .args import labels, literal_number, number_arg, over_axis, tensor_arg
+from .args import keyword_numbers, labels, over_axis, tensor_arg
 from .checking import RuleChecker
 from .losses import NONE, all_mean_loss, first_split, mean_loss, sum_and_count
 from .reductions import mask_of
@@ -61,24 +61,6 @@ def paired(ck: RuleChecker, name: str, x_arg: A.Arg | None, y_arg: A.Arg | None,
     return x, y
 
 
-def keyword_numbers(ck: RuleChecker, name: str, names: tuple[str, ...], given: Args) -> tuple[str, ...] | None:
-    """The keyword numbers given (`beta=`, `eps=`), each a plain number, at least 0 where it is
-    written as a number; their names, or None after an error."""
-    out: list[str] = []
-    for keyword, arg in zip(names, given):
-        if arg is None:
-            continue
-        if not number_arg(ck, arg, f"`{name}`'s {keyword}"):
-            return None
-        value = literal_number(arg.value)
-        if value is not None and value < 0:
-            ck.error("E0310", f"`{name}`'s {keyword} is at least 0, not {value}", arg.span, "below 0",
-                     f"give `{keyword}=` a number of 0 or more")
-            return None
-        out.append(keyword)
-    return tuple(out)
-
-
 def _keyword_text(call: LowerCall[LossOptions]) -> str:
     """The keyword numbers as torch takes them, after the two tensors: `, beta=0.5`."""
     return "".join(f", {k}={text}" for k, text in zip(call.options.keywords, call.args[2:]))
@@ -95,7 +77,7 @@ def pointwise_loss(name: str, torch_fn: str, keywords: tuple[str, ...] = ()) -> 
     def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[LossOptions] | T.UnknownT:
         x_arg, target_arg, mask = args[0], args[1], args[-1]
         pair = paired(ck, name, x_arg, target_arg, "target")
-        given = keyword_numbers(ck, name, keywords, args[2:-1])
+        given = keyword_numbers(ck, name, keywords, args[2:-1], at_least_zero=True)
         if pair is None or given is None or x_arg is None or target_arg is None:
             return T.UNKNOWN
         x = pair[0]
@@ -184,7 +166,7 @@ def cosine_similarity_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[L
     a_arg, b_arg, over, eps = args
     assert a_arg is not None and b_arg is not None and over is not None
     pair = paired(ck, "cosine_similarity", a_arg, b_arg, "second argument")
-    given = keyword_numbers(ck, "cosine_similarity", ("eps",), [eps])
+    given = keyword_numbers(ck, "cosine_similarity", ("eps",), [eps], at_least_zero=True)
     if pair is None or given is None:
         return T.UNKNOWN
     a = pair[0]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from every_layout import loaded_everywhere, one_step_everywhere
 from test_comms import expected, recorded
 
 import shapescript as ss
@@ -67,20 +68,9 @@ SOURCE = textwrap.dedent("""\
 LOSSES = ["mse", "l1", "huber", "bce", "nll", "kl", "kl_b", "total"]
 PER_EXAMPLE = ["angle", "angle_c"]
 # The same program with both layout options (the devices it is loaded on replace the line's).
-LAYOUTS = "devices cpu\n    split H\n    shard params\n\n" + SOURCE
-DEVICES = {"cpu": SOURCE, "cpu[0 1]": SOURCE, "cpu[0 1 2]": SOURCE, "cpu[0 1] split H, shard params": LAYOUTS}
-
-
 @pytest.fixture(scope="module")
 def programs() -> Iterator[dict[str, Any]]:
-    progs: dict[str, Any] = {}
-    try:
-        for name, source in DEVICES.items():
-            progs[name] = ss.load(source, devices=name.split(" split")[0], name="losses.ss")
-        yield progs
-    finally:
-        for prog in progs.values():
-            prog.stop()
+    yield from loaded_everywhere(SOURCE, "losses.ss")
 
 
 def batch(n: int = 7, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -114,12 +104,7 @@ def test_a_step_takes_one_devices_gradients(programs: dict[str, Any]) -> None:
     """One step of Sgd with lr 1 from the same model: each param moves by its gradient, which only
     its own loss reaches (one param per loss, and `t`, the targets' projection, that several share)."""
     data = batch(seed=1)
-    results = {}
-    for devices, prog in programs.items():
-        m = prog.Net.init(seed=0)
-        before = {k: v.clone() for k, v in m.state_dict().items()}
-        loss = prog.train_step(m, ss.sgd(m, lr=1.0), data)
-        results[devices] = (loss, {k: before[k] - v for k, v in m.state_dict().items()})
+    results = one_step_everywhere(programs, data)
     assert_all_close(results)
     assert all(bool(g.abs().sum() > 0) for g in results["cpu"][1].values())  # every loss has a gradient
 

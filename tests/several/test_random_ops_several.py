@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from every_layout import loaded_everywhere
 
 import shapescript as ss
 
@@ -49,26 +50,9 @@ SOURCE = textwrap.dedent("""\
         update(mut m, mut opt, g)
         return l
     """)
-LAYOUTS = {"cpu": "cpu", "cpu[0 1]": "cpu[0 1]", "cpu[0 1 2]": "cpu[0 1 2]",
-           "cpu[0 1 2] split H, shard params": "cpu[0 1 2]"}
-
-
-def with_layout(name: str) -> str:
-    if "split H" not in name:
-        return SOURCE
-    return "devices cpu\n    split H\n    shard params\n" + SOURCE
-
-
 @pytest.fixture(scope="module")
 def programs() -> Iterator[dict[str, Any]]:
-    progs: dict[str, Any] = {}
-    try:
-        for name, devices in LAYOUTS.items():
-            progs[name] = ss.load(with_layout(name), devices=devices, name="draws.ss")
-        yield progs
-    finally:
-        for prog in progs.values():
-            prog.stop()
+    yield from loaded_everywhere(SOURCE, "draws.ss", with_options="cpu[0 1 2]")
 
 
 def batch(n: int, seed: int) -> dict[str, torch.Tensor]:

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-
-import shapescript as ss
+from every_layout import loaded_everywhere, one_step_everywhere
 
 pytestmark = pytest.mark.slow
 
@@ -57,20 +56,9 @@ SOURCE = textwrap.dedent("""\
     """)
 FUNCTIONS = ["joined", "widened", "tokens", "pairs", "total"]
 # The same program with both layout options (the devices it is loaded on replace the line's).
-LAYOUTS = "devices cpu\n    split H\n    shard params\n\n" + SOURCE
-DEVICES = {"cpu": SOURCE, "cpu[0 1]": SOURCE, "cpu[0 1 2]": SOURCE, "cpu[0 1] split H, shard params": LAYOUTS}
-
-
 @pytest.fixture(scope="module")
 def programs() -> Iterator[dict[str, Any]]:
-    progs: dict[str, Any] = {}
-    try:
-        for name, source in DEVICES.items():
-            progs[name] = ss.load(source, devices=name.split(" split")[0], name="selecting.ss")
-        yield progs
-    finally:
-        for prog in progs.values():
-            prog.stop()
+    yield from loaded_everywhere(SOURCE, "selecting.ss")
 
 
 def batch(n: int = 7, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -102,11 +90,6 @@ def test_each_function_is_one_devices(programs: dict[str, Any], size: int) -> No
 
 def test_a_step_takes_one_devices_gradients(programs: dict[str, Any]) -> None:
     data = batch(seed=1)
-    results = {}
-    for devices, prog in programs.items():
-        m = prog.Net.init(seed=0)
-        before = {k: v.clone() for k, v in m.state_dict().items()}
-        loss = prog.train_step(m, ss.sgd(m, lr=1.0), data)
-        results[devices] = (loss, {k: before[k] - v for k, v in m.state_dict().items()})
+    results = one_step_everywhere(programs, data)
     assert_all_close(results)
     assert all(bool(g.abs().sum() > 0) for g in results["cpu"][1].values())
