@@ -13,10 +13,20 @@ dim Dh = 64      # each head's width
 dim D = H * Dh   # n_embd
 dim F = 4 * D    # the MLP's hidden width
 dim L = 12       # n_layer
+dim M = 4        # gradient_accumulation_steps: micro-batches in one optimizer step
+dim New = 500    # max_new_tokens: how many tokens `generate` appends
+dim TopK = 200   # top_k: sampling keeps the TopK likeliest tokens (at most V)
 
 data Text:
     tokens: [n] Index[V]      # n <= T tokens
     targets: [n] Index[V]     # each token's successor
+
+data Steps:                   # one optimizer step's sequences: row k of each is micro-batch k's
+    tokens: [M n] Index[V]
+    targets: [M n] Index[V]
+
+data Prompt:                  # the tokens `generate` goes on from
+    tokens: [n] Index[V]
 
 model LayerNorm:
     param weight: [D] f64 = ones()
@@ -88,3 +98,35 @@ fn train_step(mut m: Gpt, mut opt: AdamW[Gpt], batch: [b] Text, mode: Mode) -> [
 fn evaluate(m: Gpt, data: Dataset[Text], log: Sink):
     for batch in data |> batches(8):
         write(log, logs(loss=loss(m, batch, Eval())))
+
+# nanoGPT's training step: M micro-batches, each one's gradients of loss / M added up (on several
+# devices each device keeps its own until clip_norm reads them: one all-reduce per step, as DDP's
+# no_sync), the norm clipped to 1.0, then one AdamW update. The lr is the optimizer's schedule.
+fn micro_loss(m: Gpt, batch: [b] Steps, k: int, mode: Mode) -> [] f64:
+    x = take(batch.tokens, k, over=M)
+    return cross_entropy(logits(m, x, mode), take(batch.targets, k, over=M), over=V)
+
+fn accumulate_step(mut m: Gpt, mut opt: AdamW[Gpt], batch: [b] Steps, mode: Mode) -> [] f64:
+    total, g = value_and_grad(micro_loss, m, batch, 0, mode)
+    for k in range(1, M):
+        l, gk = value_and_grad(micro_loss, m, batch, k, mode)
+        total = total + l
+        g = g + gk
+    update(mut m, mut opt, clip_norm(g / M, 1.0))
+    return total / M
+
+# nanoGPT's generate: New times, crop the context to its last T tokens, take the last position's
+# logits over the temperature, keep the TopK likeliest, sample one and append it.
+fn last_logits(m: Gpt, tokens: [b n] Index[V]) -> [b V] f64 = take(logits(m, tokens, Eval()), -1, over=n)
+
+fn next_token(m: Gpt, tokens: [b n] Index[V], temperature: float, mode: Mode) -> [b 1] Index[V]:
+    scaled = last_logits(m, last(tokens, T, over=n)) / temperature
+    top, _ = topk(scaled, TopK, over=V)
+    kept = masked_fill(scaled, scaled < take(top, -1, over=TopK), -1e300)   # the rest never drawn
+    return repeat(categorical(softmax(kept, over=V), mode, over=V), b -> b o, o=1)
+
+fn generate(m: Gpt, prompt: [b] Prompt, temperature: float, mode: Mode) -> [b (n + New)] Index[V]:
+    tokens = prompt.tokens
+    for i in range(New):
+        tokens = cat(tokens, next_token(m, tokens, temperature, mode), over=n)
+    return tokens

@@ -1,6 +1,7 @@
 """gpt.ss written by hand in PyTorch with nanoGPT's structure (Karpathy's model.py): nn.Embedding
 wte and wpe, Blocks of ln_1, attn, ln_2 and mlp, a final ln_f, and lm_head tied to wte.weight;
-configure_optimizers makes nanoGPT's two AdamW param groups, weight decay on the 2-D params only.
+configure_optimizers makes nanoGPT's two AdamW param groups, weight decay on the 2-D params only;
+generate is nanoGPT's sampler (temperature, top-k, the context cropped to block_size).
 
 nn.Linear keeps its weight as [out, in], gpt.ss as [in out]: `load_shapescript` copies a gpt.ss
 model's params in, transposing those.
@@ -122,6 +123,25 @@ class GPT(nn.Module):
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """nanoGPT's sampler: extend idx [b, t] by max_new_tokens tokens, each drawn from the last
+        position's softmax(logits / temperature), kept to the top_k logits if given; the context is
+        cropped to the last block_size tokens, as wpe has no rows past it. `generator` (not in
+        nanoGPT) makes the draws reproducible in tests. Call it in eval() mode, as nanoGPT says."""
+        for _ in range(max_new_tokens):
+            context = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
+            logits, _ = self(context)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")  # ties with the k-th largest stay
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
 
     @torch.no_grad()
     def load_shapescript(self, state: dict[str, torch.Tensor]) -> None:

@@ -23,7 +23,7 @@ from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import NO_OPTIONS, CallOptions, Recipe
 from ..syntax import tree as A
 from . import calls as B
-from . import origins
+from . import flow, origins
 from .calls import misspelled_dim
 from .context import Context
 from .gradients import gradient_arith, gradient_field
@@ -55,6 +55,8 @@ class BodyChecker:
         self.dims: dict[str, D.Dim] = dict(fn.generics)
         self.returned = False
         self.mapping: dict[D.Dim, D.Dim] = {}  # the last call's binding of the callee's generic dims
+        self.grown: dict[D.Dim, D.Dim] = {}  # the sizes of values a loop grows, each with where it started
+        self.branch_only: dict[str, Span] = {}  # names one branch of an `if` assigns: the `if`'s span
 
     def error(self, code: str, message: str, span: Span, label: str = "", *help: str,
               secondary: tuple[tuple[Span, str], ...] = ()) -> T.UnknownT:
@@ -156,7 +158,9 @@ class BodyChecker:
         elif isinstance(s, A.Return):
             self.ret(s)
         elif isinstance(s, A.For):
-            self.loop(s)
+            flow.loop(self, s)
+        elif isinstance(s, A.If):
+            flow.branch(self, s)
         else:
             self.expr(s.expr)
 
@@ -208,49 +212,6 @@ class BodyChecker:
             return f"this is {actual.show()}"
         return ""
 
-    def loop(self, s: A.For) -> None:
-        before = dict(self.vars)
-        self.loop_pass(s)
-        self.loop_keeps_types(before)
-
-    def loop_keeps_types(self, before: dict[str, Var]) -> None:
-        """A variable from before a loop that the loop assigns keeps its type: the body was checked
-        with the types it had before, which a second pass would otherwise not have (a number that
-        became a tensor, a shape that grows by a pass)."""
-        for name, old in before.items():
-            new = self.vars[name]
-            if new is old or T.same_type(old.ty, new.ty):
-                continue
-            help = (f"start it as a tensor before the loop: `{name} = to(0.0, {new.ty.dtype})`"
-                    if isinstance(old.ty, T.ScalarT) and isinstance(new.ty, T.TensorT) and not new.ty.axes
-                    else f"give the loop's result a name of its own, or make `{name}` {old.ty.show()} again")
-            self.error("E0406", f"`{name}` is {old.ty.show()} before the loop, but a pass of the loop makes it "
-                       f"{new.ty.show()}", new.span, f"now {new.ty.show()}", help,
-                       secondary=((old.span, f"{old.ty.show()} here"),))
-
-    def loop_pass(self, s: A.For) -> None:
-        t = self.expr(s.iter)
-        if isinstance(t, T.StackT):  # the blocks of a model, one after another
-            self.bind(s.var, t.model)
-            self.stmts(s.body)
-            return
-        self.use(Use.LOOP, s.span)
-        if isinstance(t, T.BatchesT):
-            b = D.generic("b")
-            self.dims.setdefault("b", b)
-            # Each batch of the loop pads to its own longest item: dims of its own, by the data's names.
-            padded = tuple((name, D.generic(name)) for name in t.data.generics)
-            self.dims.update(padded)
-            var_t: T.Ty = T.BatchT((T.axis(b),), t.data, padded)
-        elif t is T.UNKNOWN:
-            var_t = T.UNKNOWN
-        else:
-            var_t = self.error("E0403", f"a loop goes over a dataset's batches or a stack of models, not "
-                               f"{t.show()}", s.iter.span, f"this is {t.show()}",
-                               "write `for batch in data |> batches(64):` or `for block in m.blocks:`")
-        self.bind(s.var, var_t)
-        self.stmts(s.body)
-
     # ---- expressions --------------------------------------------------------------------------
 
     def expr(self, node: A.Expr) -> T.Ty:
@@ -294,6 +255,11 @@ class BodyChecker:
         if node.id in self.dims or node.id in self.ctx.dim_values:
             return self.dim_value(node)
         candidates = list(self.vars) + list(self.ctx.fns)
+        branch = self.branch_only.get(node.id)
+        if branch is not None:
+            return self.error("E0201", f"`{node.id}` is assigned in one branch of the `if` on line {branch.line} "
+                              "only", node.span, "not assigned on every path",
+                              f"assign `{node.id}` in both branches, or before the `if`")
         return self.error("E0201", f"unknown name `{node.id}`", node.span, "not defined",
                           similar(node.id, candidates)
                           or f"assign it before this line (`{node.id} = ...`) or take it as a parameter of "

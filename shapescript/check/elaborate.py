@@ -49,6 +49,9 @@ class _Elaborator:
         if isinstance(s, A.For):
             iterable = self.expr(s.iter)  # the loop's sizes are read before its body's
             return N.For(s.span, self.target(s.var), iterable, tuple(self.stmt(b) for b in s.body))
+        if isinstance(s, A.If):
+            return N.If(s.span, self.expr(s.cond), tuple(self.stmt(b) for b in s.then),
+                        tuple(self.stmt(b) for b in s.orelse))
         assert isinstance(s, A.ExprStmt), s
         return N.Do(s.span, self.expr(s.expr))
 

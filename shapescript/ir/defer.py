@@ -48,6 +48,9 @@ def _body(body: tuple[N.Stmt, ...], in_loop: bool, on_workers: frozenset[str], w
     for k, s in enumerate(body):
         if isinstance(s, N.For):
             s = dataclasses.replace(s, body=_body(s.body, True, on_workers, writes, reads))
+        elif isinstance(s, N.If):
+            s = dataclasses.replace(s, then=_body(s.then, in_loop, on_workers, writes, reads),
+                                    orelse=_body(s.orelse, in_loop, on_workers, writes, reads))
         elif (in_loop and isinstance(s, N.Assign) and isinstance(s.value, N.FnCall) and _on_workers(s.value, on_workers)
               and _only_logged(tuple(t.name for t in s.targets), body[k + 1:], writes, reads)):
             s = dataclasses.replace(s, value=dataclasses.replace(s.value, later=True))

@@ -64,6 +64,9 @@ class _Function:
             return s if s.value is None else dataclasses.replace(s, value=self.expr(s.value))
         if isinstance(s, N.For):
             return dataclasses.replace(s, iter=self.expr(s.iter), body=tuple(self.stmt(b) for b in s.body))
+        if isinstance(s, N.If):
+            return dataclasses.replace(s, cond=self.expr(s.cond), then=tuple(self.stmt(b) for b in s.then),
+                                       orelse=tuple(self.stmt(b) for b in s.orelse))
         assert isinstance(s, N.Do)
         return dataclasses.replace(s, expr=self.expr(s.expr))
 

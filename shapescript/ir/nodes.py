@@ -195,6 +195,14 @@ class For(Stmt):
 
 
 @dataclass(frozen=True)
+class If(Stmt):
+    """`if cond:` with its two branches (an `elif` is an If alone in `orelse`)."""
+    cond: Expr
+    then: tuple[Stmt, ...]
+    orelse: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
 class Do(Stmt):
     """An expression evaluated for what it does."""
     expr: Expr

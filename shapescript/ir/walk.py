@@ -10,11 +10,20 @@ from . import nodes as N
 
 
 def statements(body: tuple[N.Stmt, ...]) -> Iterator[N.Stmt]:
-    """Every statement of `body`, those in loops included, in the source's order."""
+    """Every statement of `body`, those in loops and branches included, in the source's order."""
     for s in body:
         yield s
-        if isinstance(s, N.For):
-            yield from statements(s.body)
+        for inner in inner_bodies(s):
+            yield from statements(inner)
+
+
+def inner_bodies(s: N.Stmt) -> tuple[tuple[N.Stmt, ...], ...]:
+    """The blocks statement `s` holds: a loop's body, a branch's two."""
+    if isinstance(s, N.For):
+        return (s.body,)
+    if isinstance(s, N.If):
+        return (s.then, s.orelse)
+    return ()
 
 
 def exprs(e: N.Expr) -> Iterator[N.Expr]:
@@ -34,8 +43,8 @@ def walk(body: tuple[N.Stmt, ...]) -> Iterator[N.Expr]:
             value = getattr(s, field.name)
             if isinstance(value, N.Expr):
                 yield from exprs(value)
-            elif field.name == "body":
-                yield from walk(value)
+        for inner in inner_bodies(s):
+            yield from walk(inner)
 
 
 def sizes_read(body: tuple[N.Stmt, ...]) -> tuple[N.ParamSize, ...]:
@@ -70,7 +79,7 @@ def source_exprs(e: N.Expr) -> Iterator[N.Expr]:
 
 
 def statement_parts(s: N.Stmt) -> Iterator[N.Expr | N.Target]:
-    """What statement `s` itself holds (a loop's body aside), in the order the source writes it: the
+    """What statement `s` itself holds (a loop's body and a branch's aside), in the order the source writes it: the
     names it binds before its value, a loop's variable before what it loops over."""
     if isinstance(s, N.Assign):
         yield from s.targets
@@ -78,6 +87,8 @@ def statement_parts(s: N.Stmt) -> Iterator[N.Expr | N.Target]:
     elif isinstance(s, N.For):
         yield s.var
         yield from source_exprs(s.iter)
+    elif isinstance(s, N.If):
+        yield from source_exprs(s.cond)
     elif isinstance(s, N.Return):
         if s.value is not None:
             yield from source_exprs(s.value)
@@ -87,8 +98,8 @@ def statement_parts(s: N.Stmt) -> Iterator[N.Expr | N.Target]:
 
 
 def source_order(body: tuple[N.Stmt, ...]) -> Iterator[N.Expr | N.Target]:
-    """Every expression and bound name of `body`, loops' bodies included, in the source's order."""
+    """Every expression and bound name of `body`, loops' and branches' included, in the source's order."""
     for s in body:
         yield from statement_parts(s)
-        if isinstance(s, N.For):
-            yield from source_order(s.body)
+        for inner in inner_bodies(s):
+            yield from source_order(inner)

@@ -107,6 +107,12 @@ class BodyPrinter:
             self.block(s.body, indent + 1)
             if not s.body:
                 self.emit("pass", indent=indent + 1)
+        elif isinstance(s, N.If):
+            self.emit(f"if {self.expr(s.cond)}:", s.span, indent)
+            self.block(s.then, indent + 1)
+            if s.orelse:
+                self.emit("else:", indent=indent)
+                self.block(s.orelse, indent + 1)
         else:
             assert isinstance(s, N.Do)
             self.emit(self.expr(s.expr), s.span, indent)

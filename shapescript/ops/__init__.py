@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     elementwise,
     indexing,
     library,
+    loops,
     losses,
     random_ops,
     reductions,

@@ -137,7 +137,7 @@ def over_axis(ck: RuleChecker, arg: A.Arg, t: T.TensorT, what: str) -> int | Non
         ck.error("E0303", f"`{node.id}` isn't a dim", node.span, "unknown dim",
                  similar(node.id, [a.show() for a in t.axes] + known) or f"dims here: {', '.join(known)}")
         return None
-    hits = [k for k, a in enumerate(t.axes) if D.equal(a.size, dim)]
+    hits = [k for k, a in enumerate(t.axes) if D.equal(a.size, dim)] or grown_from(ck, t, dim)
     if not hits:
         ck.error("E0303", f"{what} over {node.id}, but {t.show()} has no axis {node.id}", node.span,
                  f"not an axis of {t.show()}", f"name one of its axes: {', '.join(a.show() for a in t.axes)}")
@@ -147,6 +147,14 @@ def over_axis(ck: RuleChecker, arg: A.Arg, t: T.TensorT, what: str) -> int | Non
                  "which one?", "rearrange it so the axes have different names")
         return None
     return hits[0]
+
+
+def grown_from(ck: RuleChecker, t: T.TensorT, dim: D.Dim) -> list[int]:
+    """The axes of `t` that are `dim` grown by whole sizes: `n+1` after a `cat`, `n+i` in a loop that
+    appends (`over=n` names them where no axis is `n` itself)."""
+    def base(size: D.Dim) -> D.Dim:
+        return D.expand_derived(D.substitute(size, ck.grown)) if ck.grown else D.expand_derived(size)
+    return [k for k, a in enumerate(t.axes) if (base(a.size) - D.expand_derived(dim)).is_Integer]
 
 
 def called_name(node: A.Call) -> str:

@@ -66,6 +66,10 @@ class RuleChecker(Protocol):
         """Each declared dim's size (None: given when the program is loaded)."""
 
     @property
+    def grown(self) -> Mapping[D.Dim, D.Dim]:
+        """The sizes of values a loop grows (fresh dims, `n+i`), each with the size it grew from."""
+
+    @property
     def params(self) -> Sequence[ParamView]:
         """The checked function's parameters."""
 

@@ -18,9 +18,14 @@ def topk_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[TopKOptions] |
     assert x is not None and k is not None and over is not None
     t = tensor_arg(ck, x, "`topk`")
     k_node = k.value
-    if not (isinstance(k_node, A.IntLit) and k_node.value > 0):
+    # k: a positive literal, or a declared dim whose size the check knows (its name is the result's axis)
+    declared = isinstance(k_node, A.Name) and k_node.id in ck.dim_values and k_node.id not in ck.dims
+    count = ck.dim_values.get(k_node.id) if isinstance(k_node, A.Name) and declared else \
+        k_node.value if isinstance(k_node, A.IntLit) else None
+    if count is None or count <= 0:
         int_arg(ck, k, "`topk`'s k")
-        return ck.error("E0310", "`topk`'s k is a positive literal, as `topk(x, 5, over=C)`", k.span)
+        return ck.error("E0310", "`topk`'s k is a positive literal or a declared dim of known size, as "
+                        "`topk(x, 5, over=C)`", k.span)
     if t is None or refused_dtype(ck, "topk", x, t):
         return T.UNKNOWN
     axis = over_axis(ck, over, t, "`topk`")
@@ -28,13 +33,13 @@ def topk_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[TopKOptions] |
         return T.UNKNOWN
     picked = t.axes[axis]
     size = D.value(picked.size, ck.dim_values)
-    if size is not None and k_node.value > size:
-        return ck.error("E0310", f"`topk` of {k_node.value} from {picked.show()} = {size}", k.span, "too many")
-    axes = t.axes[:axis] + (T.axis(D.literal(k_node.value)),) + t.axes[axis + 1:]
+    if size is not None and count > size:
+        return ck.error("E0310", f"`topk` of {count} from {picked.show()} = {size}", k.span, "too many")
+    kept = D.declared(k_node.id) if isinstance(k_node, A.Name) else D.literal(count)
+    axes = t.axes[:axis] + (T.axis(kept),) + t.axes[axis + 1:]
     result = T.TupleT((T.TensorT(axes, t.dtype), T.TensorT(axes, "i64", picked.size)))
     # An axis of unknown size is checked as the program runs (`label`: the axis as the error names it).
-    return Typed(result, (x.expr,), TopKOptions(axis=axis, k=k_node.value,
-                                                label=picked.show() if size is None else None))
+    return Typed(result, (x.expr,), TopKOptions(axis=axis, k=count, label=picked.show() if size is None else None))
 
 
 def topk_lower(call: LowerCall[TopKOptions]) -> str:

@@ -1,5 +1,5 @@
 """Selecting and joining along an axis named by its dim: `take` (one position, the axis dropped),
-`window` (a run of positions), `cat` (operands end to end), `stack` (operands along a new leading
+`window` (a run of positions), `last` (the last k, or all where there are fewer), `cat` (operands end to end), `stack` (operands along a new leading
 axis) and `pad` (entries added at either end). A result's size follows by dim arithmetic: a window
 of `k` has `k`, `cat` along `n` of `[b n]` and `[b 1]` gives `[b n+1]`, `pad(x, 1, 2, over=n)`
 `[b n+3]`. A position may be a run-time number (negative ones count from the end, as Python's);
@@ -141,6 +141,31 @@ def window_lower(call: LowerCall[FirstOptions]) -> str:
     x, start = call.args
     return (f"_rt.window({x}, {start}, {call.size(call.options.sizes[0])}, {call.options.axis}, "
             f"{call.literal(call.options.names)}, {call.where})")
+
+
+def last_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[FirstOptions] | T.UnknownT:
+    """`last(x, k, over=T)`: x's last k entries along T, or all of them where T has fewer. Its size
+    is k or T where the checker knows which is smaller, else a size of its own, `min(T,k)`, that
+    the run finds (a function that takes it as a generic dim works on it)."""
+    x, count_arg, over = args
+    assert x is not None and count_arg is not None and over is not None
+    found = _along(ck, x, over, "`last`")
+    count = count_source(ck, count_arg.value, "`last`'s count")
+    if found is None or count is None:
+        return T.UNKNOWN
+    t, axis = found
+    taken, (dim, source) = t.axes[axis], count
+    have, want = D.value(taken.size, ck.dim_values), D.value(dim, ck.dim_values)
+    if have is not None and want is not None:
+        size = dim if want <= have else taken.size
+    else:
+        size = D.generic(f"min({taken.show()},{D.show(dim)})")
+    return Typed(_replaced(t, axis, size, t.index), (x.expr,),
+                 FirstOptions(axis=axis, sizes=(source,), names=(D.show(dim), taken.show())))
+
+
+def last_lower(call: LowerCall[FirstOptions]) -> str:
+    return f"_rt.last({call.args[0]}, {call.size(call.options.sizes[0])}, {call.options.axis})"
 
 
 # ---- cat and stack ---------------------------------------------------------------------------
@@ -299,6 +324,7 @@ register(
     Op("take", ("x", "i", "over"), 3, take_rule, take_lower, Across[FirstOptions](over_batch=along_batch), ALONG),
     Op("window", ("x", "start", "size", "over"), 4, window_rule, window_lower,
        Across(over_batch=sized_or_along_batch), ALONG),
+    Op("last", ("x", "count", "over"), 3, last_rule, last_lower, Across(over_batch=sized_or_along_batch), ALONG),
     joined("cat"),
     joined("stack"),
     Op("pad", ("x", "before", "after", "over", "value"), 4, pad_rule, pad_lower,

@@ -64,6 +64,8 @@ def pending_names(fn: N.Function) -> set[str] | None:
             parts, allowed = (s.value,), len(s.targets) == 1 and s.targets[0].name in pending
         elif isinstance(s, N.Do | N.Return):
             parts, allowed = _children(s.value if isinstance(s, N.Return) else s.expr), False
+        elif isinstance(s, N.If):
+            parts, allowed = (s.cond,), False
         else:
             assert isinstance(s, N.For)
             parts, allowed = (s.iter,), False

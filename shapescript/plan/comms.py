@@ -327,9 +327,17 @@ class _Builder:
                     yield part, tuple(marks), times
                     marks = []
             if isinstance(s, N.For):
-                stack = s.iter.ty
-                inner = times * self.size(stack.count) if isinstance(stack, T.StackT) else times
+                inner = times * self.passes(s.iter.ty)
                 yield from self.operations(s.body, inner)
+            elif isinstance(s, N.If):  # either branch may run: each shows what it sends when it does
+                yield from self.operations(s.then, times)
+                yield from self.operations(s.orelse, times)
+
+    def passes(self, iterated: T.Ty) -> sympy.Expr:
+        """How many times a loop runs its body: L over a stack of L models, K over `range(K)`, and a
+        symbol `passes` where only the run knows (a range of an int parameter, a dataset's batches)."""
+        count = iterated.count if isinstance(iterated, T.StackT | T.RangeT) else sympy.Integer(1)
+        return self.size(count) if count is not None else sympy.Symbol("passes", positive=True)
 
     def collective(self, fn: N.Function, node: N.Expr) -> Collective | None:
         across = node.across if isinstance(node, N.OpCall | N.BinOp) else None

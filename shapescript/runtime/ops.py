@@ -111,6 +111,13 @@ def window(x: torch.Tensor, start: int, count: int, axis: int, names: tuple[str,
     return x.narrow(axis, begin, count)
 
 
+def last(x: torch.Tensor, count: int, axis: int) -> torch.Tensor:
+    """x's last `count` entries along `axis`, or all of them where it has fewer (nanoGPT's crop of
+    the context to the block size)."""
+    size = x.shape[axis]
+    return x.narrow(axis, max(0, size - count), min(size, count))
+
+
 def batch_norm(x: torch.Tensor, stats: object, mode: Mode, axis: int) -> torch.Tensor:
     """PyTorch's batch_norm with the channels on `axis`: batch statistics and a momentum update of
     the running ones in Train, the running ones in Eval."""

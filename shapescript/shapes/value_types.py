@@ -197,6 +197,16 @@ class BatchesT(Ty):
 
 
 @dataclass(frozen=True)
+class RangeT(Ty):
+    """What `range(n)` gives: the whole numbers a loop counts through, `count` of them where the
+    checker knows how many (a literal or a dim), None where only the run does (an int parameter)."""
+    count: D.Dim | None
+
+    def show(self) -> str:
+        return "range" if self.count is None else f"range[{D.show(self.count)}]"
+
+
+@dataclass(frozen=True)
 class ScalarT(Ty):
     """A plain value of the controller: int, float, bool or str (literals, Python results)."""
     kind: str

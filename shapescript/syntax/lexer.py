@@ -13,7 +13,7 @@ from ..errors import Diagnostic, Severity, Span
 
 # Hard keywords. Item words (devices, dim, data, model, param, buffer, extern, python) are
 # contextual: `data` is a fine parameter name.
-KEYWORDS = frozenset({"fn", "mut", "return", "for", "in", "and", "or", "not", "true", "false"})
+KEYWORDS = frozenset({"fn", "mut", "return", "for", "in", "if", "elif", "else", "and", "or", "not", "true", "false"})
 
 # Longest first, so "->" wins over "-". `×` is a devices line's hosts × devices (`2 × cuda[0 1]`),
 # which also takes the name `x`: a word, so that `x` stays a name everywhere else.

@@ -381,6 +381,8 @@ class _Parser(TypeGrammar):
             body = self.block(self.stmt)
             self.loops -= 1
             return A.For(self.span_from(start), A.Name(var.span, var.text), it, body)
+        if self.at("if", "KW"):
+            return self.branches(start)
         first = self.expr()
         if self.at(",", "OP") or self.at("=", "OP"):
             targets = [first]
@@ -400,6 +402,26 @@ class _Parser(TypeGrammar):
             node = A.ExprStmt(first.span, first)
         self.expect_newline()
         return node
+
+    def branches(self, start: Span) -> A.If:
+        """`if cond:` block, then any `elif cond:` blocks and an `else:` block (nested as Ifs)."""
+        self.loops += 1  # a branch nests as deep as a loop does
+        if self.loops > MAX_LOOPS:
+            raise self.fail(f"more than {MAX_LOOPS} loops and branches inside one another", label="too deep",
+                            help="move the inner ones into a function of their own")
+        self.advance()
+        cond = self.expr()
+        self.expect(":", "to start the branch")
+        then = self.block(self.stmt)
+        orelse: list[A.Stmt] = []
+        if self.at("elif", "KW"):
+            orelse = [self.branches(self.tok.span)]
+        elif self.at("else", "KW"):
+            self.advance()
+            self.expect(":", "to start the `else` branch")
+            orelse = self.block(self.stmt)
+        self.loops -= 1
+        return A.If(self.span_from(start), cond, then, orelse)
 
     # ---- expressions --------------------------------------------------------------------------
 

@@ -181,11 +181,19 @@ class For(Node):
 
 
 @dataclass(eq=False)
+class If(Node):
+    """`if cond:` then `elif`/`else`: an `elif` is an If alone in the `else` branch."""
+    cond: Expr
+    then: list[Stmt]
+    orelse: list[Stmt]
+
+
+@dataclass(eq=False)
 class ExprStmt(Node):
     expr: Expr
 
 
-Stmt = Assign | Return | For | ExprStmt
+Stmt = Assign | Return | For | If | ExprStmt
 
 
 # ---- items ------------------------------------------------------------------------------------

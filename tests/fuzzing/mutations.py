@@ -173,7 +173,7 @@ SEEDS: list[str] = _readme_seed() + OWN_SEEDS + [c.example for c in CODES.values
 
 # ---- mutations and token soups ----------------------------------------------------------------
 
-KEYWORDS = ["fn", "mut", "return", "for", "in", "and", "or", "not", "true", "false"]
+KEYWORDS = ["fn", "mut", "return", "for", "in", "if", "elif", "else", "and", "or", "not", "true", "false"]
 ITEM_WORDS = ["devices", "dim", "data", "model", "param", "buffer", "extern", "python", "cpu", "cuda",
               "shard", "params", "split"]
 TYPE_WORDS = ["f16", "bf16", "f32", "f64", "i32", "i64", "bool", "int", "float", "str", "Index",
