@@ -196,27 +196,32 @@ _ENTRIES = [
          "it would never end.",
          "model A:\n    b: B\n\nmodel B:\n    a: A\n",
          "Break the cycle."),
-    Code("E0403", "A loop over something else than batches",
-         "A `for` loop goes over a dataset's batches: `for batch in data |> batches(64):`.",
+    Code("E0403", "A loop over something else than batches, a stack or a range",
+         "A `for` loop goes over a dataset's batches (`for batch in data |> batches(64):`), the "
+         "models of a stack (`for block in m.blocks:`) or a range of whole numbers (`for k in "
+         "range(4):`, `range(1, M)`).",
          "dim D = 4\n\nfn f(x: [n D]):\n    for row in x:\n        print(row)\n",
-         "Loop over `batches(n)` of a dataset; work on whole tensors otherwise."),
+         "Loop over `batches(n)` of a dataset or a `range`; work on whole tensors otherwise."),
     Code("E0404", "Indexing with [...]",
          "Tensors are not indexed with `[...]`: positions are not part of the types.",
          "fn f(x: [n]) -> [] = x[0]\n",
          "Use `take(x, i, over=D)` or `window(x, start, size, over=D)`, a reduction, gather, or a "
          "pattern such as rearrange."),
     Code("E0405", "A function that calls itself",
-         "A function can't call itself, directly or through other functions: the language has no "
-         "`if` on a value and no early `return`, so nothing could end the recursion. The error "
-         "points at the call that closes the cycle.",
+         "A function can't call itself, directly or through other functions: its types and the "
+         "DeviceTable's counts are worked out once for each function, which a recursion of any "
+         "depth would defeat. The error points at the call that closes the cycle.",
          "fn halve(x: [n]) -> [n] = shrink(x * 0.5)\n\nfn shrink(x: [n]) -> [n] = halve(x)\n",
-         "Repeat a step with a loop: over a stack of models (`for block in m.blocks:`) or over a "
-         "dataset's batches; or write the steps out."),
+         "Repeat a step with a loop: `for k in range(n):`, over a stack of models (`for block in "
+         "m.blocks:`) or over a dataset's batches."),
     Code("E0406", "A loop that changes a variable's type",
          "A variable from before a loop that the loop assigns must keep its type: the loop's body "
          "is checked once, with the types from before the loop, and every pass must agree with "
-         "them. A running total started as a number becomes a tensor on the first pass; a shape "
-         "that grows by a pass has a different type on every pass.",
+         "them. A running total started as a number becomes a tensor on the first pass. A value "
+         "that grows by the same whole size along an axis on each pass (a token appended) is "
+         "allowed: in the body its size is a dim of its own (`n+i`), and after a loop of a known "
+         "count it is the size before plus the growth times the count (`[b (n + New)]`). A value "
+         "that grows by different sizes, or shrinks, is refused.",
          "data Ex:\n    x: [4]\n\nfn total(data: Dataset[Ex]) -> []:\n    s = 0.0\n"
          "    for batch in data |> batches(8):\n        s = s + sum(batch.x)\n    return s\n",
          "Start the variable with the type the loop gives it, as `s = to(0.0, f32)`, or give the "
@@ -239,6 +244,19 @@ _ENTRIES = [
          "fn both(a: A, b: B) -> Grad[A]:\n    la, ga = value_and_grad(l, a)\n"
          "    lb, gb = value_and_grad(k, b)\n    return ga + gb\n",
          "Add gradients of one model, each taken with `value_and_grad` of that model; scale with a number."),
+    Code("E0409", "A condition that isn't one bool",
+         "`if` takes one bool: a plain one (`k > 0`, a `bool` argument) or a `[] bool` tensor, "
+         "which every device holds whole, so every device takes the same branch. A tensor with "
+         "axes holds a bool per value, and a number is no condition.",
+         "dim D = 4\n\nfn clip(x: [b D]) -> [b D]:\n    if x > 1.0:\n        return x * 0.5\n    return x\n",
+         "Choose value by value with `where(x > 1.0, a, b)`, or reduce to one value first "
+         "(`max(x, over=D)` along each axis)."),
+    Code("E0410", "Branches that leave a variable with different types",
+         "After an `if`, a variable both branches assign has the type both give it; a name only "
+         "one branch assigns can't be used after the `if`.",
+         "dim D = 4\n\nfn f(x: [b D], flag: bool) -> [b D]:\n    y = x\n    if flag:\n        y = sum(x, over=D)\n"
+         "    return y\n",
+         "Give both branches' values one type, or a name of their own."),
     Code("E0501", "Changing what isn't `mut`",
          "A function may change only the parameters it declares `mut`; passing anything else to "
          "a `mut` parameter is an error.",

@@ -181,8 +181,8 @@ def condition(ck: BodyChecker, node: A.Expr, t: T.Ty) -> None:
         return
     if isinstance(t, T.TensorT) and t.dtype == "bool":
         ck.error("E0409", f"a condition is one bool, not {t.show()}", node.span, f"this is {t.show()}",
-                   "reduce it to one value first (`max(to(x, i64), over=...) > 0`), or choose value by "
-                   "value with `where(cond, a, b)`")
+                   "reduce the values it compares to one first (`max(x, over=...)` along each axis), or "
+                   "choose value by value with `where(cond, a, b)`")
         return
     ck.error("E0409", f"a condition is a bool, not {t.show()}", node.span, f"this is {t.show()}",
                "compare it, as `if loss < best:` or `if k > 0:`")

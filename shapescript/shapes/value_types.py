@@ -198,8 +198,8 @@ class BatchesT(Ty):
 
 @dataclass(frozen=True)
 class RangeT(Ty):
-    """What `range(n)` gives: the whole numbers a loop counts through, `count` of them where the
-    checker knows how many (a literal or a dim), None where only the run does (an int parameter)."""
+    """A counted loop's whole numbers (ops/loops.py): `count` of them where the checker knows how
+    many (literals and dims), None where only the run does (an int parameter)."""
     count: D.Dim | None
 
     def show(self) -> str:
