@@ -93,6 +93,9 @@ class BodyChecker:
     def set_recipe(self, node: A.Node, recipe: Recipe) -> None:
         self.tables.recipes[node] = recipe
 
+    def came_from(self, fresh: D.Dim, origin: D.Dim) -> None:
+        self.grown[fresh] = origin
+
     def device_work(self, what: str, span: Span) -> None:
         self.fn.device_work.append((what, span))
 

@@ -150,8 +150,8 @@ def over_axis(ck: RuleChecker, arg: A.Arg, t: T.TensorT, what: str) -> int | Non
 
 
 def grown_from(ck: RuleChecker, t: T.TensorT, dim: D.Dim) -> list[int]:
-    """The axes of `t` that are `dim` grown by whole sizes: `n+1` after a `cat`, `n+i` in a loop that
-    appends (`over=n` names them where no axis is `n` itself)."""
+    """The axes of `t` that are `dim` grown by whole sizes, or cut from it: `n+1` after a `cat`, `n+i`
+    in a loop that appends, `min(n,T)` after `last` (`over=n` names them where no axis is `n` itself)."""
     def base(size: D.Dim) -> D.Dim:
         return D.expand_derived(D.substitute(size, ck.grown)) if ck.grown else D.expand_derived(size)
     return [k for k, a in enumerate(t.axes) if (base(a.size) - D.expand_derived(dim)).is_Integer]

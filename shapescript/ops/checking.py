@@ -67,7 +67,11 @@ class RuleChecker(Protocol):
 
     @property
     def grown(self) -> Mapping[D.Dim, D.Dim]:
-        """The sizes of values a loop grows (fresh dims, `n+i`), each with the size it grew from."""
+        """Sizes of their own that came from another (a loop's growing value, `n+i`; `last`'s
+        `min(n,k)`), each with the size it came from: `over=n` names them."""
+
+    def came_from(self, fresh: D.Dim, origin: D.Dim) -> None:
+        """Note that size `fresh` came from `origin` (see `grown`)."""
 
     @property
     def params(self) -> Sequence[ParamView]:

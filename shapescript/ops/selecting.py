@@ -146,7 +146,7 @@ def window_lower(call: LowerCall[FirstOptions]) -> str:
 def last_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[FirstOptions] | T.UnknownT:
     """`last(x, k, over=T)`: x's last k entries along T, or all of them where T has fewer. Its size
     is k or T where the checker knows which is smaller, else a size of its own, `min(T,k)`, that
-    the run finds (a function that takes it as a generic dim works on it)."""
+    the run finds; `over=T` still names that axis."""
     x, count_arg, over = args
     assert x is not None and count_arg is not None and over is not None
     found = _along(ck, x, over, "`last`")
@@ -160,6 +160,7 @@ def last_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[FirstOptions] 
         size = dim if want <= have else taken.size
     else:
         size = D.generic(f"min({taken.show()},{D.show(dim)})")
+        ck.came_from(size, taken.size)  # `over=n` names it, as the axis it was cut from
     return Typed(_replaced(t, axis, size, t.index), (x.expr,),
                  FirstOptions(axis=axis, sizes=(source,), names=(D.show(dim), taken.show())))
 
