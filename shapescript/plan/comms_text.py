@@ -158,6 +158,10 @@ def sum_bytes(sent: tuple[Sent, ...]) -> sympy.Expr:
 def item_lines(table: DeviceTable, item: LineItem) -> list[str]:
     """One line of text per collective (or call that sends): each marked as crossing hosts where it does."""
     lines = _item_lines(table, item)
+    if item.repeats != 1:  # inside a loop: the line runs once a pass
+        times = item.repeats
+        lines.append(f"- {number_text(times)} times in each call of `{item.fn}`, once a pass of its loop"
+                     if times.is_Integer else f"- once a pass of its loop, in each call of `{item.fn}`")
     return [text + CROSSES_HOSTS for text in lines] if table.crosses_hosts else lines
 
 

@@ -203,7 +203,7 @@ class RangeT(Ty):
     count: D.Dim | None
 
     def show(self) -> str:
-        return "range" if self.count is None else f"range[{D.show(self.count)}]"
+        return "Range" if self.count is None else f"Range[{D.show(self.count)}]"
 
 
 @dataclass(frozen=True)
