@@ -41,6 +41,11 @@ def test_the_tutorial_runs_and_its_claims_hold(tmp_path: Path, monkeypatch: pyte
     assert len(one) == len(two) == 24  # 1,500 examples in batches of 64
     assert max(abs(a - b) for a, b in zip(one, two)) < 1e-5
     assert isinstance(ss.ShapeError, type)
+    # A real training run: the best held-out loss is below the first, and the checkpoint of the best
+    # epoch restores the model and the optimizer's position (72 updates, the last epoch's).
+    assert namespace["best"] < namespace["first_held_out"] - 0.5
+    assert namespace["adamw"].steps == 72 and namespace["again"].steps == namespace["adamw"].steps
+    assert float(namespace["real"].loss(namespace["resumed"], namespace["test_batch"])) == namespace["best"]
 
 
 def test_the_shape_error_shown_is_the_one_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
