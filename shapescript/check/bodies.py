@@ -31,7 +31,7 @@ from .hints import cast_help, source_text, tensor_help
 from .program import CallInfo, FnInfo, ParamInfo
 from .rules import number_arith, number_negation, whole_tensor_power
 
-ARITH = {"+", "-", "*", "/", "**"}
+ARITH = {"+", "-", "*", "/", "%", "**"}  # `%` as Python's and torch's: the remainder takes the divisor's sign
 COMPARE = {"==", "!=", "<", "<=", ">", ">="}
 @dataclass
 class Var:

@@ -18,7 +18,7 @@ KEYWORDS = frozenset({"fn", "mut", "return", "for", "in", "if", "elif", "else", 
 # Longest first, so "->" wins over "-". `×` is a devices line's hosts × devices (`2 × cuda[0 1]`),
 # which also takes the name `x`: a word, so that `x` stays a name everywhere else.
 PUNCT = ("|>", "->", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", ",", ":", ".", "=",
-         "+", "-", "*", "/", "@", "<", ">", "×")
+         "+", "-", "*", "/", "%", "@", "<", ">", "×")
 
 # The longest whole number a program may write: 10**100 is far past any size or count, and Python
 # refuses to read a number of a few thousand digits (sys.get_int_max_str_digits), as an internal error.

@@ -20,7 +20,7 @@ ITEM_WORDS = ("devices", "dim", "data", "model", "extern", "python")
 BINARY = {
     "|>": 1, "or": 2, "and": 3,
     "==": 5, "!=": 5, "<": 5, "<=": 5, ">": 5, ">=": 5,
-    "+": 6, "-": 6, "*": 7, "/": 7, "@": 7, "**": 9,
+    "+": 6, "-": 6, "*": 7, "/": 7, "%": 7, "@": 7, "**": 9,
 }
 NOT_POWER = 4
 # Limits that keep the checker's recursion and the generated Python's nesting within Python's own.

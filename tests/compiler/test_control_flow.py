@@ -52,6 +52,9 @@ CASES = [
     ("if-in-a-loop", "fn f(x: [b D] f64) -> [b D] f64:\n    y = x\n    for k in range(4):\n        if k == 2:\n"
      "            y = y * 3.0\n        else:\n            y = y + 1.0\n    return y", (r(2, 3),),
      lambda x: (x + 2) * 3 + 1),
+    ("remainder", "fn f(x: [b D] f64) -> [b D] f64:\n    y = x % 0.75\n    for k in range(5):\n"
+     "        if k % 2 == 0:\n            y = y * 2.0\n    return y", (r(2, 3),),
+     lambda x: torch.remainder(x, 0.75) * 8),
     ("last", "dim S = 6\n\nfn f(x: [b S D] f64) -> [b C D] f64 = last(x, C, over=S)", (r(2, 6, 3),),
      lambda x: x[:, -4:]),
     ("last-all", "dim S = 2\n\nfn f(x: [b S D] f64) -> [b S D] f64 = last(x, C, over=S)", (r(2, 2, 3),), lambda x: x),
