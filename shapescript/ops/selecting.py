@@ -109,16 +109,31 @@ def take_lower(call: LowerCall[FirstOptions]) -> str:
     return f"_rt.take({x}, {i}, {call.options.axis}, {call.literal(call.options.names[0])}, {call.where})"
 
 
+class Counted(NamedTuple):
+    """A tensor, the axis an op works along and a count of entries along it (window's, last's)."""
+    t: T.TensorT
+    axis: int
+    dim: D.Dim
+    source: SizeSource | None
+
+
+def _counted(ck: RuleChecker, x: A.Arg | None, count_arg: A.Arg | None, over: A.Arg | None, what: str) -> Counted | None:
+    assert x is not None and count_arg is not None and over is not None
+    found = _along(ck, x, over, f"`{what}`")
+    count = count_source(ck, count_arg.value, f"`{what}`'s " + ("size" if what == "window" else "count"))
+    if found is None or count is None:
+        return None
+    return Counted(found[0], found[1], count[0], count[1])
+
+
 def window_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[FirstOptions] | T.UnknownT:
     """`window(x, start, size, over=T)`: `size` entries of x along T from position `start`."""
     x, start, size_arg, over = args
-    assert x is not None and start is not None and size_arg is not None and over is not None
-    found = _along(ck, x, over, "`window`")
-    count = count_source(ck, size_arg.value, "`window`'s size")
-    if found is None or count is None:
+    along = _counted(ck, x, size_arg, over, "window")
+    if along is None or start is None or x is None or size_arg is None:
         return T.UNKNOWN
-    t, axis = found
-    taken, (dim, source) = t.axes[axis], count
+    t, axis, dim, source = along
+    taken = t.axes[axis]
     position = _position(ck, start, taken, "`window`'s start", tensors=False)
     if position is None:
         return T.UNKNOWN
@@ -148,13 +163,11 @@ def last_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[FirstOptions] 
     is k or T where the checker knows which is smaller, else a size of its own, `min(T,k)`, that
     the run finds; `over=T` still names that axis."""
     x, count_arg, over = args
-    assert x is not None and count_arg is not None and over is not None
-    found = _along(ck, x, over, "`last`")
-    count = count_source(ck, count_arg.value, "`last`'s count")
-    if found is None or count is None:
+    counted = _counted(ck, x, count_arg, over, "last")
+    if counted is None or x is None:
         return T.UNKNOWN
-    t, axis = found
-    taken, (dim, source) = t.axes[axis], count
+    t, axis, dim, source = counted
+    taken = t.axes[axis]
     have, want = D.value(taken.size, ck.dim_values), D.value(dim, ck.dim_values)
     if have is not None and want is not None:
         size = dim if want <= have else taken.size

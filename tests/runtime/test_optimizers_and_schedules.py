@@ -5,21 +5,30 @@ StepLR/LinearLR; the position and the settings through a checkpoint."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import struct
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support import ROOT
 
 import shapescript as ss
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime import checkpoint, recorded
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec
 from shapescript.runtime.optim import Optimizer, update, value_and_grad
+
+_SPEC = importlib.util.spec_from_file_location("nanogpt_train_reference", ROOT / "examples" / "nanogpt" / "train_reference.py")
+assert _SPEC is not None and _SPEC.loader is not None
+TRAIN_REFERENCE = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = TRAIN_REFERENCE  # its dataclasses look their module up there
+_SPEC.loader.exec_module(TRAIN_REFERENCE)
 
 F64 = torch.float64
 SPEC = ModelSpec("Net", (ParamSpec("w", "param", (5, 3), F64, "normal", (("std", 0.5),), "net.ss:2:5"),
@@ -37,15 +46,9 @@ def inputs(n: int = STEPS) -> list[torch.Tensor]:
 
 
 def nanogpt_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float) -> float:
-    """nanoGPT's get_lr (train.py), transcribed."""
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it > lr_decay_iters:
-        return min_lr
-    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    assert 0 <= decay_ratio <= 1
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
-    return min_lr + coeff * (learning_rate - min_lr)
+    """nanoGPT's get_lr (train.py), as examples/nanogpt/train_reference.py transcribes it."""
+    return TRAIN_REFERENCE.get_lr(it, learning_rate=learning_rate, warmup_iters=warmup_iters,
+                                  lr_decay_iters=lr_decay_iters, min_lr=min_lr)
 
 
 def train(m: Model, opt: Optimizer, xs: list[torch.Tensor]) -> None:
