@@ -4,7 +4,8 @@
 A recorded step replays the device's work and nothing else, so a function is recordable only if
 its whole step is device work that the same arguments' shapes make the same every time: it runs
 on the devices (it uses tensors), and neither it nor any function it calls takes or makes a Mode
-(dropout counts its draws in Python), calls a python or extern fn, or takes or returns anything
+(dropout counts its draws in Python), branches on a tensor's value, calls a python or extern fn,
+or takes or returns anything
 but tensors, batches, models, optimizers and plain numbers. What the table can't see (an op that
 waits for the device, as `.item()` does) makes the capture fail at run time, and that function
 then runs as it always did.
@@ -13,7 +14,7 @@ then runs as it always did.
 from __future__ import annotations
 
 from ..ir import nodes as N
-from ..ir.walk import walk
+from ..ir.walk import statements, walk
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.plans import Where
@@ -43,6 +44,8 @@ def _only_device_work(fn: N.Function) -> bool:
     """Whether `fn`'s own body does nothing a replay would skip (its callees are looked at apart)."""
     if fn.kind != FnKind.FN:
         return False
+    if any(isinstance(s, N.If) and isinstance(s.cond.ty, T.TensorT) for s in statements(fn.body)):
+        return False  # a branch on a tensor's value reads it back: a replay would take the captured branch
     return not any(e.ty == T.MODE or (isinstance(e, N.FnCall) and e.kind != CallKind.FN) for e in walk(fn.body))
 
 

@@ -37,6 +37,17 @@ def test_table_names_the_functions_whose_steps_are_device_work_only() -> None:
     assert table(README, devices="cuda[0]") == ("forward", "loss", "train_step")
 
 
+def test_a_branch_on_a_tensors_value_is_not_recorded_and_a_counted_loop_is() -> None:
+    """A replay would take the branch the capture took; a loop of known passes, or a branch on a
+    plain number (part of the step's signature), replays as it ran."""
+    source = CUDA_NET + (
+        "\nfn halved(m: Net, x: [b D]) -> [b C]:\n    y = logits(m, x)\n    if sum(y) > 0.0:\n"
+        "        y = y * 0.5\n    return y\n"
+        "\nfn repeated(m: Net, x: [b D], k: int) -> [b C]:\n    y = logits(m, x)\n    for i in range(3):\n"
+        "        if k > i:\n            y = y * 2.0\n    return y\n")
+    assert table(source) == ("logits", "loss", "step", "repeated")
+
+
 def test_table_only_where_a_cuda_device_runs_the_module() -> None:
     # cpu modules print as before, and neither the controller nor a standalone build has any use for it
     assert table(CUDA_NET, devices="cpu") is None
