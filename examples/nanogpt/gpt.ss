@@ -15,7 +15,7 @@ dim F = 4 * D    # the MLP's hidden width
 dim L = 12       # n_layer
 dim M = 4        # gradient_accumulation_steps: micro-batches in one optimizer step
 dim New = 500    # max_new_tokens: how many tokens `generate` appends
-dim TopK = 200   # top_k: sampling keeps the TopK likeliest tokens (at most V)
+dim TopK = 10    # top_k: sampling keeps the TopK likeliest tokens (at most V; sample.py's is 200)
 
 data Text:
     tokens: [n] Index[V]      # n <= T tokens

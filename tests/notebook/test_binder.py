@@ -37,9 +37,10 @@ from test_notebooks import all_shown, check_ran_cleanly, execute, python3_kernel
 
 # A line each notebook prints near its end (test_notebooks.py checks the numbers in them).
 LAST_WORDS = {"01_tour.ipynb": "held-out accuracy: ", "02_several_devices.ipynb": "same params: True",
-              "03_attention.ipynb": "held-out loss after ", "04_training.ipynb": "and the same step: True"}
+              "03_attention.ipynb": "held-out loss after ", "04_training.ipynb": "and the same step: True",
+              "05_nanogpt.ipynb": "the same samples again: True"}
 # The notebook run here, in the new environment: the one that starts workers, whose processes come
-# from this environment's python. All four run in test_notebooks.py on the same package; here each
+# from this environment's python. All five run in test_notebooks.py on the same package; here each
 # one's imports are checked instead, which is what the environment adds. (Running the tour here too
 # took 10 s of the suite's 2 cores, all four about a minute.)
 RUN_HERE = ("02_several_devices.ipynb",)

@@ -29,7 +29,8 @@ from nbformat import NotebookNode
 from support import README_MLP_SHAPES, ROOT, param_and_adamw_bytes
 
 NOTEBOOKS = ROOT / "notebooks"
-NAMES = ("01_tour.ipynb", "02_several_devices.ipynb", "03_attention.ipynb", "04_training.ipynb")
+NAMES = ("01_tour.ipynb", "02_several_devices.ipynb", "03_attention.ipynb", "04_training.ipynb",
+         "05_nanogpt.ipynb")
 TIMEOUT = 240  # seconds for one cell: generous, for a loaded 2-core machine starting workers
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -219,6 +220,27 @@ def test_the_attention_notebook_loss_falls_below_the_unigram_entropy(ran: Callab
     assert len(bars) == 1 and 'value="60" max="60"' in bars[0], bars
 
 
+@pytest.mark.slow
+def test_the_nanogpt_notebook_trains_resumes_from_the_best_checkpoint_and_samples(
+        ran: Callable[[str], NotebookNode]) -> None:
+    nb = ran("05_nanogpt.ipynb")
+    training = shown(cell_with(nb, "run = nanogpt.train(config)"))
+    evals = [(int(it), val) for it, val in re.findall(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)$",
+                                                       training, re.M)]
+    assert [it for it, _ in evals] == [0, 20, 40, 60] and float(evals[-1][1]) < float(evals[0][1]) - 0.5, evals
+    first, last = numbers(r"loss ([\d.]+) over the first 10 iterations, ([\d.]+) over the last 10", all_shown(nb))
+    assert last < first - 0.5, (first, last)
+    assert "['ckpt.json', 'ckpt.safetensors']" in all_shown(nb)
+    # train.py keeps the best val loss's checkpoint (never iteration 0's), and the resume starts there.
+    best_it, best = min(evals[1:], key=lambda e: float(e[1]))
+    resumed = shown(cell_with(nb, "resume=True"))
+    assert "resuming training from " in resumed and f"at iter {best_it}, best val loss {best}" in resumed
+    assert re.search(rf"^resumed at {best_it}, now at 90 \(optimizer steps 90\)", resumed, re.M), resumed
+    samples = shown(cell_with(nb, "nanogpt.sample(")).split("---------------\n")
+    assert len(samples) == 3 and all(s.startswith("The ") and len(s) == len("The ") + 60 + 1 for s in samples[:2])
+    assert samples[2].strip() == "the same samples again: True"
+
+
 def saved_html(cell: NotebookNode) -> str:
     return "\n".join(o.data["text/html"] for o in cell.outputs if "text/html" in o.get("data", {}))
 
@@ -284,5 +306,6 @@ def test_a_notebook_saved_without_the_widgets_state_shows_every_output_as_html(
     page, _ = HTMLExporter().from_notebook_node(nb)
     assert WIDGET_VIEW not in page and "model not found" not in page
     shows = {"02_several_devices.ipynb": ["ss-bars", "ss-device-table", "ss-model-table", "ss-timeline-bars"],
-             "04_training.ipynb": ["ss-bars", "ss-device-table", "ss-live", "ss-timeline-bars"]}.get(name, ["ss-bars"])
+             "04_training.ipynb": ["ss-bars", "ss-device-table", "ss-live", "ss-timeline-bars"],
+             "05_nanogpt.ipynb": []}.get(name, ["ss-bars"])  # 05's loop is Python's: no bar
     assert [cls for cls in shows if f'class="{cls}"' not in page] == []
