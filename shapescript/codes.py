@@ -186,6 +186,13 @@ _ENTRIES = [
          "the first-declared dim of the cycle and lists the cycle.",
          "dim A = 2 * B\ndim B = A + 1\n",
          "Give one dim of the cycle a size of its own, as `dim B = 64`."),
+    Code("E0315", "A window that doesn't fit",
+         "A convolution or a pooling slides a window along each spatial axis; its output has "
+         "floor((n + 2·padding − dilation·(k − 1) − 1) / stride) + 1 positions, as torch computes "
+         "them. Where the sizes are known and that is below 1 the window doesn't fit anywhere, and "
+         "torch would raise; pooling may also pad at most half its window on each side.",
+         "dim C = 3\n\nfn f(x: [b C 4 4], w: [8 C 5 5]) -> [b 8 1 1] = conv2d(x, w)\n",
+         "Pad the input (`padding=2`), take a smaller window, or a larger input."),
     Code("E0401", "Wrong kind of value",
          "A value of one kind (a model, a dataset, a number, a batch) is used where another kind "
          "is expected.",

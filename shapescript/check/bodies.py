@@ -180,6 +180,8 @@ class BodyChecker:
                 self.error("E0305", f"`{self.fn.name}` must return {expected.show()}", s.span, "returns nothing")
             return
         t = self.expr(s.value)
+        if t is T.UNKNOWN:
+            return  # its error is reported
         if expected == T.NONE:
             self.error("E0305", f"`{self.fn.name}` declares no result, but returns {t.show()}", s.value.span,
                        "a value", f"declare it: `fn {self.fn.name}(...) -> {t.show()}`")

@@ -4,6 +4,7 @@
 # order their rules always had ("did you mean" takes the first of equally near names).
 from . import (  # noqa: F401
     controller,
+    convolution,
     elementwise,
     indexing,
     library,

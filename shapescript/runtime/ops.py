@@ -118,6 +118,28 @@ def last(x: torch.Tensor, count: int, axis: int) -> torch.Tensor:
     return x.narrow(axis, max(0, size - count), min(size, count))
 
 
+def conv(x: torch.Tensor, w: torch.Tensor, spatial: int, stride: int, padding: int, dilation: int,
+         groups: int) -> torch.Tensor:
+    """torch's conv1d or conv2d of x's trailing channel and spatial axes, its leading axes (any
+    number, the batch's among them) taken as the batch."""
+    lead = x.shape[:-spatial - 1]
+    flat = x.reshape(-1, *x.shape[-spatial - 1:])
+    run = torch.nn.functional.conv1d if spatial == 1 else torch.nn.functional.conv2d
+    out = run(flat, w, None, stride, padding, dilation, groups)
+    return out.reshape(*lead, *out.shape[1:])
+
+
+def pool(x: torch.Tensor, kind: str, k: int, stride: int, padding: int) -> torch.Tensor:
+    """torch's max_pool2d or avg_pool2d over x's last two axes, each leading entry by itself."""
+    lead = x.shape[:-2]
+    flat = x.reshape(-1, 1, *x.shape[-2:])
+    if kind == "max":
+        out = torch.nn.functional.max_pool2d(flat, k, stride, padding)
+    else:
+        out = torch.nn.functional.avg_pool2d(flat, k, stride, padding)
+    return out.reshape(*lead, *out.shape[-2:])
+
+
 def batch_norm(x: torch.Tensor, stats: object, mode: Mode, axis: int) -> torch.Tensor:
     """PyTorch's batch_norm with the channels on `axis`: batch statistics and a momentum update of
     the running ones in Train, the running ones in Eval."""

@@ -49,6 +49,17 @@ class TopKOptions(AxisOptions):
 
 
 @dataclass(frozen=True)
+class WindowOptions(CallOptions):
+    """Convolutions and pooling: how many trailing axes they slide over, and torch's settings."""
+    spatial: int = 2
+    kernel: tuple[int, ...] = ()  # pooling's window (a convolution's is its weight's shape)
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    groups: int = 1
+
+
+@dataclass(frozen=True)
 class LossOptions(AxisOptions):
     """The losses that compare a value with a target, and cosine_similarity: the keyword numbers
     given (torch's names, printed after the two tensors in the arguments' order, as `beta=`), and
