@@ -23,13 +23,14 @@ LR = 1e-2
 SEED = 0
 
 
-VARIANTS = {"mlp": ("digits.ss", "Mlp"), "bn": ("digits_bn.ss", "Net")}
+VARIANTS = {"mlp": ("digits.ss", "Mlp"), "bn": ("digits_bn.ss", "Net"), "cnn": ("digits_cnn.ss", "Cnn")}
 
 
 def train(epochs: int = EPOCHS, lr: float = LR, seed: int = SEED, verbose: bool = True, variant: str = "mlp"
           ) -> tuple[list[float], float]:
     """Train from a fixed init; (mean training loss of each epoch, held-out accuracy).
-    `variant` "bn" is digits_bn.ss: batch_norm and dropout, trained in Train(seed) mode."""
+    `variant` "bn" is digits_bn.ss: batch_norm and dropout, trained in Train(seed) mode; "cnn" is
+    digits_cnn.ss, two convolutions and a pooling."""
     path, model = VARIANTS[variant]
     prog = ss.load(HERE / path)
     m = getattr(prog, model).init(seed=seed)
@@ -58,5 +59,5 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="Train a digits classifier written in ShapeScript.")
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="mlp",
-                        help="mlp: the README's MLP; bn: with batch_norm and dropout")
+                        help="mlp: the README's MLP; bn: with batch_norm and dropout; cnn: two convolutions")
     train(variant=parser.parse_args().variant)
