@@ -1,5 +1,5 @@
 """Selecting and joining along an axis named by its dim: `take` (one position, the axis dropped),
-`window` (a run of positions), `last` (the last k, or all where there are fewer), `cat` (operands end to end), `stack` (operands along a new leading
+`put` (one position written), `window` (a run of positions), `last` (the last k, or all where there are fewer), `cat` (operands end to end), `stack` (operands along a new leading
 axis) and `pad` (entries added at either end). A result's size follows by dim arithmetic: a window
 of `k` has `k`, `cat` along `n` of `[b n]` and `[b 1]` gives `[b n+1]`, `pad(x, 1, 2, over=n)`
 `[b n+3]`. A position may be a run-time number (negative ones count from the end, as Python's);
@@ -124,6 +124,37 @@ def _counted(ck: RuleChecker, x: A.Arg | None, count_arg: A.Arg | None, over: A.
     if found is None or count is None:
         return None
     return Counted(found[0], found[1], count[0], count[1])
+
+
+def put_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[FirstOptions] | T.UnknownT:
+    """`put(x, i, v, over=T)`: x with its entry at position i along T replaced by v (x's type without
+    T): the step of a loop over T that writes each position's result (an RNN's outputs)."""
+    x, i, v, over = args
+    assert x is not None and i is not None and v is not None and over is not None
+    found = _along(ck, x, over, "`put`")
+    value = tensor_arg(ck, v, "`put`'s value")
+    if found is None or value is None:
+        return T.UNKNOWN
+    t, axis = found
+    taken = t.axes[axis]
+    position = _position(ck, i, taken, "`put`'s position", tensors=True)
+    if position is None:
+        return T.UNKNOWN
+    entry = T.TensorT(_without(t, axis), t.dtype, t.index)
+    if not T.same_type(entry, T.TensorT(value.axes, value.dtype, value.index)):
+        return ck.error("E0301", f"`put` writes an entry of {t.show()} along {taken.show()}, {entry.show()}, not "
+                        f"{value.show()}", v.span, f"this is {value.show()}",
+                        f"the value has x's axes without {taken.show()}, and its dtype")
+    size, at = D.value(taken.size, ck.dim_values), position.literal
+    if at is not None and size is not None and not -size <= at < size:
+        return ck.error("E0309", f"`put` at position {at} along {taken.show()}, which has {size}", i.span,
+                        "out of range", f"a position is in 0..{size - 1}, or -{size}..-1 from the end")
+    return Typed(t, (x.expr, i.expr, v.expr), FirstOptions(axis=axis, names=(taken.show(),)))
+
+
+def put_lower(call: LowerCall[FirstOptions]) -> str:
+    x, i, v = call.args
+    return f"_rt.put({x}, {i}, {v}, {call.options.axis}, {call.literal(call.options.names[0])}, {call.where})"
 
 
 def window_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[FirstOptions] | T.UnknownT:
@@ -336,6 +367,7 @@ ALONG: Layout[FirstOptions] = Layout(heads=heads_along(False))
 
 register(
     Op("take", ("x", "i", "over"), 3, take_rule, take_lower, Across[FirstOptions](over_batch=along_batch), ALONG),
+    Op("put", ("x", "i", "value", "over"), 4, put_rule, put_lower, Across[FirstOptions](over_batch=along_batch), ALONG),
     Op("window", ("x", "start", "size", "over"), 4, window_rule, window_lower,
        Across(over_batch=sized_or_along_batch), ALONG),
     Op("last", ("x", "count", "over"), 3, last_rule, last_lower, Across(over_batch=sized_or_along_batch), ALONG),

@@ -100,6 +100,20 @@ def take(x: torch.Tensor, i: int | torch.Tensor, axis: int, along: str, where: s
     return x.select(axis, i)
 
 
+def put(x: torch.Tensor, i: int | torch.Tensor, v: torch.Tensor, axis: int, along: str, where: str) -> torch.Tensor:
+    """x with `v` at position `i` along `axis` (a new tensor: autograd sees both), `i` checked as
+    `take` checks it."""
+    size = x.shape[axis]
+    if isinstance(i, torch.Tensor):
+        index = i.reshape(1).to(x.device)
+    elif not -size <= i < size:
+        raise ShapeError(f"{where}: `put` at position {i} along {along}, which has {size}: a position is in "
+                         f"0..{size - 1}, or -{size}..-1 from the end")
+    else:
+        index = torch.tensor([i % size], device=x.device)
+    return x.index_copy(axis, index, v.unsqueeze(axis).to(x.dtype))
+
+
 def window(x: torch.Tensor, start: int, count: int, axis: int, names: tuple[str, str], where: str) -> torch.Tensor:
     """x's `count` entries along `axis` from `start` (negative: from the end), checked as `first`'s are."""
     size = x.shape[axis]

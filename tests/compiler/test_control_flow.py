@@ -55,6 +55,11 @@ CASES = [
     ("remainder", "fn f(x: [b D] f64) -> [b D] f64:\n    y = x % 0.75\n    for k in range(5):\n"
      "        if k % 2 == 0:\n            y = y * 2.0\n    return y", (r(2, 3),),
      lambda x: torch.remainder(x, 0.75) * 8),
+    ("put", "fn f(x: [b n D] f64, v: [b D] f64) -> [b n D] f64 = put(x, 1, v, over=n)", (r(2, 4, 3), r(2, 3)),
+     lambda x, v: torch.cat((x[:, :1], v[:, None], x[:, 2:]), 1)),
+    ("put-from-the-end-in-a-loop", "fn f(x: [b n D] f64) -> [b n D] f64:\n    y = x\n    for k in range(2):\n"
+     "        y = put(y, -1 - k, take(y, k, over=n) * 2.0, over=n)\n    return y", (r(2, 5, 3),),
+     lambda x: torch.cat((x[:, :3], x[:, 1:2] * 2, x[:, 0:1] * 2), 1)),
     ("last", "dim S = 6\n\nfn f(x: [b S D] f64) -> [b C D] f64 = last(x, C, over=S)", (r(2, 6, 3),),
      lambda x: x[:, -4:]),
     ("last-all", "dim S = 2\n\nfn f(x: [b S D] f64) -> [b S D] f64 = last(x, C, over=S)", (r(2, 2, 3),), lambda x: x),
@@ -126,6 +131,8 @@ def test_after_a_loop_of_a_count_only_the_run_knows_a_grown_size_is_its_own() ->
     ("fn f(x: [b D]) -> [b D]:\n    for k in range(5, 2):\n        x = x\n    return x", "E0310", "counts backwards"),
     ("fn f(x: [b D]) -> [b D]:\n    for k in x:\n        x = x\n    return x", "E0403", "or a range"),
     ("fn f(x: [b n D]) -> [b D] = sum(last(x, 0, over=n), over=n)", "E0310", "`last`'s count"),
+    ("fn f(x: [b C D], v: [b C]) -> [b C D] = put(x, 0, v, over=C)", "E0301", "`put` writes an entry"),
+    ("fn f(x: [b C D], v: [b D]) -> [b C D] = put(x, 4, v, over=C)", "E0309", "`put` at position 4"),
 ])
 def test_misuses(src: str, code: str, words: str) -> None:
     found = errors(src)

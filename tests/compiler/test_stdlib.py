@@ -361,7 +361,7 @@ TESTED_ELSEWHERE = {
                      "binary_cross_entropy_with_logits", "nll_loss", "kl_div", "cosine_similarity"),
                     "compiler/test_more_ops.py"),
     **dict.fromkeys(("take", "window", "cat", "stack", "pad"), "compiler/test_selecting_ops.py"),
-    **dict.fromkeys(("range", "last"), "compiler/test_control_flow.py"),
+    **dict.fromkeys(("range", "last", "put"), "compiler/test_control_flow.py"),
     **dict.fromkeys(("conv1d", "conv2d", "max_pool2d", "avg_pool2d"), "compiler/test_convolution.py"),
     **dict.fromkeys(("random_normal", "random_uniform", "bernoulli", "randint", "categorical"),
                     "compiler/test_random_ops.py"),
