@@ -23,6 +23,7 @@ from ..shapes.plans import HeadsKind
 from ..syntax import tree as A
 from .args import literal_number, tensor_arg
 from .checking import RuleChecker
+from .sizes import count_source
 from .table import GATHER, LOCAL, Across, Args, CallView, Layout, Lower, LowerCall, Op, Rule, Typed, register
 
 
@@ -108,6 +109,79 @@ def conv_rule(spatial: int) -> Rule[WindowOptions]:
     return rule
 
 
+def transposed_size(n: D.Dim, k: D.Dim, stride: int, padding: int, dilation: int, extra: int) -> D.Dim:
+    """conv_transpose2d's output size along one axis: (n - 1) s - 2p + d (k - 1) + extra + 1."""
+    size: D.Dim = (n - 1) * stride - 2 * padding + dilation * (k - 1) + extra + 1
+    return size
+
+
+def conv_transpose_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[WindowOptions] | T.UnknownT:
+    """`conv_transpose2d(x, w)`: x `[.. C H W]`, w `[C O/groups Kh Kw]` as torch keeps it."""
+    name = "conv_transpose2d"
+    x_arg, w_arg, stride_arg, padding_arg, extra_arg, dilation_arg, groups_arg = args
+    x = tensor_arg(ck, x_arg, f"`{name}`", floats=True)
+    w = tensor_arg(ck, w_arg, f"`{name}`'s weight", floats=True)
+    stride = _whole(ck, stride_arg, name, "stride", 1, 1)
+    padding = _whole(ck, padding_arg, name, "padding", 0, 0)
+    extra = _whole(ck, extra_arg, name, "output_padding", 0, 0)
+    dilation = _whole(ck, dilation_arg, name, "dilation", 1, 1)
+    groups = _whole(ck, groups_arg, name, "groups", 1, 1)
+    if x is None or w is None or None in (stride, padding, extra, dilation, groups):
+        return T.UNKNOWN
+    assert x_arg is not None and w_arg is not None and stride and dilation and groups
+    assert padding is not None and extra is not None
+    if x.rank < 3 or w.rank != 4:
+        return ck.error("E0302", f"`{name}` takes x with a channel axis and 2 more last, and a weight "
+                        f"[C O K K], not {x.show()} and {w.show()}", node.span, "wrong axes",
+                        "channels first, as torch's: x [.. C H W]")
+    if x.dtype != w.dtype:
+        return ck.error("E0308", f"`{name}` of {x.dtype} and {w.dtype}", node.span, "two dtypes",
+                        ck.cast_help(w_arg.value, x.dtype))
+    if extra >= max(stride, dilation):
+        return ck.error("E0315", f"`{name}`'s output_padding {extra} must be below its stride or its dilation",
+                        extra_arg.span if extra_arg is not None else node.span, "too much",
+                        "output_padding picks among the sizes a stride leaves open")
+    channels = x.axes[-3]
+    if not D.equal(_known(ck, w.axes[0].size), _known(ck, channels.size)):
+        return ck.error("E0301", f"`{name}`'s weight takes {w.axes[0].show()} channels, and x has {channels.show()}",
+                        w_arg.span, f"{w.show()} against {x.show()}", "the weight's first axis is x's channels")
+    c = D.value(channels.size, ck.dim_values)
+    if groups > 1 and c is not None and c % groups:
+        return ck.error("E0301", f"`{name}`'s {c} channels don't split into {groups} groups", w_arg.span,
+                        "not a multiple of groups")
+    out_channels = w.axes[1] if groups == 1 else T.axis(_known(ck, w.axes[1].size) * groups)
+    outs = []
+    for n, k in zip(x.axes[-2:], w.axes[2:]):
+        size = transposed_size(_known(ck, n.size), _known(ck, k.size), stride, padding, dilation, extra)
+        if not _fits(ck, node, f"`{name}`", n, k.size, size, padding):
+            return T.UNKNOWN
+        outs.append(T.axis(size))
+    return Typed(T.TensorT(x.axes[:-3] + (out_channels,) + tuple(outs), x.dtype), (x_arg.expr, w_arg.expr),
+                 WindowOptions(2, (), stride, padding, dilation, groups, extra))
+
+
+def adaptive_rule(name: str) -> Rule[WindowOptions]:
+    """`adaptive_avg_pool2d(x, h, w)` (and max): x's last two axes pooled to h by w, each a literal or
+    a declared dim of known size (1 and 1: global pooling)."""
+    def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[WindowOptions] | T.UnknownT:
+        x_arg, h_arg, w_arg = args
+        x = tensor_arg(ck, x_arg, f"`{name}`", floats=True)
+        sizes = [count_source(ck, a.value, f"`{name}`'s size") if a is not None else None for a in (h_arg, w_arg)]
+        if x is None or x_arg is None or None in sizes:
+            return T.UNKNOWN
+        dims = [s[0] for s in sizes if s is not None]
+        known = [D.value(d, ck.dim_values) for d in dims]
+        if None in known:
+            return ck.error("E0310", f"`{name}`'s sizes are literals or declared dims of known size", node.span,
+                            "a size known only as it runs")
+        if x.rank < 2:
+            return ck.error("E0302", f"`{name}` pools the last two axes, and {x.show()} has {x.rank}", x_arg.span,
+                            "too few axes")
+        return Typed(T.TensorT(x.axes[:-2] + tuple(T.axis(d) for d in dims), x.dtype), (x_arg.expr,),
+                     WindowOptions(2, tuple(int(k) for k in known if k is not None)))
+    return rule
+
+
 def pool_rule(name: str) -> Rule[WindowOptions]:
     def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[WindowOptions] | T.UnknownT:
         x_arg, k_arg, stride_arg, padding_arg = args
@@ -140,10 +214,22 @@ def conv_lower(call: LowerCall[WindowOptions]) -> str:
     return f"_rt.conv({call.args[0]}, {call.args[1]}, {o.spatial}, {o.stride}, {o.padding}, {o.dilation}, {o.groups})"
 
 
+def conv_transpose_lower(call: LowerCall[WindowOptions]) -> str:
+    o = call.options
+    return (f"_rt.conv_transpose({call.args[0]}, {call.args[1]}, {o.stride}, {o.padding}, {o.output_padding}, "
+            f"{o.dilation}, {o.groups})")
+
+
 def pool_lower(kind: str) -> Lower[WindowOptions]:
     def lower(call: LowerCall[WindowOptions]) -> str:
         o = call.options
         return f"_rt.pool({call.args[0]}, {kind!r}, {o.kernel[0]}, {o.stride}, {o.padding})"
+    return lower
+
+
+def adaptive_lower(kind: str) -> Lower[WindowOptions]:
+    def lower(call: LowerCall[WindowOptions]) -> str:
+        return f"_rt.adaptive_pool({call.args[0]}, {kind!r}, {call.options.kernel})"
     return lower
 
 
@@ -173,4 +259,10 @@ register(
     Op("max_pool2d", POOL_ARGS, 2, pool_rule("max_pool2d"), pool_lower("max"), SLIDING,
        Layout(heads=heads)),
     Op("avg_pool2d", POOL_ARGS, 2, pool_rule("avg_pool2d"), pool_lower("avg"), SLIDING, Layout(heads=heads)),
+    Op("conv_transpose2d", ("x", "w", "stride", "padding", "output_padding", "dilation", "groups"), 2,
+       conv_transpose_rule, conv_transpose_lower, SLIDING, Layout(heads=heads)),
+    Op("adaptive_avg_pool2d", ("x", "h", "w"), 3, adaptive_rule("adaptive_avg_pool2d"), adaptive_lower("avg"),
+       SLIDING, Layout(heads=heads)),
+    Op("adaptive_max_pool2d", ("x", "h", "w"), 3, adaptive_rule("adaptive_max_pool2d"), adaptive_lower("max"),
+       SLIDING, Layout(heads=heads)),
 )

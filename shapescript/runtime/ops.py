@@ -143,6 +143,25 @@ def conv(x: torch.Tensor, w: torch.Tensor, spatial: int, stride: int, padding: i
     return out.reshape(*lead, *out.shape[1:])
 
 
+def conv_transpose(x: torch.Tensor, w: torch.Tensor, stride: int, padding: int, output_padding: int,
+                   dilation: int, groups: int) -> torch.Tensor:
+    """torch's conv_transpose2d of x's last three axes (channels, then two spatial), as `conv`."""
+    lead = x.shape[:-3]
+    out = torch.nn.functional.conv_transpose2d(x.reshape(-1, *x.shape[-3:]), w, None, stride, padding,
+                                               output_padding, groups, dilation)
+    return out.reshape(*lead, *out.shape[1:])
+
+
+def adaptive_pool(x: torch.Tensor, kind: str, size: tuple[int, int]) -> torch.Tensor:
+    """torch's adaptive_avg_pool2d or adaptive_max_pool2d over x's last two axes."""
+    flat = x.reshape(-1, 1, *x.shape[-2:])
+    if kind == "max":
+        out = torch.nn.functional.adaptive_max_pool2d(flat, size)
+    else:
+        out = torch.nn.functional.adaptive_avg_pool2d(flat, size)
+    return out.reshape(*x.shape[:-2], *size)
+
+
 def pool(x: torch.Tensor, kind: str, k: int, stride: int, padding: int) -> torch.Tensor:
     """torch's max_pool2d or avg_pool2d over x's last two axes, each leading entry by itself."""
     lead = x.shape[:-2]

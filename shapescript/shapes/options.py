@@ -57,6 +57,7 @@ class WindowOptions(CallOptions):
     padding: int = 0
     dilation: int = 1
     groups: int = 1
+    output_padding: int = 0  # conv_transpose2d's: added to one side of each output axis
 
 
 @dataclass(frozen=True)

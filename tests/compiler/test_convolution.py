@@ -34,6 +34,17 @@ CASES = [
     ("conv2d-bias-and-leading-axes", "fn f(x: [b 2 C 5 5] f64, k: [D C 3 3] f64, bias: [D] f64) -> [b 2 D 3 3] f64"
      " = conv2d(x, k) + bias", (r(3, 2, 4, 5, 5), r(3, 4, 3, 3), r(3)),
      lambda x, k, bias: F.conv2d(x.reshape(6, 4, 5, 5), k, bias).reshape(3, 2, 3, 3, 3)),
+    ("conv_transpose2d", "fn f(x: [b C 4 3] f64, k: [C D 3 3] f64) -> [b D 8 6] f64 = conv_transpose2d(x, k, "
+     "stride=2, padding=1, output_padding=1)", (r(2, 4, 4, 3), r(4, 3, 3, 3)),
+     lambda x, k: F.conv_transpose2d(x, k, stride=2, padding=1, output_padding=1)),
+    ("conv_transpose2d-groups", "fn f(x: [b C 3 3] f64, k: [C 3 2 2] f64) -> [b 6 4 4] f64 = conv_transpose2d(x, k, "
+     "groups=2)", (r(2, 4, 3, 3), r(4, 3, 2, 2)), lambda x, k: F.conv_transpose2d(x, k, groups=2)),
+    ("adaptive_avg_pool2d", "fn f(x: [b C 7 5] f64) -> [b C 3 D] f64 = adaptive_avg_pool2d(x, 3, D)",
+     (r(2, 4, 7, 5),), lambda x: F.adaptive_avg_pool2d(x, (3, 3))),
+    ("global-pool", "fn f(x: [b C h w] f64) -> [b C 1 1] f64 = adaptive_avg_pool2d(x, 1, 1)", (r(2, 4, 6, 5),),
+     lambda x: x.mean((2, 3), keepdim=True)),
+    ("adaptive_max_pool2d", "fn f(x: [b C 6 6] f64) -> [b C 4 4] f64 = adaptive_max_pool2d(x, 4, 4)",
+     (r(2, 4, 6, 6),), lambda x: F.adaptive_max_pool2d(x, 4)),
     ("max_pool2d", "fn f(x: [b C 6 6] f64) -> [b C 3 3] f64 = max_pool2d(x, 2)", (r(2, 4, 6, 6),),
      lambda x: F.max_pool2d(x, 2)),
     ("max_pool2d-overlapping", "fn f(x: [b C 7 7] f64) -> [b C 3 3] f64 = max_pool2d(x, 3, stride=2)",
@@ -95,6 +106,27 @@ def test_the_types_size_is_torchs_or_refused_exactly_where_torch_raises(
         assert f"returns [b {'2' if pool else '3'} {' '.join(map(str, sizes))}] f64" in str(info.value), src
 
 
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 8), k=st.integers(1, 4), stride=st.integers(1, 3), padding=st.integers(0, 3),
+       extra=st.integers(0, 2), dilation=st.integers(1, 2))
+def test_a_transposed_convolutions_size_is_torchs_or_refused_where_torch_raises(
+        n: int, k: int, stride: int, padding: int, extra: int, dilation: int) -> None:
+    x, w = torch.zeros(1, 2, n, n, dtype=torch.float64), torch.zeros(2, 3, k, k, dtype=torch.float64)
+    try:
+        expected = tuple(F.conv_transpose2d(x, w, stride=stride, padding=padding, output_padding=extra,
+                                            dilation=dilation).shape)
+    except RuntimeError:
+        expected = None
+    src = (f"fn f(x: [b 2 {n} {n}] f64, w: [2 3 {k} {k}] f64) = conv_transpose2d(x, w, stride={stride}, "
+           f"padding={padding}, output_padding={extra}, dilation={dilation})")
+    with pytest.raises(CompileError) as info:
+        ss.load(DIMS + src + "\n", name="size.ss")
+    if expected is None:
+        assert info.value.codes == ["E0315"], (src, str(info.value))
+    else:
+        assert info.value.codes == ["E0305"] and f"returns [b 3 {expected[2]} {expected[3]}] f64" in str(info.value), src
+
+
 @pytest.mark.parametrize("src, code, words", [
     ("fn f(x: [b D 5 5], k: [4 C 3 3]) = conv2d(x, k)", "E0301", "weight takes C channels, and x has D"),
     ("fn f(x: [b C 5 5], k: [5 2 3 3]) = conv2d(x, k, groups=2)", "E0301", "5 output channels don't split"),
@@ -105,6 +137,10 @@ def test_the_types_size_is_torchs_or_refused_exactly_where_torch_raises(
     ("fn f(x: [b C 5 5]) = max_pool2d(x, 2, padding=2)", "E0315", "at most half"),
     ("fn f(x: [b C 2 2]) = max_pool2d(x, 3)", "E0315", "window of 3 doesn't fit along an axis of 2"),
     ("fn f(x: [b C 5 5] i64) = max_pool2d(x, 2)", "E0308", "float tensors"),
+    ("fn f(x: [b C 5 5], k: [D C 3 3]) = conv_transpose2d(x, k, stride=2, output_padding=2)", "E0315",
+     "output_padding 2 must be below"),
+    ("fn f(x: [b D 5 5], k: [C D 3 3]) = conv_transpose2d(x, k)", "E0301", "weight takes C channels, and x has D"),
+    ("fn f(x: [b C h w], n: int) = adaptive_avg_pool2d(x, 2, n)", "E0303", "isn't a dim"),
 ])
 def test_misuses(src: str, code: str, words: str) -> None:
     with pytest.raises(CompileError) as info:

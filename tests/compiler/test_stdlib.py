@@ -362,7 +362,8 @@ TESTED_ELSEWHERE = {
                     "compiler/test_more_ops.py"),
     **dict.fromkeys(("take", "window", "cat", "stack", "pad"), "compiler/test_selecting_ops.py"),
     **dict.fromkeys(("range", "last", "put"), "compiler/test_control_flow.py"),
-    **dict.fromkeys(("conv1d", "conv2d", "max_pool2d", "avg_pool2d"), "compiler/test_convolution.py"),
+    **dict.fromkeys(("conv1d", "conv2d", "max_pool2d", "avg_pool2d", "conv_transpose2d", "adaptive_avg_pool2d",
+                     "adaptive_max_pool2d"), "compiler/test_convolution.py"),
     **dict.fromkeys(("random_normal", "random_uniform", "bernoulli", "randint", "categorical"),
                     "compiler/test_random_ops.py"),
 }
