@@ -92,12 +92,13 @@ def loop(ck: BodyChecker, s: A.For) -> None:
     count = loop_count(iterated)
     for name, by in growing.items():
         start, end = entry[name], ck.vars[name].ty
-        expected = T.TensorT(tuple(T.axis(a.size + k) for a, k in zip(start.axes, by)), start.dtype, start.index)
+        expected = T.TensorT(tuple(a if k == 0 else T.axis(a.size + k) for a, k in zip(start.axes, by)),
+                             start.dtype, start.index)
         if not T.same_type(expected, end):
             ck.vars[name] = dataclasses.replace(ck.vars[name], ty=expected)
-            ck.error("E0406", f"`{name}` is {start.show()} as a pass of the loop starts, but the pass makes "
-                       f"it {end.show()}", ck.vars[name].span, f"now {end.show()}",
-                       f"a value may grow by the same size each pass, here {expected.show()}")
+            ck.error("E0406", f"`{name}` is {start.show()} as a pass of the loop starts, but the pass makes it "
+                     f"{end.show()}", ck.vars[name].span, f"now {end.show()}",
+                     f"a value may grow by the same size each pass, here {expected.show()}")
             continue
         old = before[name].ty
         assert isinstance(old, T.TensorT)

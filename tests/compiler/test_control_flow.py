@@ -154,3 +154,11 @@ def test_topk_of_a_declared_dim_names_its_axis() -> None:
     kth = x.topk(2, dim=1).values[:, -1:]
     against_torch(src, (x,), lambda x: x.masked_fill(x < x.topk(2, dim=1).values[:, -1:], 0.0))
     assert kth.shape == (3, 1) and labels(2, 1).shape == (1,)
+
+
+def test_a_value_that_grows_on_some_passes_only_is_refused() -> None:
+    """The first pass grows it by one, the second would take it back to its first size: the check of
+    a pass from any size finds the difference (E0406 on the pass, E0410 on the branches)."""
+    src = ("fn f(x: [b n] f64) -> [b n] f64:\n    for i in range(3):\n        if i == 0:\n"
+           "            x = pad(x, 0, 1, over=n)\n    return x")
+    assert [code for code, _ in errors(src)] == ["E0410"]
