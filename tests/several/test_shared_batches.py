@@ -141,7 +141,7 @@ dim D = 1024
 data Row:
     x: [D]
 extern fn keep(x: [b D]) -> [b D] = "test_shared_batches.keep_and_give_back_the_last"
-fn last(rows: [b] Row) -> [b D] = keep(rows.x)
+fn kept(rows: [b] Row) -> [b D] = keep(rows.x)
 fn plain(rows: [b] Row) -> [b D] = rows.x * 2.0
 fn same(rows: [b] Row) -> [b D] = rows.x
 """
@@ -156,19 +156,19 @@ def keep_and_give_back_the_last(x: torch.Tensor) -> torch.Tensor:
 
 def test_rows_are_read_in_place_only_where_no_extern_fn_can_keep_them() -> None:
     prog = ss.load(KEEPER, name="keeper.ss")
-    assert prog.checked.reaches_extern("last") and not prog.checked.reaches_extern("plain")
-    assert prog.namespace["plain"].plan.rows_in_place and not prog.namespace["last"].plan.rows_in_place
+    assert prog.checked.reaches_extern("kept") and not prog.checked.reaches_extern("plain")
+    assert prog.namespace["plain"].plan.rows_in_place and not prog.namespace["kept"].plan.rows_in_place
     readme = ss.load(MLP, devices="cpu[0 1]")
     assert all(readme.namespace[f].plan.rows_in_place for f in ("forward", "loss", "train_step"))
     g = torch.Generator().manual_seed(1)
     first, second, third = (torch.rand(300, 1024, generator=g) for _ in range(3))  # 1.2 MB: shared memory
     try:
         before = reads(prog)
-        assert torch.equal(prog.last({"x": first}), first)
+        assert torch.equal(prog.kept({"x": first}), first)
         assert torch.equal(prog.plain({"x": third}), third * 2.0)  # in place, through the same buffer
-        assert torch.equal(prog.last({"x": second}), first)  # kept by the extern fn: a copy, not the buffer
+        assert torch.equal(prog.kept({"x": second}), first)  # kept by the extern fn: a copy, not the buffer
         assert torch.equal(prog.plain({"x": second}), second * 2.0)
-        assert torch.equal(prog.last({"x": third}), second)
+        assert torch.equal(prog.kept({"x": third}), second)
         # its rows themselves as the result: sent before the call ends, so before the buffer is reused
         assert torch.equal(prog.same({"x": first}), first) and torch.equal(prog.same({"x": third}), third)
         assert [r - b for r, b in zip(reads(prog), before)] == [7] * 2  # every call's rows came that way
@@ -178,7 +178,7 @@ def test_rows_are_read_in_place_only_where_no_extern_fn_can_keep_them() -> None:
 
 
 def test_an_extern_fn_called_deep_down_counts() -> None:
-    src = KEEPER + ("fn middle(rows: [b] Row) -> [b D] = last(rows) + 1.0\n"
+    src = KEEPER + ("fn middle(rows: [b] Row) -> [b D] = kept(rows) + 1.0\n"
                     "fn top(rows: [b] Row) -> [b D] = middle(rows) * 2.0\n")
     checked = ss.load(src, devices="cpu", name="keeper.ss").checked
     assert checked.reaches_extern("top") and checked.reaches_extern("middle")
