@@ -30,6 +30,7 @@ SPELLED_AS_AN_OP = {
     "shapescript/shapes/plans.py": {"gather", "sum"},  # HeadsKind's words for what split H does with a value
     "shapescript/syntax/tree.py": {"split"},  # the devices line's option
     "shapescript/syntax/parser.py": {"einsum", "split"},  # einsum's pattern has commas; `split H`
+    "shapescript/syntax/device_line.py": {"split"},  # the devices line's option `split H`
     # Fusion's rewrites are of these ops' spans: a span of them is what torch has one kernel for.
     "shapescript/ir/fuse.py": {"causal", "einsum", "masked_fill", "softmax"},
     "shapescript/inits.py": {"mean", "std"},  # normal(mean=, std=)
