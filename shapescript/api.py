@@ -19,6 +19,7 @@ from .errors import ClusterNeededError, ShapeScriptError, Span
 from .lower.printer import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
+from .names import spec_var
 from .parallel import pipeline
 from .parallel.interrupts import preparing_a_call
 from .parallel.remote import RemoteFunction
@@ -28,6 +29,7 @@ from .runtime import calls, loops, recorded, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
 from .stale import current_models
+from .syntax import tree as A
 
 
 def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dims: dict[str, int] | None = None,
@@ -65,10 +67,14 @@ class Program:
         self.namespace = namespace  # python and extern fns' results are checked by the module itself
         self._members: dict[str, Any] = {}
         self.device = torch.device(namespace["DEVICE"])
-        for name in checked.models:
-            self._members[name] = ModelType(self, namespace[f"{name}_spec"])
+        for name, model in checked.models.items():
+            if model.of is None:
+                self._members[name] = ModelType(self, namespace[spec_var(name)])
+        for item in checked.program.items:
+            if isinstance(item, A.Model) and item.params and item.name not in self._members:
+                self._members[item.name] = GenericModelType(self, item.name, tuple(p.name for p in item.params))
         for name in checked.data:
-            self._members[name] = namespace[f"{name}_spec"]
+            self._members[name] = namespace[spec_var(name)]
         if several:
             from .parallel.loading import Datasets
             self.datasets = Datasets()  # what the workers hold of the datasets this program's loops read
@@ -245,6 +251,37 @@ class ModelType:
         return f"<model type {self.spec.name} ({self.spec.where})>"
 
 
+class GenericModelType:
+    """A generic model of a program: `prog.Linear["D", "C"]` is its use `Linear[D C]` in the program,
+    a ModelType (each dim as the program writes it: a name, a number, `3*Dh*H` as errors show it)."""
+
+    def __init__(self, program: Program, name: str, params: tuple[str, ...]) -> None:
+        self.program = program
+        self.name = name
+        self.params = params
+
+    def uses(self) -> list[str]:
+        """Its uses in the program, as `Linear[D C]`."""
+        return [n for n, m in self.program.checked.models.items() if m.of is not None and m.family == self.name]
+
+    def __getitem__(self, dims: Any) -> ModelType:
+        given = dims if isinstance(dims, tuple) else (dims,)
+        if not all(isinstance(d, (str, int)) and not isinstance(d, bool) for d in given):
+            raise TypeError(f"`{self.name}[...]` takes dims as the program writes them, names or numbers, "
+                            f"not {short_repr(dims)}")
+        key = f"{self.name}[{' '.join(str(d) for d in given)}]"
+        if key not in self.program.checked.models:
+            uses = self.uses()
+            shown = key if len(key) <= 200 else short_repr(key)
+            raise KeyError(f"the program has no `{shown}`: it uses {', '.join(uses)}" if uses else
+                           f"the program uses `{self.name}` at no size; give it its dims in a type, as "
+                           f"`{self.name}[{' '.join(self.params)}]`")
+        return ModelType(self.program, self.program.namespace[spec_var(key)])
+
+    def __repr__(self) -> str:
+        return f"<generic model type {self.name}[{' '.join(self.params)}]: {', '.join(self.uses()) or 'not used'}>"
+
+
 class Function:
     """A function of a program, called from Python with tensors, batches as dicts, models, datasets."""
 
@@ -300,7 +337,7 @@ class Function:
             # printed by the built module; a model argument is also checked against this program's shapes
             printed = self.program.namespace["GUARDS"][self.name]
             self._guards = current_models(self.program, printed)
-            specs = {name: self.program.namespace[f"{name}_spec"] for name in self.program.checked.models}
+            specs = {name: self.program.namespace[spec_var(name)] for name in self.program.checked.models}
             self._quick = signature_check(printed, specs)
         quick = self._quick
         if quick is not None:
@@ -408,4 +445,4 @@ def cluster(address: object, runtime_env: dict[str, Any] | None = None) -> Any:
     return clusters.connect(address, runtime_env=runtime_env)
 
 
-__all__ = ["Function", "ModelType", "Program", "build", "cluster", "load", "parse_devices"]
+__all__ = ["Function", "GenericModelType", "ModelType", "Program", "build", "cluster", "load", "parse_devices"]

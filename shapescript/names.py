@@ -11,6 +11,7 @@ build can inline it.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,3 +54,13 @@ def similar(name: str, candidates: Iterable[str]) -> str:
     near = difflib.get_close_matches(name.casefold(), list(folded), n=1, cutoff=0.6)
     close = same_case or [folded[c] for c in near]
     return f"did you mean `{close[0]}`?" if close else ""
+
+
+def spec_var(name: str) -> str:
+    """The built module's variable holding a data or model type's spec. A declared type's name is an
+    identifier; a generic model's use (`Linear[D C]`) is spelled with its name's letters and a hash
+    of the whole, so no two names meet."""
+    if name.isidentifier():
+        return f"{name}_spec"
+    readable = "_".join("".join(c if c.isalnum() else " " for c in name).split())
+    return f"{readable}_{hashlib.sha256(name.encode()).hexdigest()[:10]}_spec"

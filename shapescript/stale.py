@@ -23,6 +23,7 @@ from typing import Any
 import sympy
 
 from .errors import ShapeError
+from .names import spec_var
 from .runtime.guards import KindGuard
 from .runtime.model import ModelSpec, ParamSpec, SubSpec, type_text
 from .shapes import dims as D
@@ -131,7 +132,7 @@ class _Comparison:
 def staleness(then: ModelSpec, program: Any) -> Staleness | None:
     """How `program`'s type of the same name differs in shape from `then` (a model's spec); None if
     it doesn't (an init or a comment may differ: the model still fits the program's functions)."""
-    now = program.namespace.get(f"{then.name}_spec")
+    now = program.namespace.get(spec_var(then.name))
     if now is then:
         return None
     if now is None:
@@ -184,8 +185,9 @@ class CurrentModelGuard:
 def current_models(program: Any, guards: tuple[Any, ...]) -> tuple[Any, ...]:
     """A function's argument guards (the built module's GUARDS entry), each model or optimizer
     parameter's also checking that the model is of this program's shapes."""
-    return tuple(CurrentModelGuard(g, program.namespace[f"{g.model}_spec"], program)
-                 if isinstance(g, KindGuard) and g.kind in ("model", "optimizer") else g for g in guards)
+    return tuple(CurrentModelGuard(g, program.namespace[spec_var(g.model)], program)
+                 if isinstance(g, KindGuard) and g.kind in ("model", "optimizer") and g.model is not None else g
+                 for g in guards)
 
 
 def read_refusal(spec: ModelSpec, member: str, program: Any) -> str | None:

@@ -44,6 +44,10 @@ def bind_generics(param: T.Ty, arg: T.Ty, mapping: dict[D.Dim, D.Dim], bound_by:
         _bind(param.dim, arg.dim, mapping, bound_by, pname)
         return
     else:
+        p_model, a_model = model_of(param), model_of(arg)
+        if p_model is not None and a_model is not None and p_model.of is not None and p_model.of is a_model.of:
+            for p_dim, a_dim in zip(p_model.args, a_model.args):  # `Linear[i o]` given a `Linear[D C]`
+                _bind(p_dim, a_dim, mapping, bound_by, pname)
         return
     for p, a in pairs:
         if p.parts and a.parts and len(p.parts) == len(a.parts):
@@ -57,6 +61,21 @@ def _bind(p: D.Dim, a: D.Dim, mapping: dict[D.Dim, D.Dim], bound_by: dict[D.Dim,
     if D.is_generic(p) and p not in mapping:
         mapping[p] = a
         bound_by[p] = pname
+
+
+def model_of(t: T.Ty) -> T.ModelT | None:
+    """The model type a model, optimizer or gradient value is of."""
+    if isinstance(t, T.ModelT):
+        return t
+    return t.model if isinstance(t, (T.OptT, T.GradT)) else None
+
+
+def same_model(expected: T.ModelT, t: T.ModelT, mapping: Mapping[D.Dim, D.Dim]) -> bool:
+    """Whether a model of type `t` is one of type `expected` (whose generic dims `mapping` binds)."""
+    if expected is t:
+        return True
+    return (expected.of is not None and expected.of is t.of
+            and all(D.equal(D.substitute(e, mapping), a) for e, a in zip(expected.args, t.args)))
 
 
 def substitute(t: T.Ty, mapping: Mapping[D.Dim, D.Dim]) -> T.Ty:
@@ -128,10 +147,29 @@ def check_argument(ck: BodyChecker, fn: FnInfo, p: ParamInfo, arg: A.Arg, t: T.T
     if isinstance(expected, T.ScalarT) and isinstance(t, T.ScalarT):
         if expected == t or (expected.kind == "float" and t.kind == "int"):
             return True
-    elif expected == t or isinstance(expected, T.ModelT) and expected is t:
+    elif expected == t:
         return True
-    ck.error("E0401", f"{where} is {expected.show()}, but this is {t.show()}", span, f"this is {t.show()}")
+    else:
+        e_model, t_model = model_of(expected), model_of(t)
+        if (e_model is not None and t_model is not None and type(expected) is type(t)
+                and getattr(expected, "kind", None) == getattr(t, "kind", None) and same_model(e_model, t_model, mapping)):
+            return True
+    ck.error("E0401", f"{where} is {expected.show()}, but this is {t.show()}", span, f"this is {t.show()}",
+             model_help(model_of(expected), model_of(t), mapping, bound_by))
     return False
+
+
+def model_help(expected: T.ModelT | None, t: T.ModelT | None, mapping: Mapping[D.Dim, D.Dim],
+               bound_by: Mapping[D.Dim, str]) -> str:
+    """Where two uses of one generic model differ: which dim, and which argument fixed it."""
+    if expected is None or t is None or expected.of is None or expected.of is not t.of:
+        return ""
+    for name, e, a in zip(expected.of.params, expected.args, t.args):
+        e_now = D.substitute(e, mapping)
+        if not D.equal(e_now, a):
+            by = next((f" (from `{bound_by[s]}`)" for s in D.symbols(e) if s in bound_by), "")
+            return f"its dim `{name}` is {D.show(a)} here, but {D.show(e_now)}{by} is expected"
+    return ""
 
 
 def _declared_axis(p: ParamInfo, k: int) -> tuple[tuple[Span, str], ...]:

@@ -7,18 +7,12 @@ silences the errors that would follow from it) and returns a `Checked` or raises
 from __future__ import annotations
 
 import dataclasses
-import operator
 import re
 from types import MappingProxyType
 
-import sympy
-
 from ..devices import MAX_DEVICES, DeviceSet
-from ..dtypes import DTYPES
 from ..errors import CompileError, Diagnostic, Span
-from ..inits import INITS
-from ..names import DATA_RESERVED, MODEL_RESERVED, STD_EXTERNS, is_reserved, reserved_text, similar
-from ..optimizers import OptimizerKind
+from ..names import DATA_RESERVED, STD_EXTERNS, is_reserved, similar
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.kinds import FnKind
@@ -26,13 +20,11 @@ from ..syntax import tree as A
 from ..syntax.lexer import MAX_INT_DIGITS
 from .bodies import check_bodies
 from .calls import BUILTIN_NAMES
-from .constants import NotConstant, constant, derive_dims
+from .constants import derive_dims
 from .context import Context
 from .elaborate import elaborate
 from .program import Checked, FnInfo, ParamInfo
-
-SCALAR_TYPES = {"int": T.INT, "float": T.FLOAT, "bool": T.BOOL, "str": T.STR}
-
+from .types import declare_members, model_cycles, refuse_reserved, resolve_type
 
 _PYTHON_TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -62,7 +54,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
             check_bodies(ctx)
             call_cycles(ctx)
         tables = ctx.tables  # frozen from here on: Checked only reads them
-        checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data, ctx.models,
+        checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data, sized_models(ctx),
                           ctx.fns, MappingProxyType(tables.types), MappingProxyType(tables.calls),
                           MappingProxyType(tables.recipes), ctx.derived)
         if not ctx.diagnostics:
@@ -115,7 +107,7 @@ def collect(ctx: Context) -> DeviceSet:
         if isinstance(item, A.Data) and define(ctx, item.name, item.name_span, "data type"):
             ctx.data[item.name] = T.DataT(item.name, item)
         elif isinstance(item, A.Model) and define(ctx, item.name, item.name_span, "model"):
-            ctx.models[item.name] = T.ModelT(item.name, item)
+            ctx.models[item.name] = T.ModelT(item.name, item, params=model_params(ctx, item))
     for data in ctx.data.values():
         for f in data.node.fields:
             if f.name in data.fields:
@@ -131,8 +123,8 @@ def collect(ctx: Context) -> DeviceSet:
             elif t is not T.UNKNOWN:
                 ctx.error("E0401", f"field `{f.name}` must be a tensor, not {t.show()}", f.type.span,
                           "not a tensor type", "a field's type is a shape such as `[D]` or `[] Index[C]`")
-    for model in ctx.models.values():
-        members(ctx, model)
+    for model in list(ctx.models.values()):
+        declare_members(ctx, model)
     model_cycles(ctx)
     for item in items:
         if isinstance(item, (A.Fn, A.Extern)) and define(ctx, item.name, item.name_span, "function"):
@@ -192,6 +184,25 @@ def device_counts_dividing(size: int, wanted: int) -> list[int]:
     return found
 
 
+def model_params(ctx: Context, node: A.Model) -> tuple[str, ...]:
+    """A generic model's dims (`model Linear[I O]:`), each named once."""
+    names: list[str] = []
+    for p in node.params:
+        if p.name in names:
+            ctx.error("E0202", f"dim `{p.name}` is listed twice in `model {node.name}[...]`", p.span, "a second time")
+        else:
+            names.append(p.name)
+    return tuple(names)
+
+
+def sized_models(ctx: Context) -> dict[str, T.ModelT]:
+    """The model types a program can build, by name: those declared with fixed sizes and each use of
+    a generic one whose dims are sized (`Linear[D C]`)."""
+    found = [m for m in ctx.models.values() if not m.params]
+    found += [m for m in ctx.instances.values() if m.sized]
+    return {m.name: m for m in found}
+
+
 def define(ctx: Context, name: str, span: Span, what: str) -> bool:
     if name in ctx.defined:
         ctx.error("E0202", f"`{name}` is defined twice", span, f"a second {what} named `{name}`",
@@ -202,105 +213,6 @@ def define(ctx: Context, name: str, span: Span, what: str) -> bool:
         return False
     ctx.defined[name] = span
     return True
-
-
-def refuse_reserved(ctx: Context, node: A.Field | A.Member, owner: str, reserved: frozenset[str]) -> None:
-    """E0207 at the name of a field or member that would meet an attribute its handle has itself."""
-    line = ctx.program.source.splitlines()[node.span.line - 1]
-    after_kind = node.span.col - 1 + (len(node.kind) if isinstance(node, A.Member) and node.kind != A.MemberKind.SUB else 0)
-    col = line.find(node.name, after_kind) + 1  # the name is the next word
-    span = Span(node.span.file, node.span.line, col, node.span.line, col + len(node.name)) if col else node.span
-    what = "member" if isinstance(node, A.Member) else "field"
-    ctx.error("E0207", f"`{node.name}` is reserved: {owner} has it already", span, "a reserved name",
-              f"rename the {what}; reserved for a {what}: {reserved_text(reserved)}")
-
-
-def members(ctx: Context, model: T.ModelT) -> None:
-    for m in model.node.members:
-        if m.name in model.members:
-            ctx.error("E0202", f"member `{m.name}` is defined twice in `{model.name}`", m.span)
-            continue
-        if is_reserved(m.name, MODEL_RESERVED):
-            refuse_reserved(ctx, m, "a model", MODEL_RESERVED)
-            continue
-        if m.kind == A.MemberKind.SUB:
-            t = resolve_type(ctx, m.type, {}, allow_generic=False, what=f"stack `{m.name}`")
-            if isinstance(t, T.ModelT):
-                model.members[m.name] = T.MemberT(A.MemberKind.SUB, m.name, m, model=t)
-            elif isinstance(t, T.StackT):
-                model.members[m.name] = T.MemberT(A.MemberKind.SUB, m.name, m, model=t.model, count=t.count)
-            elif t is not T.UNKNOWN:
-                ctx.error("E0401", f"`{m.name}` is a {t.show()}, but a model's fields are params, buffers "
-                          "and sub-models", m.type.span, "not a model",
-                          f"declare a tensor with `param {m.name}: ...` or `buffer {m.name}: ...`")
-            continue
-        t = resolve_type(ctx, m.type, {}, allow_generic=False, what=f"{m.kind} `{m.name}`")
-        if t is T.UNKNOWN:
-            continue
-        if not isinstance(t, T.TensorT):
-            ctx.error("E0401", f"{m.kind} `{m.name}` must be a tensor, not {t.show()}", m.type.span)
-            continue
-        if m.kind == A.MemberKind.PARAM and not t.is_float:
-            ctx.error("E0308", f"param `{m.name}` has dtype {t.dtype}, but trained params are floats",
-                      m.type.span, "not a float type", "make it a `buffer`, or give it a float dtype")
-            continue
-        init, args = init_of(ctx, m, {x.name: "sub-model" if x.kind == A.MemberKind.SUB else str(x.kind)
-                                      for x in model.node.members})
-        model.members[m.name] = T.MemberT(m.kind, m.name, m, tensor=t, init=init, init_args=args)
-
-
-def init_of(ctx: Context, m: A.Member, members: dict[str, str]) -> tuple[str, dict[str, float]]:
-    call = m.init
-    assert call is not None
-    name = call.func.id if isinstance(call.func, A.Name) else ""
-    if name not in INITS:
-        ctx.error("E0205", f"unknown initializer `{name or '?'}`", call.func.span, "not an initializer",
-                  "use normal(mean=, std=), uniform(low=, high=), zeros() or ones()")
-        return "zeros", {}
-    values = dict(INITS[name])
-    allowed = tuple(values)
-    for k, arg in enumerate(call.args):
-        key = arg.keyword or (allowed[k] if k < len(allowed) else None)
-        if key not in allowed:
-            ctx.error("E0206", f"`{name}` takes no argument {('`' + key + '`') if key else 'here'}",
-                      arg.span, "unexpected argument",
-                      f"`{name}` takes {', '.join(allowed) or 'no arguments'}")
-            continue
-        if isinstance(arg.value, A.Pattern):
-            ctx.error("E0407", f"`{key}` must be a number", arg.span, "not a number", f"write `{key}=0.02`")
-            continue
-        try:
-            value = constant(arg.value, ctx.dim_values, members)
-        except NotConstant as e:
-            ctx.error("E0407", f"`{key}` of `{name}` must be a constant number: {e.message}", e.node.span,
-                      e.label, e.help)
-            continue
-        if value is not None:  # None: a dim in it gets its size when loading, and the build waits for it
-            values[key] = value
-    if name == "normal" and values["std"] < 0:
-        ctx.error("E0310", "a normal's std can't be negative", call.span, "negative std")
-    return name, values
-
-
-def model_cycles(ctx: Context) -> None:
-    def visit(m: T.ModelT, path: list[str]) -> None:
-        if m.name in path:
-            ctx.error("E0402", f"model `{m.name}` contains itself", m.node.name_span, "",
-                      "through " + " -> ".join(path + [m.name]))
-            raise _Cycle
-        for mem in m.members.values():
-            if mem.model is not None:
-                visit(mem.model, path + [m.name])
-
-    for model in ctx.models.values():
-        try:
-            visit(model, [])
-        except _Cycle:
-            return
-
-
-class _Cycle(Exception):
-    pass
 
 
 def call_cycles(ctx: Context) -> None:
@@ -372,156 +284,5 @@ def signature(ctx: Context, node: A.Fn | A.Extern) -> FnInfo:
             ctx.error("E0401", f"an `Axis[...]` parameter belongs to an extern fn, not to a {kind} fn",
                       info.node.type.span, "not allowed here", "use `over=` with the built-in operations")
     return FnInfo(node.name, kind, node, params, ret, generics)
-
-
-# ---- types ------------------------------------------------------------------------------------
-
-def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], allow_generic: bool,
-                 what: str = "") -> T.Ty:
-    if isinstance(node, A.ShapeType):
-        axes = []
-        for a in node.axes:
-            ax = resolve_axis(ctx, a, generics, allow_generic, what)
-            if ax is None:
-                return T.UNKNOWN
-            axes.append(ax)
-        el = node.element
-        if el is None:
-            return T.TensorT(tuple(axes))
-        if el.name in DTYPES and not el.args:
-            return T.TensorT(tuple(axes), el.name)
-        if el.name == "Index":
-            bound = index_bound(ctx, el, generics, allow_generic, what)
-            return T.TensorT(tuple(axes), "i64", bound) if bound is not None else T.UNKNOWN
-        inner = resolve_type(ctx, el, generics, allow_generic, what)
-        if isinstance(inner, T.BatchT) and not inner.axes:
-            return T.BatchT(tuple(axes), inner.data, padded_dims(inner.data, generics))
-        if isinstance(inner, T.ModelT) and len(axes) == 1:
-            if D.value(axes[0].size, ctx.dim_values) is None:
-                return ctx.error("E0312", f"a stack of models needs a declared size, not {axes[0].show()}",
-                                 node.span, "not a declared dim", "declare it: `dim L = 4`")
-            return T.StackT(axes[0].size, inner)
-        if inner is T.UNKNOWN:
-            return inner
-        return ctx.error("E0401", f"`{show_type_expr(node)}` isn't a type: a shape can hold a dtype, "
-                         "`Index[...]` or a data type", el.span, "unexpected here",
-                         "write `[b D]`, `[b D] f16`, `[] Index[C]` or `[b] Digit`")
-    name = node.name
-    if name in DTYPES and not node.args:
-        return T.TensorT((), name)
-    if name in SCALAR_TYPES and not node.args:
-        return SCALAR_TYPES[name]
-    if name in ("Index", "Axis"):
-        bound = index_bound(ctx, node, generics, allow_generic, what)
-        if bound is None:
-            return T.UNKNOWN
-        return T.TensorT((), "i64", bound) if name == "Index" else T.AxisArgT(bound)
-    if name in ("Sink", "Logs", "Mode") and not node.args:
-        return T.NamedT(name)
-    if name in ctx.data and not node.args:
-        return T.BatchT((), ctx.data[name])
-    if name in ctx.models and not node.args:
-        return ctx.models[name]
-    one_arg = {"Dataset": "a data type", "Grad": "a model", **{o.value: "a model" for o in OptimizerKind}}
-    if name in one_arg:
-        arg = node.args[0] if len(node.args) == 1 else None
-        arg_name = arg.name if isinstance(arg, (A.DimName, A.NamedType)) and not getattr(arg, "args", None) else None
-        if name == "Dataset" and arg_name in ctx.data:
-            return T.DatasetT(ctx.data[arg_name])
-        if name != "Dataset" and arg_name in ctx.models:
-            model = ctx.models[arg_name]
-            return T.GradT(model) if name == "Grad" else T.OptT(OptimizerKind(name), model)
-        return ctx.error("E0204", f"`{name}[...]` takes {one_arg[name]}", node.span,
-                         f"expected {name}[{'Digit' if name == 'Dataset' else 'Model'}]",
-                         f"the program declares {describe_names(ctx, name)}")
-    return ctx.error("E0204", f"unknown type `{name}`", node.span, "not a type",
-                     similar(name, list(ctx.data) + list(ctx.models) + list(DTYPES) + ["Dataset", "Sink", *OptimizerKind]))
-
-
-def padded_dims(data: T.DataT, generics: dict[str, D.Dim]) -> tuple[tuple[str, D.Dim], ...]:
-    """The data's generic dims for one batch value, shared by name with the function's own."""
-    out = []
-    for name in data.generics:
-        if name not in generics:
-            generics[name] = D.generic(name)
-        out.append((name, generics[name]))
-    return tuple(out)
-
-
-def describe_names(ctx: Context, wrapper: str) -> str:
-    names = list(ctx.data) if wrapper == "Dataset" else list(ctx.models)
-    kind = "data types" if wrapper == "Dataset" else "models"
-    return f"{kind}: {', '.join(names)}" if names else f"no {kind}"
-
-
-def index_bound(ctx: Context, node: A.NamedType, generics: dict[str, D.Dim], allow_generic: bool,
-                what: str) -> D.Dim | None:
-    arg = node.args[0] if len(node.args) == 1 else None
-    if arg is None or isinstance(arg, A.ShapeType) or (isinstance(arg, A.NamedType) and arg.args):
-        ctx.error("E0204", f"`{node.name}` takes one dim, as `{node.name}[C]`", node.span, f"expected {node.name}[C]")
-        return None
-    if isinstance(arg, A.NamedType):
-        arg = A.DimName(arg.span, arg.name)
-    return resolve_dim(ctx, arg, generics, allow_generic, what)
-
-
-def resolve_axis(ctx: Context, node: A.Axis, generics: dict[str, D.Dim], allow_generic: bool,
-                 what: str) -> T.AxisT | None:
-    if isinstance(node, A.GroupAxis):
-        resolved = [resolve_dim(ctx, p, generics, allow_generic, what) for p in node.parts]
-        parts = tuple(p for p in resolved if p is not None)
-        if len(parts) != len(resolved):
-            return None
-        return T.group(parts)
-    d = resolve_dim(ctx, node, generics, allow_generic, what)
-    return T.axis(d) if d is not None else None
-
-
-def resolve_dim(ctx: Context, node: A.DimExpr, generics: dict[str, D.Dim], allow_generic: bool,
-                what: str) -> D.Dim | None:
-    if isinstance(node, A.DimInt):
-        if node.value <= 0:
-            ctx.error("E0310", f"a dim must be a positive size, not {node.value}", node.span, "not a size")
-            return None
-        return D.literal(node.value)
-    if isinstance(node, A.DimName):
-        if node.name in ctx.dim_values:
-            return D.declared(node.name)
-        if node.name in generics:
-            return generics[node.name]
-        if not allow_generic:
-            ctx.error("E0312", f"{what or 'this type'} must have a fixed shape, but `{node.name}` isn't a "
-                      "declared dim", node.span, "not declared",
-                      similar(node.name, ctx.dim_values) or f"declare it with `dim {node.name} = ...`")
-            return None
-        if node.name[0].isupper():
-            ctx.error("E0201", f"unknown dim `{node.name}`", node.span, "not declared",
-                      similar(node.name, ctx.dim_values)
-                      or f"declare it with `dim {node.name} = ...`; generic dims are written in lower case")
-            return None
-        generics[node.name] = D.generic(node.name)
-        return generics[node.name]
-    left = resolve_dim(ctx, node.left, generics, allow_generic, what)
-    right = resolve_dim(ctx, node.right, generics, allow_generic, what)
-    if left is None or right is None:
-        return None
-    result: sympy.Expr = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}[node.op](
-        left, right)
-    expanded = D.expand_derived(result)  # `D - H*Dh` is 0 when D = H*Dh, sized or not
-    exact = sympy.sympify(expanded.xreplace({s: ctx.dim_values[s.name] for s in _declared(expanded)
-                                            if ctx.dim_values.get(s.name) is not None}))
-    if result.has(sympy.zoo, sympy.nan) or (exact.is_number and (not exact.is_integer or exact <= 0)):
-        ctx.error("E0310", f"the dim {D.show(result)} isn't a positive whole size"
-                  + (f" (it is {exact})" if exact.is_number and exact.is_finite else ""), node.span, "not a size")
-        return None
-    return result
-
-
-def _declared(d: D.Dim) -> set[sympy.Symbol]:
-    return {s for s in D.symbols(d) if not D.is_generic(s)}
-
-
-def show_type_expr(node: A.TypeExpr) -> str:
-    return node.name if isinstance(node, A.NamedType) else "shape"
 
 

@@ -5,6 +5,9 @@ report through a Reporter of their own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from ..devices import DeviceSet
 from ..errors import CompileError, Diagnostic, Span
 from ..shapes import dims as D
@@ -48,10 +51,27 @@ class Context(Reporter):
         self.dim_override = dict(dims or {})
         self.device_override = devices
         self.data: dict[str, T.DataT] = {}
-        self.models: dict[str, T.ModelT] = {}
+        self.models: dict[str, T.ModelT] = {}  # as declared: generic ones with their dims generic
+        self.instances: dict[tuple[str, tuple[D.Dim, ...]], T.ModelT] = {}  # each use of a generic model, by its dims
+        self.models_done: set[str] = set()  # declared models whose members are resolved
+        self.broken_models: set[str] = set()  # generic models with a mistake in their declaration
+        self.models_within: list[str] = []  # the generic models being resolved, outermost first
         self.fns: dict[str, FnInfo] = {}
         self.tables = Tables()  # what the bodies find about each node, frozen into Checked at the end
         self.defined: dict[str, Span] = {}
+
+    @contextmanager
+    def within_model(self, name: str) -> Iterator[None]:
+        """While generic model `name`'s members are resolved: a use of it inside is a cycle."""
+        self.models_within.append(name)
+        try:
+            yield
+        finally:
+            self.models_within.pop()
+
+    def generic_count(self, size: D.Dim) -> bool:
+        """A stack's count that is a generic model's own dim, while its declaration is checked."""
+        return bool(self.models_within) and any(D.is_generic(s) for s in D.symbols(size))
 
     def dim_note(self, t: T.Ty) -> str:
         """`with D = 784, C = 10` for the declared dims in a type, to say what sizes it means."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 from ..devices import DeviceSet
 from ..errors import Span
 from ..ir import nodes as ir
+from ..names import spec_var
 from ..shapes.kinds import FnKind
 from . import guards, specs, targets
 from .printer import BodyPrinter, py_name
 from .recording import RECORD_IMPORT, RecordingPrinter, recordable, recorded_calls
-from .specs import spec_var
 from .targets import Target, target_for
 from .text import comment_text, literal
 from .type_checks import IMPORT as TYPE_CHECKS_IMPORT

@@ -7,15 +7,17 @@ lowering builds no runtime object.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import sympy
 
 from ..ir import nodes as ir
+from ..names import spec_var
 from ..shapes import dims as D
 from ..shapes import value_types as T
-from .specs import TORCH_DTYPES, spec_var
+from .specs import TORCH_DTYPES
 from .text import literal
 
 
@@ -113,10 +115,24 @@ def param_guard(c: ir.Module, fn: ir.Function, index: int) -> RtCall:
                   device=device, padded=tuple(padded) or None)
     kind = _kind(t)
     if kind is not None:
+        model = t if isinstance(t, T.ModelT) else t.model if isinstance(t, T.OptT) else None
+        generic = model is not None and not model.sized
         return rt("KindGuard", param=param, kind=kind[0], type_name=kind[1],
-                  model=t.name if isinstance(t, T.ModelT) else t.model.name if isinstance(t, T.OptT) else None,
-                  optimizer=t.kind.value if isinstance(t, T.OptT) else None)
+                  model=model.name if model is not None and not generic else None,
+                  optimizer=t.kind.value if isinstance(t, T.OptT) else None,
+                  family=model.family if model is not None and generic else None,
+                  shapes=tuple(member_shapes(c, model)) if model is not None and generic else None)
     return rt("NotFromPython", param=param, type_text=t.show())
+
+
+def member_shapes(c: ir.Module, model: T.ModelT, prefix: str = "") -> Iterator[tuple[str, tuple[RtCall, ...]]]:
+    """Each param and buffer of a model type by its dotted path, with its axes as a guard checks them
+    (the first model of a stack stands for all)."""
+    for m in model.members.values():
+        if m.model is not None:
+            yield from member_shapes(c, m.model, f"{prefix}{m.name}.")
+        elif m.tensor is not None:
+            yield f"{prefix}{m.name}", axis_checks(c, m.tensor.axes)
 
 
 def _kind(t: T.Ty) -> tuple[str, str] | None:

@@ -11,12 +11,11 @@ from typing import Protocol
 
 from ..errors import Span
 from ..ir import nodes as N
-from ..names import MEMBER_PREFIX
+from ..names import MEMBER_PREFIX, spec_var
 from ..ops import OPS, LowerCall
 from ..shapes import value_types as T
 from ..shapes.options import NO_OPTIONS, NO_RECIPE
 from ..shapes.plans import Combine, HeadsKind
-from .specs import spec_var
 from .text import literal
 from .type_checks import TypeChecks
 

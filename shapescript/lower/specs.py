@@ -11,16 +11,12 @@ from pathlib import Path
 from ..dtypes import ELEMENTS
 from ..errors import Span
 from ..ir import nodes as ir
+from ..names import spec_var
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from .text import literal
 
 TORCH_DTYPES = {name: f"torch.{e.torch}" for name, e in ELEMENTS.items()}  # as the module writes them
-
-
-def spec_var(name: str) -> str:
-    """The module's variable holding a data or model type's spec (a .ss name is an identifier)."""
-    return f"{name}_spec"
 
 
 def axis_sizes(c: ir.Module, t: T.TensorT, fixed: bool) -> list[tuple[str, int | None]]:
@@ -55,7 +51,7 @@ def model_spec(c: ir.Module, model: T.ModelT) -> str:
     for m in model.members.values():
         if m.model is not None:
             count = D.value(m.count, c.dims) if m.count is not None else None
-            members.append(f"_rt.SubSpec({literal(m.name)}, {m.model.name}_spec, {literal(where(m.node.span))}, "
+            members.append(f"_rt.SubSpec({literal(m.name)}, {spec_var(m.model.name)}, {literal(where(m.node.span))}, "
                            f"{literal(count)})")
             continue
         assert m.tensor is not None
@@ -64,8 +60,9 @@ def model_spec(c: ir.Module, model: T.ModelT) -> str:
         members.append(f"_rt.ParamSpec({literal(m.name)}, {literal(m.kind)}, {literal(shape)}, "
                        f"{TORCH_DTYPES[m.tensor.dtype]}, {literal(m.init)}, {literal(args)}, "
                        f"{literal(where(m.node.span))})")
+    family = f", family={literal(model.family)}" if model.of is not None else ""
     return f"_rt.ModelSpec({literal(model.name)}, ({', '.join(members)}{',' if len(members) == 1 else ''}), " \
-           f"{literal(where(model.node.span))})"
+           f"{literal(where(model.node.span))}{family})"
 
 
 def model_order(c: ir.Module) -> list[T.ModelT]:

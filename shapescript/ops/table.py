@@ -159,8 +159,12 @@ def heads_local(view: CallView[CallOptions]) -> HeadsKind:
 
 
 def heads_contraction(view: CallView[CallOptions]) -> HeadsKind:
-    """`@`, matmul, einsum: H kept in the result is each device's own; H contracted, partial sums."""
-    return LOCAL if view.split_axes(view.result) else SUM
+    """`@`, matmul, einsum: H kept in the result is each device's own; H contracted, partial sums,
+    where every operand is split (a weight whose axis is a plain `H*Dh`, not the group `(H Dh)`, is
+    whole: then the operands are taken whole)."""
+    if view.split_axes(view.result):
+        return LOCAL
+    return SUM if all(view.split_axes(t) for t in view.arg_types if isinstance(t, T.TensorT)) else GATHER
 
 
 def heads_along(sums: bool) -> HeadsRule[AxisOptions]:

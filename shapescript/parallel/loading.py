@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from shapescript.devices import shares
+from shapescript.names import spec_var
 from shapescript.runtime.data import (
     Batch,
     DataSpec,
@@ -414,7 +415,7 @@ class WorkerLoops:
         loop = self.loops.get(handle)
         if loop is None:
             loop = self.loops[handle] = WorkerLoop(state, state.objects[dataset], seeds, n,
-                                                   state.program[f"{spec}_spec"])
+                                                   state.program[spec_var(spec)])
             while len(self.loops) > self.KEEP:
                 self.loops.popitem(last=False)[1].close()
         return loop
@@ -438,7 +439,7 @@ def agree(state: Any, plans: list[tuple], parts: list[Batch] | None) -> list[Bat
     items, as the controller would pad the whole batch, so that every worker's values have the same
     sizes and results are one device's."""
     import torch.distributed as dist
-    dims = [generic_dims(state.program[f"{plan[4]}_spec"]) for plan in plans]
+    dims = [generic_dims(state.program[spec_var(plan[4])]) for plan in plans]
     values = [1 if parts is None else 0]
     for k, names in enumerate(dims):
         sizes = padded_sizes(parts[k]) if parts is not None else {}

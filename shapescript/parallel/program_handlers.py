@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from shapescript.names import spec_var
 from shapescript.optimizers import OptimizerKind
 from shapescript.parallel import loading, sharded_state, shared
 from shapescript.parallel.handlers import handler
@@ -63,7 +64,7 @@ def seed_random_states(seed: int, rank: int) -> None:
 def init_model(state: Any, handle: int, model: str, seed: int) -> None:
     """Every worker draws the same model, and keeps its part of each param the layout options cut:
     along H (`split H`), or a flat piece (`shard params`)."""
-    spec = state.program[f"{model}_spec"]
+    spec = state.program[spec_var(model)]
     pieces, heads = bool(state.program.get("SHARD_PARAMS")), state.program.get("HEAD_PARAMS", {})
     if (pieces or heads) and state.world > 1:
         state.objects[handle] = sharding.init_parts(spec, seed, state.device, state.rank, state.world, pieces, heads)
@@ -78,7 +79,7 @@ def make_optimizer(state: Any, handle: int, model: int, kind: OptimizerKind, hyp
 
 @handler("keep_dataset")
 def keep_dataset(state: Any, handle: int, base: Any, spec: str) -> None:
-    state.objects[handle] = loading.keep(state, base, state.program[f"{spec}_spec"])
+    state.objects[handle] = loading.keep(state, base, state.program[spec_var(spec)])
 
 
 LOOPS = loading.WorkerLoops()  # this worker's loops over batches
@@ -97,7 +98,7 @@ def decode(state: Any, value: Any) -> Any:
     if kind == "batch":
         _, spec, fields, lengths = value
         move = {k: shared.arrive(v, state.device) for k, v in fields.items()}  # a big field from shared memory
-        return trusted_batch(state.program[f"{spec}_spec"], move, {k: v.to(state.device) for k, v in lengths.items()})
+        return trusted_batch(state.program[spec_var(spec)], move, {k: v.to(state.device) for k, v in lengths.items()})
     if kind == "tensor":
         return shared.arrive(value[1], state.device)
     return value[1]

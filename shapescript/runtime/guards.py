@@ -29,7 +29,7 @@ from shapescript.runtime.data import (
     trusted_batch,
     wrong_dim,
 )
-from shapescript.runtime.model import Model, ModelSpec, dtype_name, shape_text
+from shapescript.runtime.model import Model, ModelSpec, SubSpec, dtype_name, shape_text
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Optimizer
 from shapescript.runtime.sinks import Sink
@@ -292,16 +292,32 @@ class KindGuard:
     type_name: str  # "Mlp", "AdamW[Mlp]", "Dataset[Digit]"...
     model: str | None = None
     optimizer: str | None = None
+    # A use of a generic model with generic dims (`Linear[i o]`): any use of `family` whose params'
+    # shapes (each a dotted path with its axes) bind the dims as the function's other arguments do
+    family: str | None = None
+    shapes: tuple[tuple[str, tuple[AxisCheck, ...]], ...] = ()
 
     def __call__(self, value: Any, bindings: Bindings) -> Any:
         if not _KIND_CHECKS[self.kind](self, value):
             raise ShapeError(f"{self.param} must be {self.type_name}, not {_describe(value)}")
+        if self.family is not None:
+            spec = value.spec if self.kind == "model" else value.model.spec
+            for path, axes in self.shapes:
+                shape = _member_shape(spec, path)
+                bad = _bind(axes, shape, bindings, f"`{self.param.name}.{path}`")
+                if bad is not None:
+                    k, want = bad
+                    raise ShapeError(f"{self.param}: {spec.name}'s `{path}` has shape {shape_text(shape)}, but "
+                                     f"{self.type_name} needs {wrong_dim(k, shape[k], axes[k].label, want)}"
+                                     f"{_explain(axes, bindings, f'`{self.param.name}.{path}`')}")
         return value
 
     def quick(self, v: str, out: QuickChecks, specs: Mapping[str, ModelSpec]) -> str | None:
         """A model or optimizer passes at once only if its model has the very spec of `specs` (the
         program's own: what api.py's stale-model check passes at once too); other kinds as here.
         The workers' handles (`is_remote`) pass as `_is_model` and `_is_optimizer` pass them."""
+        if self.family is not None:
+            return None
         if self.kind == "model" or self.kind == "optimizer":
             spec = specs.get(self.model or "")
             if spec is None:
@@ -318,12 +334,25 @@ class KindGuard:
 
 
 def _is_model(g: KindGuard, v: Any) -> bool:
-    return (isinstance(v, Model) or getattr(v, "is_remote", False)) and v.spec.name == g.model
+    return (isinstance(v, Model) or getattr(v, "is_remote", False)) and _of_type(g, v.spec)
 
 
 def _is_optimizer(g: KindGuard, v: Any) -> bool:
     return ((isinstance(v, Optimizer) or getattr(v, "is_remote", False)) and v.kind == g.optimizer
-            and v.model.spec.name == g.model)
+            and _of_type(g, v.model.spec))
+
+
+def _of_type(g: KindGuard, spec: ModelSpec) -> bool:
+    return spec.family == g.family if g.family is not None else spec.name == g.model
+
+
+def _member_shape(spec: ModelSpec, path: str) -> tuple[int, ...]:
+    """The shape of the param or buffer at `path` ("attn.w") in a model of type `spec`."""
+    head, _, rest = path.partition(".")
+    member = next(m for m in spec.members if m.name == head)
+    if isinstance(member, SubSpec):
+        return _member_shape(member.model, rest)
+    return member.shape
 
 
 # One check per kind, looked up by the guard (a call is on the hot path of every step).

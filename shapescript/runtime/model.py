@@ -89,9 +89,10 @@ class SubSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str
+    name: str  # "Mlp", or a generic model's use with its dims: "Linear[D C]"
     members: tuple[ParamSpec | SubSpec, ...]  # declaration order
     where: str
+    family: str = ""  # a generic model's use: the declared model's name ("Linear")
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

@@ -134,12 +134,28 @@ class MemberT:
 
 @dataclass(eq=False)
 class ModelT(Ty):
+    """A model type: one declared with fixed sizes (`model Mlp:`), a generic one (`model Linear[I O]:`,
+    its `params`; its members' types have those dims, and it is only used with dims given), or one
+    use of a generic one with its dims (`Linear[D C]`: `of` and `args`), sized or generic itself."""
     name: str
     node: A.Model
     members: dict[str, MemberT] = field(default_factory=dict)
+    params: tuple[str, ...] = ()
+    of: ModelT | None = None
+    args: tuple[D.Dim, ...] = ()
 
     def show(self) -> str:
         return self.name
+
+    @property
+    def family(self) -> str:
+        """The declared model's name: `Linear` for `Linear[D C]`."""
+        return self.of.name if self.of is not None else self.name
+
+    @property
+    def sized(self) -> bool:
+        """Whether its members' shapes are fixed (given the declared dims): no generic dims in it."""
+        return not self.params and not any(D.is_generic(s) for a in self.args for s in D.symbols(a))
 
 
 @dataclass(frozen=True)

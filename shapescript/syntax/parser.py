@@ -194,9 +194,28 @@ class _Parser(TypeGrammar, DeviceLine):
     def item_model(self) -> A.Model:
         start = self.advance().span
         name = self.expect_name("a model name")
+        params = self.model_params(name.text) if self.at("[", "OP") else []
         self.expect(":", f"after `model {name.text}`")
         members = self.block(self.member)
-        return A.Model(self.span_from(start), name.text, name.span, members)
+        return A.Model(self.span_from(start), name.text, name.span, members, params)
+
+    def model_params(self, model: str) -> list[A.DimName]:
+        """`[I O]` after a model's name: the dims it is generic over, each a name."""
+        self.advance()
+        params: list[A.DimName] = []
+        while not self.at("]", "OP"):
+            if self.tok.kind != "NAME":
+                raise self.fail(f"expected a dim name in `model {model}[...]`, found {describe(self.tok)}",
+                                label="a model's dims are names", help=f"write `model {model}[I O]:`")
+            t = self.advance()
+            params.append(A.DimName(t.span, t.text))
+            if self.at(",", "OP"):
+                self.advance()
+        if not params:
+            raise self.fail(f"`model {model}[]` names no dim", label="empty",
+                            help=f"write `model {model}[D]:`, or `model {model}:` for one of fixed sizes")
+        self.advance()
+        return params
 
     def member(self) -> A.Member:
         start = self.tok.span

@@ -255,6 +255,7 @@ class Model(Node):
     name: str
     name_span: Span
     members: list[Member]
+    params: list[DimName] = field(default_factory=list)  # `model Linear[I O]:` its dims, given where it's used
 
 
 @dataclass(eq=False)
