@@ -72,6 +72,10 @@ class BodyChecker:
         return self.ctx.dim_values
 
     @property
+    def precision(self) -> str:
+        return self.ctx.precision
+
+    @property
     def params(self) -> Sequence[ParamInfo]:
         return self.fn.params
 

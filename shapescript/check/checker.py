@@ -11,6 +11,7 @@ import re
 from types import MappingProxyType
 
 from ..devices import MAX_DEVICES, DeviceSet
+from ..dtypes import FLOAT_DTYPES
 from ..errors import CompileError, Diagnostic, Span
 from ..names import DATA_RESERVED, STD_EXTERNS, is_reserved, similar
 from ..shapes import dims as D
@@ -83,6 +84,7 @@ def collect(ctx: Context) -> DeviceSet:
         ctx.error("E1806", f"more devices than can run: {impossible.reason}",
                   device_items[0].span if device_items else ctx.program.span, "no machine has these devices",
                   impossible.help)
+    precision_of(ctx, [i for i in items if isinstance(i, A.Precision)])
     dims = [i for i in items if isinstance(i, A.Dim) and define(ctx, i.name, i.name_span, "dim")]
     for dim in dims:
         value = ctx.dim_override.get(dim.name, dim.value) if dim.expr is None else None
@@ -182,6 +184,20 @@ def device_counts_dividing(size: int, wanted: int) -> list[int]:
             if len(found) == wanted:
                 break
     return found
+
+
+def precision_of(ctx: Context, lines: list[A.Precision]) -> None:
+    """`precision f64`: at most one line, of a float dtype."""
+    for extra in lines[1:]:
+        ctx.error("E0202", "a second `precision` line", extra.span, "the precision is already set",
+                  f"keep one; the first is at {lines[0].span}")
+    if not lines:
+        return
+    if lines[0].dtype not in FLOAT_DTYPES:
+        ctx.error("E0204", f"`precision` is a float dtype, not `{lines[0].dtype}`", lines[0].dtype_span,
+                  "not a float dtype", similar(lines[0].dtype, FLOAT_DTYPES) or f"one of {', '.join(FLOAT_DTYPES)}")
+        return
+    ctx.precision = lines[0].dtype
 
 
 def model_params(ctx: Context, node: A.Model) -> tuple[str, ...]:

@@ -51,6 +51,7 @@ class Context(Reporter):
         self.dim_override = dict(dims or {})
         self.device_override = devices
         self.data: dict[str, T.DataT] = {}
+        self.precision = "f32"  # `precision f64`: the dtype of a tensor type written without one
         self.models: dict[str, T.ModelT] = {}  # as declared: generic ones with their dims generic
         self.instances: dict[tuple[str, tuple[D.Dim, ...]], T.ModelT] = {}  # each use of a generic model, by its dims
         self.models_done: set[str] = set()  # declared models whose members are resolved

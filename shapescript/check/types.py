@@ -157,7 +157,7 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
             axes.append(ax)
         el = node.element
         if el is None:
-            return T.TensorT(tuple(axes))
+            return T.TensorT(tuple(axes), ctx.precision)
         if el.name in DTYPES and not el.args:
             return T.TensorT(tuple(axes), el.name)
         if el.name == "Index":

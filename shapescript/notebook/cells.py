@@ -18,6 +18,7 @@ from ..syntax import tree as A
 from ..syntax.parser import parse
 
 DEVICES = "<devices>"  # the devices line's key: not a name any item can have
+PRECISION = "<precision>"  # the precision line's, likewise
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Chunk:
 def _key_and_kind(item: A.Item) -> tuple[str, str]:
     if isinstance(item, A.Devices):
         return DEVICES, "devices"
+    if isinstance(item, A.Precision):
+        return PRECISION, "precision"
     if isinstance(item, A.Extern):
         return item.name, f"{item.kind} fn"
     kinds: dict[type, str] = {A.Dim: "dim", A.Data: "data", A.Model: "model", A.Fn: "fn"}

@@ -66,6 +66,10 @@ class RuleChecker(Protocol):
         """Each declared dim's size (None: given when the program is loaded)."""
 
     @property
+    def precision(self) -> str:
+        """The dtype of a float made where the program writes none (`precision f64`; f32 by default)."""
+
+    @property
     def grown(self) -> Mapping[D.Dim, D.Dim]:
         """Sizes of their own that came from another (a loop's growing value, `n+i`; `last`'s
         `min(n,k)`), each with the size it came from: `over=n` names them."""

@@ -156,11 +156,11 @@ def one_hot_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[OneHotOptio
     if count is None or t.index is None:
         return ck.error("E0309", f"`one_hot` takes labels typed `Index[C]` with a declared C, not {t.show()}",
                         labels.span, "no known bound")
-    return Typed(T.TensorT(t.axes + (T.axis(t.index),), "f32"), (labels.expr,), OneHotOptions(count))
+    return Typed(T.TensorT(t.axes + (T.axis(t.index),), ck.precision), (labels.expr,), OneHotOptions(count, ck.precision))
 
 
 def one_hot_lower(call: LowerCall[OneHotOptions]) -> str:
-    return f"_F.one_hot({call.args[0]}, {call.options.classes}).to(torch.float32)"
+    return f"_F.one_hot({call.args[0]}, {call.options.classes}).to(torch.{ELEMENTS[call.options.dtype].torch})"
 
 
 def embedding_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.UnknownT:

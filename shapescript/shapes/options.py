@@ -43,6 +43,16 @@ class NormOptions(AxisOptions):
 
 
 @dataclass(frozen=True)
+class NormalizeOptions(AxisOptions):
+    """layer_norm, rms_norm, group_norm (ops/norms.py): the axis normalized (`axis`; group_norm's
+    channels), the affine params given ("weight", "bias": printed after x, in that order), whether
+    `eps=` is given (printed last), and group_norm's groups."""
+    affine: tuple[str, ...] = ()
+    eps: bool = False
+    groups: int = 1
+
+
+@dataclass(frozen=True)
 class TopKOptions(AxisOptions):
     k: int = 1
     label: str | None = None  # its axis without a size, by name
@@ -90,6 +100,7 @@ class CastOptions(CallOptions):
 @dataclass(frozen=True)
 class OneHotOptions(CallOptions):
     classes: int
+    dtype: str = "f32"  # the program's precision
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from .lexer import LexError, Token, describe, tokenize
 from .type_grammar import TypeGrammar
 
 Line = TypeVar("Line")  # what one line of a block parses to
-ITEM_WORDS = ("devices", "dim", "data", "model", "extern", "python")
+ITEM_WORDS = ("devices", "dim", "data", "model", "extern", "python", "precision")
 
 # Binding powers: higher binds tighter.
 BINARY = {
@@ -148,14 +148,21 @@ class _Parser(TypeGrammar, DeviceLine):
         if t.kind == "INDENT":
             raise self.fail("unexpected indentation", label="this line is indented",
                             help="top-level items start at the first column")
-        raise self.fail(f"expected an item (devices, dim, data, model, fn, extern fn, python fn), "
+        raise self.fail(f"expected an item (devices, precision, dim, data, model, fn, extern fn, python fn), "
                         f"found {describe(t)}", label="not an item",
                         help="statements go inside a `fn`")
 
     def item_parsers(self) -> dict[str, Callable[[], A.Item]]:
         """Each of ITEM_WORDS' parser."""
         return {"devices": self.item_devices, "dim": self.item_dim, "data": self.item_data, "model": self.item_model,
-                "extern": self.item_extern, "python": self.item_python}
+                "extern": self.item_extern, "python": self.item_python, "precision": self.item_precision}
+
+    def item_precision(self) -> A.Precision:
+        start = self.advance().span
+        dtype = self.expect_name("a float dtype (f16, bf16, f32, f64)")
+        node = A.Precision(self.span_from(start), dtype.text, dtype.span)
+        self.expect_newline()
+        return node
 
     def item_dim(self) -> A.Dim:
         start = self.advance().span

@@ -287,7 +287,14 @@ class Extern(Node):
     target_span: Span
 
 
-Item = Devices | Dim | Data | Model | Fn | Extern
+@dataclass(eq=False)
+class Precision(Node):
+    """`precision f64`: the dtype of every tensor type written without one (f32 where there is no such line)."""
+    dtype: str
+    dtype_span: Span
+
+
+Item = Devices | Precision | Dim | Data | Model | Fn | Extern
 
 
 @dataclass(eq=False)
