@@ -86,9 +86,11 @@ _ENTRIES = [
     Code("E0204", "Unknown type",
          "A type name that is neither a dtype (f16, bf16, f32, f64, i32, i64, bool), a data type, "
          f"a model, nor one of Dataset[T], {kinds_text()}, Grad[M], Index[C], Sink, int, "
-         "float, bool, str.",
+         "float, bool, str. Also a generic model used without its dims or with the wrong number of "
+         "them (`model Linear[I O]:` is used as `Linear[D C]`), dims given to a model of fixed "
+         "sizes, and a `precision` line that doesn't name a float dtype.",
          "fn f(x: [n] f33) -> [n] f33 = x\n",
-         "Fix the spelling, or declare the type."),
+         "Fix the spelling, or declare the type; give a generic model as many dims as it declares."),
     Code("E0205", "Not a function",
          "Only functions can be called, by their name; a param's initializer must be one of "
          "normal, uniform, zeros and ones.",
@@ -200,7 +202,7 @@ _ENTRIES = [
          "Pass a value of the kind the operation takes, as its message says."),
     Code("E0402", "A model that contains itself",
          "A model's sub-models can't include the model itself, directly or through others: "
-         "it would never end.",
+         "it would never end. A generic model can't contain a use of itself, at any dims.",
          "model A:\n    b: B\n\nmodel B:\n    a: A\n",
          "Break the cycle."),
     Code("E0403", "A loop over something else than batches, a stack or a range",
@@ -310,8 +312,8 @@ _ENTRIES = [
          "the batch axis needs every device's part. Sums, means, cross_entropy, batch_norm, and "
          "`@`, matmul, einsum and reduce with sum that contract the batch axis combine the parts "
          "with an all-reduce; any other reduction over the batch axis, an operation along it (such "
-         "as softmax, sort, topk or first, or an extern fn given it as an `Axis[...]` argument, such "
-         "as `layer_norm(x, over=b)`), and causal, positions or first counting the batch's size "
+         "as softmax, sort, topk, first or `layer_norm(x, over=b)`, or an extern fn given it as an "
+         "`Axis[...]` argument), and causal, positions or first counting the batch's size "
          "have no such lowering yet.",
          "devices cpu[0 1 2]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
          "fn largest(batch: [b] Ex) -> [D]:\n    return max(batch.x, over=b)\n",

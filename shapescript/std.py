@@ -1,8 +1,11 @@
 """The standard library's Python functions, for `extern fn` declarations such as
 
-    extern fn layer_norm(x: [n D], over: Axis[D]) -> [n D] = "shapescript.std.layer_norm"
+    extern fn std_layer_norm(x: [n D], over: Axis[D]) -> [n D] = "shapescript.std.layer_norm"
 
-An `Axis[...]` parameter arrives as the index of that axis in the first tensor argument.
+An `Axis[...]` parameter arrives as the index of that axis in the first tensor argument. `layer_norm`
+and `rms_norm` are built-in operations now (ops/norms.py), with affine params, called as they are
+without a declaration; these stay for programs that declare them under another name (ir/fuse.py
+still fuses `layer_norm`'s gain and bias).
 """
 
 from __future__ import annotations

@@ -40,8 +40,6 @@ model Gpt:
     ln_f: Norm
     param head: [D V] = normal(std=0.02)
 
-extern fn layer_norm(x: [b n D], over: Axis[D]) -> [b n D] = "shapescript.std.layer_norm"
-
 fn normed(m: Norm, x: [b n D]) -> [b n D] = layer_norm(x, over=D) * m.gain + m.bias
 
 # Scores of each query position i against each key position j, the future masked out.

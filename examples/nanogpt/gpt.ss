@@ -57,8 +57,6 @@ model Gpt:
     h: [L] Block
     ln_f: LayerNorm
 
-extern fn layer_norm(x: [b n D] f64, over: Axis[D]) -> [b n D] f64 = "shapescript.std.layer_norm"
-
 fn normed(m: LayerNorm, x: [b n D] f64) -> [b n D] f64 = layer_norm(x, over=D) * m.weight + m.bias
 
 # Each query position i against each key position j, the future masked out. Dropout where nanoGPT

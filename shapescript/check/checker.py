@@ -129,6 +129,11 @@ def collect(ctx: Context) -> DeviceSet:
         declare_members(ctx, model)
     model_cycles(ctx)
     for item in items:
+        if isinstance(item, A.Extern) and item.name in BUILTIN_NAMES and item.target == f"shapescript.std.{item.name}":
+            ctx.error("E0202", f"`{item.name}` is a built-in now", item.name_span, "declared by the program too",
+                      f"delete this declaration: `{item.name}(x, over=...)` calls the built-in, which takes "
+                      "the axis as `over=` and its affine params after x (docs/stdlib.md, Norms)")
+            continue
         if isinstance(item, (A.Fn, A.Extern)) and define(ctx, item.name, item.name_span, "function"):
             ctx.fns[item.name] = signature(ctx, item)
     return device_set

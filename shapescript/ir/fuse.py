@@ -5,8 +5,9 @@ program's own unfused build):
 - causal attention written out, softmax(masked_fill(q·kᵀ · scale, causal(i, j), -1e9), over=j)·v,
   becomes `F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=...)`: one kernel that
   never holds the masked scores, forward or backward;
-- `layer_norm(x, over=D) * gain + bias` (the std library's layer_norm, over the last axis)
-  becomes the affine `F.layer_norm(x, gain.shape, gain, bias)` (`_rt.affine_layer_norm`);
+- `layer_norm(x, over=D) * gain + bias` over the last axis becomes the affine `F.layer_norm(x,
+  gain.shape, gain, bias)`: the built-in's call with its weight and bias given (its eps kept), or,
+  for the std library's extern fn (`shapescript.std.layer_norm`), `_rt.affine_layer_norm`;
 - a causal mask that only masks (`masked_fill(x, causal(i, j), v)`) is built once per size and
   device and shared, rather than at each call, in each layer, at every step.
 
@@ -24,11 +25,12 @@ from typing import Any
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
-from ..shapes.options import AxisOptions, EinsumOptions, MaskOptions, SizesOptions
+from ..shapes.options import AxisOptions, EinsumOptions, MaskOptions, NormalizeOptions, SizesOptions
 from . import nodes as N
 from .walk import exprs, sizes_read, statements, walk
 
-LAYER_NORM = "shapescript.std.layer_norm"
+LAYER_NORM = "shapescript.std.layer_norm"  # the extern fn's target that programs declared before the built-in
+BUILTIN_LAYER_NORM = "layer_norm"
 MASKED = -1e9  # a fill this low leaves softmax exactly 0 there in every float dtype, as -inf does
 
 
@@ -135,6 +137,8 @@ class _Function:
         if not (isinstance(product, N.BinOp) and product.op == "*" and _trailing(product)):
             return None
         normed, gain = product.left, product.right
+        if isinstance(normed, N.OpCall):
+            return self.builtin_layer_norm(e, normed, gain, bias)
         if not (isinstance(normed, N.FnCall) and normed.kind == CallKind.EXTERN and normed.name in self.norms
                 and len(normed.args) == 2):
             return None
@@ -145,12 +149,29 @@ class _Function:
         if not (isinstance(out, T.TensorT) and out.dtype == x.ty.dtype and out.rank == x.ty.rank
                 and all(a.same(b, self.derived) for a, b in zip(out.axes, x.ty.axes))):
             return None
-        last = x.ty.axes[-1]
-        for p in (gain, bias):
-            if not (isinstance(p, (N.Member, N.Name)) and isinstance(p.ty, T.TensorT) and p.ty.rank == 1
-                    and p.ty.axes[0].same(last, self.derived) and p.ty.dtype == x.ty.dtype):
-                return None
+        if not self.affine_params(x.ty, gain, bias):
+            return None
         return N.LayerNorm(e.ty, e.span, x, gain, bias)
+
+    def builtin_layer_norm(self, e: N.Expr, normed: N.OpCall, gain: N.Expr, bias: N.Expr) -> N.Expr | None:
+        """The built-in `layer_norm(x, over=D)`, without affine params of its own, over x's last
+        axis: the same call with `gain` and `bias` as its weight and bias (and its eps, if given)."""
+        options = normed.options
+        if not (normed.op == BUILTIN_LAYER_NORM and not normed.across and isinstance(options, NormalizeOptions)
+                and not options.affine and normed.args and normed.args[0] is not None):
+            return None
+        x = normed.args[0]
+        if not (isinstance(x.ty, T.TensorT) and x.ty.rank > 0 and options.axis == x.ty.rank - 1
+                and self.affine_params(x.ty, gain, bias) and isinstance(e.ty, T.TensorT) and e.ty.rank == x.ty.rank):
+            return None
+        return dataclasses.replace(normed, ty=e.ty, span=e.span, args=(x, gain, bias, *normed.args[1:]),
+                                   options=dataclasses.replace(options, affine=("weight", "bias")))
+
+    def affine_params(self, x: T.TensorT, gain: N.Expr, bias: N.Expr) -> bool:
+        """A gain and a bias read as they are (a param or a variable), each `[D]` of x's last axis and dtype."""
+        last = x.axes[-1]
+        return all(isinstance(p, (N.Member, N.Name)) and isinstance(p.ty, T.TensorT) and p.ty.rank == 1
+                   and p.ty.axes[0].same(last, self.derived) and p.ty.dtype == x.dtype for p in (gain, bias))
 
 
 # ---- matching helpers -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     library,
     loops,
     losses,
+    norms,
     random_ops,
     reductions,
     selecting,

@@ -4,6 +4,8 @@ the causal mask, and `first` with its check of the count."""
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,6 +52,40 @@ def affine_layer_norm(x: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor) -
     """layer_norm over the last axis, times `gain`, plus `bias`: torch's one kernel (ir/fuse.py). A
     function of its own so that each argument is evaluated once (a sharded gain is gathered once)."""
     return torch.nn.functional.layer_norm(x, gain.shape, gain, bias)
+
+
+def _along_last(x: torch.Tensor, axis: int, norm: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`norm` of x's vectors along `axis`, which torch's norms take last: moved there and back."""
+    if axis in (-1, x.dim() - 1):
+        return norm(x)
+    return norm(x.movedim(axis, -1)).movedim(-1, axis)
+
+
+def layer_norm(x: torch.Tensor, axis: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float) -> torch.Tensor:
+    """The built-in layer_norm along `axis`, with its affine params where given: torch's one kernel."""
+    return _along_last(x, axis, lambda v: torch.nn.functional.layer_norm(v, v.shape[-1:], weight, bias, eps))
+
+
+def rms_norm(x: torch.Tensor, axis: int, weight: torch.Tensor | None, eps: float | None) -> torch.Tensor:
+    """The built-in rms_norm along `axis` (eps None: torch's, the machine epsilon of x's dtype)."""
+    return _along_last(x, axis, lambda v: torch.nn.functional.rms_norm(v, v.shape[-1:], weight, eps))
+
+
+def group_norm(x: torch.Tensor, groups: int, axis: int, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float, where: str) -> torch.Tensor:
+    """The built-in group_norm of x's channels along `axis`, in `groups` groups, with every axis
+    after them: torch's (N, C, *), the axes before the channels made one (N) and put back after."""
+    channels = x.shape[axis]
+    if channels % groups:
+        raise ShapeError(f"{where}: `group_norm` splits {channels} channels into {groups} groups; "
+                         f"give it channels that are a multiple of {groups}")
+    if weight is None and bias is not None:  # torch 2.13's group_norm backward fails on a bias without a weight
+        weight = torch.ones_like(bias)  # times 1: the same values and gradients
+    lead = x.shape[:axis]
+    flat = x if axis == 1 else x.reshape(math.prod(lead), *x.shape[axis:])
+    out = torch.nn.functional.group_norm(flat, groups, weight, bias, eps)
+    return out if axis == 1 else out.reshape(x.shape)
 
 
 def causal(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:

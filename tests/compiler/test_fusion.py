@@ -1,5 +1,5 @@
-"""ir/fuse.py: spans with one torch kernel (causal attention, affine layer_norm, a shared causal
-mask) give what the program computes written out. The reference is the same program built without
+"""ir/fuse.py: spans with one torch kernel (causal attention, affine layer_norm, of the built-in and
+of the std library's extern fn, a shared causal mask) give what the program computes written out. The reference is the same program built without
 fusion: the debug build (`check_types=True`) keeps every value the program names."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def source_of(path, dims: dict[str, int]) -> str:
 def test_the_attention_example_uses_torchs_kernels() -> None:
     text = source_of(GPT_FILE, SMALL)
     assert "_F.scaled_dot_product_attention(q, k, v, is_causal=True" in text
-    assert "_rt.affine_layer_norm(x, m._m_gain, m._m_bias)" in text
+    assert "_rt.layer_norm(x, 2, m._m_gain, m._m_bias, 1e-05)" in text
     assert "torch.softmax" not in text and "masked_fill" not in text  # the written-out form is gone
 
 
@@ -69,8 +69,6 @@ FUSABLE = """\
 dim T = 6
 dim D = 4
 
-extern fn layer_norm(x: [n D], over: Axis[D]) -> [n D] = "shapescript.std.layer_norm"
-
 fn att(q: [h i D], k: [h j D], v: [h j D]) -> [h i D]:
     s = einsum(q, k, h i d, h j d -> h i j) * 0.5
     a = softmax(masked_fill(s, causal(i, j), -1e9), over=j)
@@ -82,7 +80,7 @@ fn normed(x: [n D], g: [D], b: [D]) -> [n D] = layer_norm(x, over=D) * g + b
 
 def test_a_fused_span_equals_torch_written_out_by_hand() -> None:
     prog = ss.load(FUSABLE)
-    assert "scaled_dot_product_attention" in prog.python_source and "_rt.affine_layer_norm(" in prog.python_source
+    assert "scaled_dot_product_attention" in prog.python_source and "_rt.layer_norm(x, 1, g, b, 1e-05)" in prog.python_source
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 6, 4, generator=g) for _ in range(3))
     scores = (q @ k.transpose(1, 2)) * 0.5
@@ -99,18 +97,22 @@ dim H = 2
 dim Dh = 2
 dim D = H * Dh
 
-extern fn layer_norm(x: [n D], over: Axis[D]) -> [n D] = "shapescript.std.layer_norm"
-
 fn normed(x: [n X], g: [G], b: [D]) -> [n D] = layer_norm(x, over=D) * g + b
 """
+# The std library's extern fn, as programs declared it before layer_norm was a built-in: still fused.
+STD_EXTERN = 'extern fn std_layer_norm(x: [n D], over: Axis[D]) -> [n D] = "shapescript.std.layer_norm"\n'
 
 
+@pytest.mark.parametrize("extern", [False, True], ids=["built-in", "std-extern"])
 @pytest.mark.parametrize("x, gain", [("D", "D"), ("D", "(H Dh)"), ("(H Dh)", "D"), ("(H Dh)", "(H Dh)")])
-def test_a_derived_dim_fuses_however_it_is_spelled(x: str, gain: str) -> None:
+def test_a_derived_dim_fuses_however_it_is_spelled(x: str, gain: str, extern: bool) -> None:
     """`[n D]` and `[n (H Dh)]` with `dim D = H * Dh` are one type, to fusion as to the checker, which
     read the derived dims from a context only it set: three of these spellings were left unfused."""
-    prog = ss.load(DERIVED.replace("[n X]", f"[n {x}]").replace("g: [G]", f"g: [{gain}]"))
-    assert "_rt.affine_layer_norm(" in prog.python_source
+    source = DERIVED.replace("[n X]", f"[n {x}]").replace("g: [G]", f"g: [{gain}]")
+    if extern:
+        source = source.replace("fn normed", STD_EXTERN + "\nfn normed").replace("= layer_norm(", "= std_layer_norm(")
+    prog = ss.load(source)
+    assert ("_rt.affine_layer_norm(x, g, b)" if extern else "_rt.layer_norm(x, 1, g, b, 1e-05)") in prog.python_source
     g = torch.Generator().manual_seed(0)
     rows, weight, bias = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((5, 4), (4,), (4,)))
     expected = torch.nn.functional.layer_norm(rows, (4,), weight, bias, eps=1e-5)
@@ -145,3 +147,26 @@ def test_the_shared_mask_is_made_once_per_size() -> None:
     prog.logits(m, tokens, ss.Eval)
     info = ops.causal_mask.cache_info()
     assert info.misses == 1 and info.hits == 2 * 2 - 1  # L = 2 layers, two calls: one mask made
+
+
+@pytest.mark.parametrize("x, body, fused", [
+    ("[n D]", "layer_norm(x, over=D, eps=0.5) * g + b", "_rt.layer_norm(x, 1, g, b, 0.5)"),  # its eps kept
+    ("[n D]", "layer_norm(x, g, over=D) * g + b", None),  # a weight of its own already
+    ("[n D]", "layer_norm(x, over=D) * (g * 2.0) + b", None),  # a gain computed there
+    ("[D n]", "layer_norm(x, over=D) * g + b", None),  # not the last axis: g and b placed by an index
+])
+def test_the_built_in_layer_norm_fuses_a_gain_and_a_bias(x: str, body: str, fused: str | None) -> None:
+    source = f"dim D = 4\n\nfn f(x: {x} f64, g: [D] f64, b: [D] f64) -> {x} f64 = {body}\n"
+    prog, written_out = ss.load(source), ss.load(source, check_types=True)
+    if fused is not None:
+        assert fused in prog.python_source and "+ b" not in prog.python_source
+    else:
+        assert "+ b" in prog.python_source
+    g = torch.Generator().manual_seed(0)
+    rows, weight, bias = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((5, 4), (4,), (4,)))
+    if x == "[D n]":
+        rows = rows.T.contiguous()
+    torch.testing.assert_close(prog.f(rows, weight, bias), written_out.f(rows, weight, bias), atol=1e-12, rtol=0)
+    if fused is not None:
+        expected = torch.nn.functional.layer_norm(rows, (4,), weight, bias, eps=0.5)
+        torch.testing.assert_close(prog.f(rows, weight, bias), expected, atol=1e-12, rtol=0)

@@ -22,7 +22,8 @@ from shapescript.shapes.plans import Combine
 # Every module of shapescript/ outside the op table, and the strings it may hold that are spelled
 # as an op's name: none, unless it is there for a reason that isn't a decision about an op.
 SPELLED_AS_AN_OP = {
-    "shapescript/check/checker.py": {"split", "std"},  # `split H` on a devices line; normal(std=)
+    "shapescript/check/checker.py": {"split"},  # `split H` on a devices line
+    "shapescript/check/types.py": {"std"},  # normal(std=)
     "shapescript/plan/comms.py": {"split"},  # a value's layout: "split" or "whole"
     "shapescript/plan/comms_text.py": {"split"},
     "shapescript/check/constants.py": {"exp", "log", "sqrt"},  # an initializer's arithmetic
@@ -32,7 +33,7 @@ SPELLED_AS_AN_OP = {
     "shapescript/syntax/parser.py": {"einsum", "split"},  # einsum's pattern has commas; `split H`
     "shapescript/syntax/device_line.py": {"split"},  # the devices line's option `split H`
     # Fusion's rewrites are of these ops' spans: a span of them is what torch has one kernel for.
-    "shapescript/ir/fuse.py": {"causal", "einsum", "masked_fill", "softmax"},
+    "shapescript/ir/fuse.py": {"causal", "einsum", "layer_norm", "masked_fill", "softmax"},
     "shapescript/inits.py": {"mean", "std"},  # normal(mean=, std=)
 }
 # The run time implements the ops, and the package exports them to Python: their names are its own.

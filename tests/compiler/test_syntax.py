@@ -20,7 +20,7 @@ CHAPTER_SNIPPETS = {
         "    o = rearrange(einsum(a, v, b h i j, b h j d -> b h i d), b h n d -> b n (h d))\n"
         "    return matmul(o, m.w_o)\n"),
     "stacks and axes": ("model Gpt:\n    blocks: [L] Block\n    param emb: [V D] = normal(std=0.02)\n\n"
-                        "extern fn layer_norm(x: [n D], over: Axis[D]) -> [n D] = \"shapescript.std.layer_norm\"\n"),
+                        "extern fn std_layer_norm(x: [n D], over: Axis[D]) -> [n D] = \"shapescript.std.layer_norm\"\n"),
     "reduce and repeat": "fn f(x: [b d]) -> [b] = reduce(x, b d -> b, max)\nfn g(x: [d]) -> [n d] = repeat(x, d -> n d, n=4)\n",
     "modes and dtypes": "fn f(x: [b (H Dh)] bf16, mode: Train) -> [b H*Dh] f16 = dropout(x, 0.1, mode)\n",
     "pipes and unary": "fn f(x: [n]) -> [n] = (-x |> relu |> scale(2.0)) ** 2\n",

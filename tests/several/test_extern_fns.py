@@ -21,10 +21,10 @@ LAYER_NORM_OVER_BATCH = textwrap.dedent("""\
     data Ex:
         x: [D]
 
-    extern fn layer_norm(x: [n D], over: Axis[n]) -> [n D] = "shapescript.std.layer_norm"
+    extern fn std_layer_norm(x: [n D], over: Axis[n]) -> [n D] = "shapescript.std.layer_norm"
 
     fn normed(batch: [b] Ex) -> [b D]:
-        return layer_norm(batch.x, over=b)
+        return std_layer_norm(batch.x, over=b)
     """)
 
 
@@ -33,8 +33,8 @@ def test_an_extern_fn_given_the_batch_axis_is_E1801_on_several_devices() -> None
         ss.load(LAYER_NORM_OVER_BATCH, name="ln.ss")
     [d] = caught.value.diagnostics
     assert d.code == "E1801"
-    assert (d.span.line, d.span.col) == (11, 37)  # the `b` of over=b
-    assert "layer_norm" in d.message
+    assert (d.span.line, d.span.col) == (11, 41)  # the `b` of over=b
+    assert "std_layer_norm" in d.message
     one = ss.load(LAYER_NORM_OVER_BATCH, devices="cpu", name="ln.ss")  # one device: the whole batch
     assert one.checked.placement("normed").where != "controller"
     # along another axis it is per example, and fine
