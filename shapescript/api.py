@@ -87,6 +87,12 @@ class Program:
             self._members[name] = Function(self, fn)
 
     @property
+    def names(self) -> list[str]:
+        """What the program defines, as its attributes: models (a generic one as `prog.Linear`, whose
+        uses are `prog.Linear["D", "C"]`), data types and functions."""
+        return list(self._members)
+
+    @property
     def several(self) -> bool:
         return self.checked.device_set.count > 1
 

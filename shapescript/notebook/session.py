@@ -186,7 +186,7 @@ class Session:
         """Bind the program's models, data types and functions by name. A name the user has since
         given another value keeps it, unless this cell defines it again; names of ours that the
         program no longer has go."""
-        names = [*program.checked.models, *program.checked.data, *program.checked.fns]
+        names = program.names
         bound: dict[str, Any] = {}
         for name in names:
             current = self.user_ns.get(name, _MISSING)

@@ -177,3 +177,16 @@ def test_importing_shapescript_leaves_ipython_alone() -> None:
     code = "import sys, shapescript; assert 'IPython' not in sys.modules, 'IPython was imported'"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+def test_generic_models_and_a_precision_line_in_cells(nb: Notebook) -> None:
+    nb.cell("precision f64\ndim D = 3\ndim C = 2\n")
+    nb.cell("model Linear[I O]:\n    param w: [I O] = normal(std=0.5)\n\nmodel Net:\n    a: Linear[D C]\n\n"
+            "fn linear(m: Linear[i o], x: [b i]) -> [b o] = x @ m.w\n")
+    assert "Linear" in nb.ns and "Linear[D C]" not in nb.ns  # the generic model, its uses by its dims
+    m = nb.ns["Net"].init(seed=0)
+    assert m.a.w.dtype == torch.float64 and nb.ns["Linear"]["D", "C"].init(seed=0).w.shape == (3, 2)
+    x = torch.ones(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(nb.ns["linear"](m.a, x), x @ m.a.w)
+    nb.cell("precision f64\n")  # the line again, in a later cell: it replaces the first
+    assert nb.ns["Net"].init(seed=0).a.w.dtype == torch.float64
