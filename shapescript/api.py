@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import linecache
 import os
+import sys
 import threading
 import traceback
+import types
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,26 +32,35 @@ from .plan.comms import device_table
 from .runtime import calls, loops, recorded, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
+from .shapes.kinds import FnKind
+from .shapes.plans import Where
 from .stale import current_models
 from .syntax import tree as A
 
 
 def load(path_or_source: str | os.PathLike[str], devices: str | None = None, dims: dict[str, int] | None = None,
-         name: str | None = None, check_types: bool = False, *, python: bool = True) -> Program:
+         name: str | None = None, check_types: bool = False, *, python: bool = True,
+         compiled: bool | str = False) -> Program:
     """Check and build a program. `devices` overrides its devices line; `dims` sets declared dims' sizes;
-    `check_types` builds a debug module that checks every value against its checked type as it runs.
+    `check_types` builds a debug module that checks every value against its checked type as it runs;
+    `compiled` hands each pure function on the devices to torch.compile (True: inductor; or a backend's
+    name), on one device (runtime/compiled.py).
 
     A program is code: its `python fn` and `extern fn` import and call any Python function they name
     when called. `python=False` refuses a program that names any (a CompileError, E0701, at each
     declaration), but for the standard library's (`shapescript.std`)."""
     source, file = read_program(path_or_source, name)
-    return Program(compile_program(source, file, devices, dims, python), check_types)
+    return Program(compile_program(source, file, devices, dims, python), check_types, compiled=compiled)
+
+
+_PROGRAM_NUMBERS = itertools.count(1)
 
 
 class Program:
     """A loaded program: `prog.Mlp.init(seed=0)`, `prog.train_step(m, opt, batch)`, `prog.Digit`."""
 
-    def __init__(self, checked: Checked, check_types: bool = False, fused: bool = True) -> None:
+    def __init__(self, checked: Checked, check_types: bool = False, fused: bool = True,
+                 compiled: bool | str = False) -> None:
         """`fused=False` builds the program as written, without ir/fuse.py's kernels (to compare)."""
         self.checked = checked
         self._pool: Any = None
@@ -62,11 +75,16 @@ class Program:
         self._module_file = f"<shapescript {comment_text(checked.file)}>"  # no NUL or line break from a name
         linecache.cache[self._module_file] = (len(self.python_source), None,
                                               self.python_source.splitlines(True), self._module_file)
-        namespace: dict[str, Any] = {"__name__": f"shapescript_program_{abs(hash(checked.file))}"}
+        # A module of its own in sys.modules, where torch.compile's tracer looks a function's globals up
+        module = types.ModuleType(f"shapescript_program_{next(_PROGRAM_NUMBERS)}")
+        namespace: dict[str, Any] = module.__dict__
         exec(compile(self.python_source, self._module_file, "exec"), namespace)  # our generated code
+        sys.modules[module.__name__] = module
+        weakref.finalize(self, sys.modules.pop, module.__name__, None)
         self.namespace = namespace  # python and extern fns' results are checked by the module itself
         self._members: dict[str, Any] = {}
         self.device = torch.device(namespace["DEVICE"])
+        self.compiled = self._compile(compiled) if compiled else {}
         for name, model in checked.models.items():
             if model.of is None:
                 self._members[name] = ModelType(self, namespace[spec_var(name)])
@@ -85,6 +103,19 @@ class Program:
                 forkserver.fork_ahead(os.environ, os.getcwd())  # before the script's data starts torch's threads
         for name, fn in checked.fns.items():
             self._members[name] = Function(self, fn)
+
+    def _compile(self, backend: bool | str) -> dict[str, Any]:
+        if self.checked.device_set.count > 1:
+            raise ValueError("compiled=: compiled steps run on one device so far; load the program on one")
+        from .runtime.compiled import compile_functions  # torch._dynamo: only where it's used
+        pure = {name: py_name(name) for name, fn in self.checked.fns.items()
+                if fn.kind == FnKind.FN and not any(p.mut for p in fn.params)
+                and self.checked.placement(name).where != Where.CONTROLLER and not self.checked.reaches_extern(name)}
+        return compile_functions(self.namespace, pure, "inductor" if backend is True else str(backend))
+
+    def compile_report(self) -> dict[str, float | None]:
+        """Each compiled function's first call in seconds (compiling it, and one run; None until called)."""
+        return {name: f.compile_seconds for name, f in self.compiled.items()}
 
     @property
     def names(self) -> list[str]:
@@ -257,6 +288,16 @@ class ModelType:
         return f"<model type {self.spec.name} ({self.spec.where})>"
 
 
+@torch.compiler.disable
+def _checked_eagerly(fn: Function, args: tuple, kwargs: dict) -> list[Any]:
+    return fn._checked_args(args, kwargs)
+
+
+@torch.compiler.disable
+def _eagerly(fn: Function, args: tuple, kwargs: dict) -> Any:
+    return fn(*args, **kwargs)
+
+
 class GenericModelType:
     """A generic model of a program: `prog.Linear["D", "C"]` is its use `Linear[D C]` in the program,
     a ModelType (each dim as the program writes it: a name, a number, `3*Dh*H` as errors show it)."""
@@ -309,6 +350,8 @@ class Function:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call it; with `background=True` (unless the fn has a parameter of that name: then use
         `start`), start it in a thread of its own and return a BackgroundRun (shapescript/background.py)."""
+        if torch.compiler.is_compiling():
+            return self._traced(args, kwargs)
         if "background" in kwargs and "background" not in self._names:
             background = kwargs.pop("background")
             if not isinstance(background, bool):
@@ -325,6 +368,16 @@ class Function:
             checked = self._checked_args(args, kwargs)
             with steps.between_steps():
                 return self._invoke(checked)
+
+    def _traced(self, args: tuple, kwargs: dict) -> Any:
+        """The call as `torch.compile(prog.f)` traces it: the arguments' checks run eagerly (the one
+        graph break, before any op), then the function's body, which the tracer follows into the built
+        module. On several devices the call goes to the workers, eagerly."""
+        if self._on_workers or self.program.several:
+            return _eagerly(self, args, kwargs)
+        checked = _checked_eagerly(self, args, kwargs)
+        with torch.no_grad():  # as a call from Python runs it: gradients only where value_and_grad takes them
+            return self._py(*checked)
 
     def start(self, *args: Any, **kwargs: Any) -> BackgroundRun:
         """Start the call in a thread of its own and return at once with its BackgroundRun: `.wait()`,
