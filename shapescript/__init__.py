@@ -36,9 +36,11 @@ if TYPE_CHECKING:
     from shapescript.runtime.checkpoint import load as restore
     from shapescript.runtime.checkpoint import save
     from shapescript.runtime.data import Batch, TensorDataset
+    from shapescript.runtime.lr_schedulers import lr_scheduler
     from shapescript.runtime.model import Model
     from shapescript.runtime.modes import Eval, Mode, Train
     from shapescript.runtime.optim import Optimizer, adadelta, adagrad, adam, adamw, rmsprop, sgd
+    from shapescript.weights import load_weights
 
 # Each name imported on first use: (module, its name there)
 _LATER = {
@@ -47,10 +49,12 @@ _LATER = {
     "collective_timeout": ("shapescript.parallel", "collective_timeout"),
     "restore": ("shapescript.runtime.checkpoint", "load"), "save": ("shapescript.runtime.checkpoint", "save"),
     "Batch": ("shapescript.runtime.data", "Batch"), "TensorDataset": ("shapescript.runtime.data", "TensorDataset"),
+    "lr_scheduler": ("shapescript.runtime.lr_schedulers", "lr_scheduler"),
     "Model": ("shapescript.runtime.model", "Model"),
     "Eval": ("shapescript.runtime.modes", "Eval"), "Mode": ("shapescript.runtime.modes", "Mode"),
     "Train": ("shapescript.runtime.modes", "Train"),
     "Optimizer": ("shapescript.runtime.optim", "Optimizer"), "adamw": ("shapescript.runtime.optim", "adamw"),
+    "load_weights": ("shapescript.weights", "load_weights"),
     **{maker: ("shapescript.runtime.optim", maker) for maker in ("adam", "adagrad", "adadelta", "rmsprop", "sgd")},
 }
 
@@ -78,8 +82,8 @@ def __dir__() -> list[str]:
 
 __all__ = ["Batch", "CompileError", "DeviceError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer",
            "Program", "ShapeError", "ShapeScriptError", "SourceWarning", "TensorDataset", "Train", "WorkerError",
-           "adadelta", "adagrad", "adam", "adamw", "build", "cluster", "collective_timeout", "load", "parallel", "restore",
-           "rmsprop", "save", "schedules", "sgd", "sinks"]
+           "adadelta", "adagrad", "adam", "adamw", "build", "cluster", "collective_timeout", "load", "load_weights",
+           "lr_scheduler", "parallel", "restore", "rmsprop", "save", "schedules", "sgd", "sinks"]
 
 
 def load_ipython_extension(ip: InteractiveShell) -> None:  # `%load_ext shapescript`; IPython is imported only then

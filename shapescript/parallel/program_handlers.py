@@ -200,6 +200,16 @@ def state_dict(state: Any, handle: int, prefix: str = "") -> dict[str, torch.Ten
             for name, _ in leaves(model.spec) if name.startswith(prefix)}
 
 
+@handler("load_state")
+def load_state(state: Any, handle: int, values: dict[str, torch.Tensor]) -> None:
+    """`load_state_dict` of a model on the workers: `values`, every param and buffer whole, already
+    checked against its spec by the controller; each worker copies in its own part of each."""
+    model = state.objects[handle]
+    with torch.no_grad():
+        for name, _ in leaves(model.spec):
+            model._leaf(name).copy_(sharding.this_part(model, name, values[name]))
+
+
 @handler("optimizer_state")
 def optimizer_state(state: Any, handle: int) -> dict[str, torch.Tensor]:
     """An optimizer's state by param and key, whole (with `shard params`, gathered from the pieces)."""
@@ -210,26 +220,29 @@ def optimizer_state(state: Any, handle: int) -> dict[str, torch.Tensor]:
 
 
 @handler("save")
-def save(state: Any, path: str, model: int, opt: int | None) -> None:
+def save(state: Any, path: str, model: int, opt: int | None, scheduler: dict[str, Any] | None = None) -> None:
     """Worker 0 writes the checkpoint one device would write; the others hold the same (with
-    `shard params`, every worker sends its pieces to make it)."""
+    `shard params`, every worker sends its pieces to make it). `scheduler`: the entry of the torch
+    scheduler driving the controller's optimizer (runtime/lr_schedulers.py), written as it is."""
     held, optimizer = state.objects[model], state.objects[opt] if opt is not None else None
     if sharding.sharding(held) is not None:
-        sharded_state.save(path, held, optimizer, state.rank)
+        sharded_state.save(path, held, optimizer, state.rank, scheduler)
     elif state.rank == 0:
-        checkpoint.save(path, held, optimizer)
+        checkpoint.save_for(path, held, optimizer, scheduler)
 
 
 @handler("restore")
-def restore(state: Any, path: str, model: int, opt: int | None) -> tuple[dict[str, Any], int] | None:
+def restore(state: Any, path: str, model: int, opt: int | None, scheduler: dict[str, Any] | None = None
+            ) -> tuple[dict[str, Any], int, dict[str, Any] | None] | None:
     """Every worker loads the file (with `shard params`, keeping its pieces); the optimizer's
-    settings and updates made, as restored, go back to the controller."""
+    settings and updates made, as restored, go back to the controller, and the file's scheduler
+    entry, checked against `scheduler` (the form of the controller's) before anything changed."""
     held, optimizer = state.objects[model], state.objects[opt] if opt is not None else None
     if sharding.sharding(held) is not None:
-        sharded_state.load(path, held, optimizer)
+        entry = sharded_state.load(path, held, optimizer, scheduler)
     else:
-        checkpoint.load(path, held, optimizer)
-    return (dict(optimizer.hyper), optimizer.steps) if optimizer is not None else None
+        entry = checkpoint.load_for(path, held, optimizer, scheduler)
+    return (dict(optimizer.hyper), optimizer.steps, entry) if optimizer is not None else None
 
 
 @handler("set_optimizer")

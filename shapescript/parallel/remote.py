@@ -14,7 +14,7 @@ import itertools
 import time
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from shapescript.parallel.loading import OWN_SHARE, RemoteBatch, RemoteBatches
 from shapescript.parallel.shared import SharedRows, share_rows
 from shapescript.runtime import model as model_module
 from shapescript.runtime.data import Batch, batch_fields, trusted_batch
-from shapescript.runtime.model import ModelSpec, SubSpec, members_text, param_names, refuse_change
+from shapescript.runtime.model import ModelSpec, SubSpec, check_state, leaves, members_text, param_names, refuse_change
 from shapescript.runtime.modes import Mode
 from shapescript.runtime.optim import Settings, SettingsView, checked_change, lr_at
 
@@ -84,6 +84,13 @@ class RemoteModel:
 
     def params(self) -> list[torch.Tensor]:
         return list(self.state_dict().values())
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Strict, as one device's: every name, shape and dtype checked here first, before any worker
+        hears of it; then every worker copies the tensors in (with the layout options, its part)."""
+        check_state(self.spec, state, "load_state_dict")
+        whole = {name: state[name].detach().cpu().contiguous() for name, _ in leaves(self.spec)}
+        self._workers().call("load_state", (self._handle, whole), where="load_state_dict")
 
     def _make_optimizer(self, kind: OptimizerKind, hyper: dict[str, Any]) -> RemoteOptimizer:
         """adamw(m, ...), sgd(m, ...) and the others of a handle: the state is made on every worker."""
@@ -166,6 +173,7 @@ class RemoteOptimizer(SettingsView):
     def __init__(self, model: RemoteModel, kind: OptimizerKind, hyper: dict[str, Any], handle: int) -> None:
         self.model, self.kind, self._handle = model, kind, handle
         self._settings = Settings(hyper)
+        self._lr_scheduler = None  # the controller's torch scheduler driving its lr, if any (SettingsView)
         _free_with(self, model._pool, handle)
 
     @property

@@ -58,19 +58,20 @@ def _blank(model: Model) -> Model:
     return Model.init(model.spec, 0, params[0].device if params else "cpu")
 
 
-def save(path: str, model: Model, opt: Optimizer | None, rank: int) -> None:
-    """Every worker gathers the parts; worker 0 writes the file one device would write."""
+def save(path: str, model: Model, opt: Optimizer | None, rank: int, scheduler: dict[str, Any] | None = None) -> None:
+    """Every worker gathers the parts; worker 0 writes the file one device would write (`scheduler`:
+    checkpoint.save_for's)."""
     whole, whole_opt = whole_copy(model, opt)
     if rank == 0:
-        checkpoint.save(path, whole, whole_opt)
+        checkpoint.save_for(path, whole, whole_opt, scheduler)
 
 
-def load(path: str, model: Model, opt: Optimizer | None) -> None:
+def load(path: str, model: Model, opt: Optimizer | None, scheduler: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Load a checkpoint of the whole model into this worker's parts, every check made on the whole
-    first: on any mismatch nothing is changed."""
+    first: on any mismatch nothing is changed. The file's scheduler entry, as checkpoint.load_for."""
     whole = _blank(model)
     whole_opt = make_optimizer(whole, opt.kind, dict(opt.hyper)) if opt is not None else None
-    checkpoint.load(path, whole, whole_opt)
+    entry = checkpoint.load_for(path, whole, whole_opt, scheduler)
     fresh = None
     if opt is not None and whole_opt is not None:
         fresh = torch_optimizer(opt.kind, model, whole_opt.hyper, whole_opt.steps)
@@ -85,3 +86,4 @@ def load(path: str, model: Model, opt: Optimizer | None) -> None:
     if opt is not None and fresh is not None and whole_opt is not None:
         opt.torch_opt = fresh
         opt.replace_settings(whole_opt.hyper, whole_opt.steps)
+    return entry

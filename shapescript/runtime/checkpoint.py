@@ -3,8 +3,10 @@
 Tensors are `model.<dotted>` for params and buffers and `opt.<dotted>.<state key>` for the
 optimizer's per-param state; the header's metadata holds a JSON document under "shapescript"
 with the format, the model's type name, the optimizer's kind, its hyperparameters and torch's
-param group. `load` checks everything before it changes anything, the header's settings as
-ss.adamw / ss.sgd check their arguments.
+param group, and (where one drives the optimizer's lr) a torch scheduler's state as JSON under
+"scheduler" (runtime/lr_schedulers.py). `load` checks everything before it changes anything, the
+header's settings as ss.adamw / ss.sgd check their arguments, a scheduler's state against the form of
+the scheduler it is loaded into.
 
 `save` is atomic and leaves nothing behind: the target is always either its old file or the whole
 new one, even if the process is killed midway (see `_write_file`).
@@ -84,27 +86,49 @@ def _check_path(path: Any, op: str) -> None:
                                 os.fspath(path))
 
 
-def _remote(op: str, path: Any, model: Any, opt: Any) -> bool:
-    """A model on several devices saves and loads through its workers, in the same file format."""
+def _remote(op: str, path: Any, model: Any, opt: Any, scheduler: dict[str, Any] | None
+            ) -> tuple[bool, dict[str, Any] | None]:
+    """A model on several devices saves and loads through its workers, in the same file format. The
+    scheduler driving the optimizer lives in the controller: a save sends its entry (worker 0 writes
+    it), a restore its form, which every worker checks the file's against before changing anything,
+    and gets the file's back."""
     if not getattr(model, "is_remote", False):
-        return False
-    replies = model._workers().call(op, (os.fspath(path), model._handle, opt._handle if opt is not None else None),
-                                    where=f"{op} {os.fspath(path)}")
+        return False, None
+    replies = model._workers().call(op, (os.fspath(path), model._handle, opt._handle if opt is not None else None,
+                                         scheduler), where=f"{op} {os.fspath(path)}")
     if op == "restore" and opt is not None:
-        opt.replace_settings(*replies[0])  # the settings the checkpoint held, as one device's restore keeps them
-    return True
+        hyper, steps, entry = replies[0]
+        opt.replace_settings(hyper, steps)  # the settings the checkpoint held, as one device's restore keeps them
+        return True, entry
+    return True, None
+
+
+def _driving(opt: Any) -> Any:
+    """The torch scheduler (runtime/lr_schedulers.py) that drives `opt`'s lr, or None."""
+    return getattr(opt, "lr_scheduler", None) if opt is not None else None
 
 
 def save(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
-    """Write `model` (and `opt`'s state) to `path`, atomically; between two steps of a background run
-    (runtime/steps.py), so that the params and the optimizer's state are those of one step."""
+    """Write `model` (and `opt`'s state, and that of the scheduler driving its lr) to `path`,
+    atomically; between two steps of a background run (runtime/steps.py), so that the params and the
+    optimizer's state are those of one step."""
     _check_path(path, "save")
     with between_steps():
-        if not _remote("save", path, model, opt):
-            _save_here(os.fspath(path), model, opt)
+        driving = _driving(opt)
+        scheduler = driving.entry() if driving is not None else None
+        if not _remote("save", path, model, opt, scheduler)[0]:
+            _save_here(os.fspath(path), model, opt, scheduler)
 
 
-def _save_here(path: str, model: Model, opt: Optimizer | None) -> None:
+def save_for(path: str, model: Model, opt: Optimizer | None, scheduler: dict[str, Any] | None) -> None:
+    """A worker's save (parallel/program_handlers.py): `scheduler` is the entry of the scheduler that
+    drives the controller's optimizer, which the worker's knows nothing of."""
+    _check_path(path, "save")
+    with between_steps():
+        _save_here(path, model, opt, scheduler)
+
+
+def _save_here(path: str, model: Model, opt: Optimizer | None, scheduler: dict[str, Any] | None = None) -> None:
     _check_pair(model, opt, "save")
     tensors = {f"model.{k}": v.cpu().contiguous() for k, v in model.state_dict().items()}
     meta: dict[str, Any] = {"format": FORMAT, "model": model.spec.name, "optimizer": None,
@@ -116,6 +140,8 @@ def _save_here(path: str, model: Model, opt: Optimizer | None) -> None:
         state = opt.torch_opt.state_dict()
         group = {k: v for k, v in state["param_groups"][0].items() if k != "params"}
         meta.update(optimizer=opt.kind, hyper=dict(opt.hyper), group=group, scalars=scalars, steps=opt.steps)
+        if scheduler is not None:  # plain JSON already (LrScheduler.entry): nothing pickled
+            meta["scheduler"] = scheduler
     header = {_META: json.dumps(meta, default=_json_value)}
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
@@ -342,15 +368,30 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
 
 
 def load(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
-    """Restore `model` (and `opt`) from `path`; on any mismatch nothing is changed. Between two steps
-    of a background run, as `save`."""
+    """Restore `model` (and `opt`, and the scheduler driving its lr) from `path`; on any mismatch
+    nothing is changed. Between two steps of a background run, as `save`."""
     _check_path(path, "restore")
     with between_steps():
-        if not _remote("restore", path, model, opt):
-            _load_here(os.fspath(path), model, opt)
+        driving = _driving(opt)
+        form = driving.entry() if driving is not None else None
+        done, entry = _remote("restore", path, model, opt, form)
+        if not done:
+            entry = _load_here(os.fspath(path), model, opt, form)
+        if driving is not None and entry is not None:
+            driving.load_entry(entry)  # checked against its form: it can't fail now
 
 
-def _load_here(path: str, model: Model, opt: Optimizer | None) -> None:
+def load_for(path: str, model: Model, opt: Optimizer | None, form: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A worker's restore (parallel/program_handlers.py): `form` is the entry of the scheduler that
+    drives the controller's optimizer; the file's, checked against it, is returned for the controller."""
+    _check_path(path, "restore")
+    with between_steps():
+        return _load_here(path, model, opt, form)
+
+
+def _load_here(path: str, model: Model, opt: Optimizer | None, form: dict[str, Any] | None = None
+               ) -> dict[str, Any] | None:
+    """Load; the header's scheduler entry, checked against `form`, where one drives `opt`."""
     _check_pair(model, opt, "load")
     meta, tensors = _read(path)
     spec = model.spec
@@ -370,7 +411,61 @@ def _load_here(path: str, model: Model, opt: Optimizer | None) -> None:
         steps = _steps(path, meta)
         fresh = torch_optimizer(opt.kind, model, hyper, steps)
         fresh.load_state_dict(torch_state)
+    entry = _scheduler_in(path, meta, form) if opt is not None and form is not None else None
     copy_state(model, state)
     if opt is not None and fresh is not None:
         opt.torch_opt = fresh
         opt.replace_settings(hyper, steps)
+    return entry
+
+
+def _scheduler_in(path: str, meta: dict[str, Any], form: dict[str, Any]) -> dict[str, Any]:
+    """The header's `scheduler` entry, checked against `form`: the entry of the scheduler it is
+    loaded into (LrScheduler.entry: its class's name, its state and its param group as JSON)."""
+    saved, name = meta.get("scheduler"), form["class"]
+    if saved is None:
+        raise ShapeError(f"checkpoint {path} holds no lr scheduler's state for the {name} that drives the "
+                         f"optimizer: restore it before making the scheduler (which then starts from the lr restored)")
+    if not isinstance(saved, dict) or set(saved) != set(form):
+        raise ShapeError(f"checkpoint {path}: its header's `scheduler` is {_json_text(saved)}, not a scheduler's "
+                         f"{', '.join(sorted(form))}")
+    if saved["class"] != name:
+        held = saved["class"] if isinstance(saved["class"], str) else _json_text(saved["class"])
+        raise ShapeError(f"checkpoint {path} holds the state of a {held} scheduler, not of the {name} that drives "
+                         f"the optimizer")
+    for key in ("state", "group"):
+        checked_scheduler_form(saved[key], form[key], f"checkpoint {path}: its header's `scheduler.{key}", name)
+    return saved
+
+
+def checked_scheduler_form(saved: Any, form: Any, where: str, name: str) -> None:
+    """`saved` (JSON read back) has `form`'s (the JSON of the state of the scheduler, class `name`, it
+    is loaded into): the same keys, lists as long, the same strings and Nones (a scheduler's settings:
+    OneCycleLR names param group keys with them), bools for bools, whole numbers within int64 for whole
+    numbers, numbers (not NaN) for floats. Else ShapeError (DomainError for a number out of range).
+    `where` is the message's start, "...`scheduler.state"; the path inside is added to it, then "`"."""
+    if isinstance(form, dict):
+        if not isinstance(saved, dict) or set(saved) != set(form):
+            keys = f"has the keys {_json_text(sorted(saved))}" if isinstance(saved, dict) else f"is {_json_text(saved)}"
+            raise ShapeError(f"{where}` {keys}, where the {name}'s has {_json_text(sorted(form))}: a scheduler "
+                             f"made with other settings")
+        for key, value in form.items():
+            checked_scheduler_form(saved[key], value, f"{where}.{key}", name)
+    elif isinstance(form, list):
+        if not isinstance(saved, list) or len(saved) != len(form):
+            raise ShapeError(f"{where}` is {_json_text(saved)}, where the {name}'s has {len(form)} entries: a "
+                             f"scheduler made with other settings")
+        for k, value in enumerate(form):
+            checked_scheduler_form(saved[k], value, f"{where}[{k}]", name)
+    elif form is None or isinstance(form, (bool, str)):
+        if not (saved is None if form is None else type(saved) is type(form) and (isinstance(form, bool) or saved == form)):
+            raise ShapeError(f"{where}` is {_json_text(saved)}, where the {name}'s is {_json_text(form)}: a "
+                             f"scheduler made with other settings")
+    else:  # a number
+        whole = isinstance(form, int)
+        if isinstance(saved, bool) or not isinstance(saved, int if whole else (int, float)):
+            raise ShapeError(f"{where}` is {_json_text(saved)}, where the {name}'s is "
+                             f"{'a whole number' if whole else 'a number'}")
+        if saved != saved or (whole and not -2**63 <= saved < 2**63):  # NaN; an int no tensor holds
+            raise DomainError(f"{where}` must be {'a whole number within int64' if whole else 'a number'}, "
+                              f"not {_json_text(saved)}")

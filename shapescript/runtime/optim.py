@@ -112,10 +112,18 @@ class Settings(Mapping[str, Any]):
 
 class SettingsView:
     """What an optimizer on one device and one on several (parallel/remote.py's RemoteOptimizer)
-    both show of their settings (`_settings`)."""
+    both show of their settings (`_settings`), and the torch scheduler that drives its lr, if one
+    does (runtime/lr_schedulers.py's, held weakly: a scheduler no one holds drives nothing)."""
 
     __slots__ = ()
     _settings: Settings
+    _lr_scheduler: Callable[[], Any] | None
+
+    @property
+    def lr_scheduler(self) -> Any:
+        """The `ss.lr_scheduler` driving this optimizer's lr (a checkpoint holds its state), or None."""
+        follow = self._lr_scheduler
+        return follow() if follow is not None else None
 
     @property
     def hyper(self) -> Settings:
@@ -135,7 +143,7 @@ class Optimizer(SettingsView):
     nanoGPT and most transformer recipes group them. `steps` counts its updates: an lr schedule's
     position."""
 
-    __slots__ = ("kind", "model", "torch_opt", "_settings", "steps")
+    __slots__ = ("kind", "model", "torch_opt", "_settings", "steps", "_lr_scheduler")
 
     def __init__(self, kind: OptimizerKind, model: Model, torch_opt: torch.optim.Optimizer,
                  hyper: Mapping[str, Any], steps: int = 0) -> None:
@@ -144,6 +152,7 @@ class Optimizer(SettingsView):
         self.torch_opt = torch_opt
         self._settings = Settings(hyper)
         self.steps = steps
+        self._lr_scheduler = None
 
     @property
     def lr(self) -> float:

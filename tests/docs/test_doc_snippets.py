@@ -405,7 +405,7 @@ def test_every_doc_with_python_or_sh_is_run() -> None:
         assert {b.tag for b in doc_blocks(doc)} & {"sh", "ipython"} == set(), doc
         source = (ROOT / "tests" / test).read_text()
         assert f'"{doc}"' in source and "exec(compile(" in source and r"^```python\n" in source, test
-    assert set(runnable_docs()) == {"README.md", "api.md", "benchmarks.md", "editor.md"}
+    assert set(runnable_docs()) == {"README.md", "api.md", "benchmarks.md", "ecosystem.md", "editor.md"}
 
 
 @pytest.mark.parametrize("doc", runnable_docs())
