@@ -124,14 +124,16 @@ def test_a_killed_controller_leaves_no_worker_and_no_folder(tmp_path: Path, how:
         assert len(pids) == 2 and Path(folder).parent == temp and Path(folder).is_dir()
         assert not stale.exists()  # swept as the pool started: its controller is gone
         if busy:
-            assert within(10, lambda: read_status(f"{folder}/status-0")[0] == WAITING)
+            assert within(60, lambda: read_status(f"{folder}/status-0")[0] == WAITING)
         if group:
             os.killpg(proc.pid, getattr(signal, how))
         else:
             proc.send_signal(getattr(signal, how))
-        assert proc.wait(timeout=10) == -getattr(signal, how)
-        assert within(5, lambda: not any(running(pid) for pid in pids)), "a worker outlived its controller"
-        assert within(5, lambda: not ours(temp)), f"left behind: {ours(temp)}"
+        # Bounds on a hang, not on speed: under load (two CPU hogs, a CI machine) the controller's
+        # clean-up after the signal has taken over 10 s
+        assert proc.wait(timeout=60) == -getattr(signal, how)
+        assert within(30, lambda: not any(running(pid) for pid in pids)), "a worker outlived its controller"
+        assert within(30, lambda: not ours(temp)), f"left behind: {ours(temp)}"
     finally:
         proc.kill()
         proc.wait()
