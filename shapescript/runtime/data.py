@@ -162,7 +162,7 @@ class _Origin:
     batch of dataset items (`indices`, one per row), a batch passed from Python (`where`: the
     parameter it goes to), or one made by hand (`made`: "ss.Batch(Line)")."""
 
-    def __init__(self, index: int | None = None, indices: Sequence[int] | None = None,
+    def __init__(self, index: int | None = None, indices: Sequence[int] | torch.Tensor | None = None,
                  where: str | None = None, made: str | None = None) -> None:
         self.index, self.indices, self.where, self.made = index, indices, where, made
         self.rows = index is None  # the values have a leading batch axis
@@ -174,7 +174,7 @@ class _Origin:
         if self.index is not None:
             return f"item {self.index} of the dataset"
         if self.indices is not None:
-            return f"item {self.indices[row]} of the dataset" if self.indices else "empty batch"
+            return f"item {int(self.indices[row])} of the dataset" if len(self.indices) else "empty batch"
         return "batch"
 
     def subject(self, f: FieldSpec, row: int = 0) -> str:
@@ -428,7 +428,7 @@ def check_item(spec: DataSpec, item: Any, index: int) -> dict[str, torch.Tensor]
     return _check_record(spec, item, _Origin(index=index))
 
 
-def check_batch(spec: DataSpec, fields: Mapping[str, Any], indices: Sequence[int]
+def check_batch(spec: DataSpec, fields: Mapping[str, Any], indices: Sequence[int] | torch.Tensor
                 ) -> dict[str, torch.Tensor]:
     """Stacked fields `[n, ...]` of the dataset items `indices`, checked all at once."""
     return _check_record(spec, fields, _Origin(indices=indices))
@@ -509,9 +509,13 @@ def pad_batch(batch: Batch, longest: Mapping[str, int]) -> Batch:
     return trusted_batch(batch.spec, fields, batch.lengths)
 
 
-def load_items(base: Any, indices: list[int], spec: DataSpec
+def load_items(base: Any, indices: Sequence[int] | torch.Tensor, spec: DataSpec
                ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A batch's fields, and the lengths of its items along each generic dim (if padded)."""
+    """A batch's fields, and the lengths of its items along each generic dim (if padded). `indices` is
+    a tensor only for a TensorDataset, whose batches are sliced from the loop's order."""
+    if isinstance(indices, torch.Tensor):
+        assert isinstance(base, TensorDataset)
+        return check_batch(spec, base.__getitems__(indices), indices), {}
     getitems = getattr(base, "__getitems__", None)
     if getitems is None:
         items = [base[i] for i in indices]
@@ -558,6 +562,7 @@ class TensorDataset:
                 raise ShapeError(f"TensorDataset: field `{name}` has {len(t)} rows, but "
                                  f"`{first[0]}` has {len(first[1])}; fields need the same length")
         self._length = len(first[1])
+        self._fits_as_given: Any = None  # the spec and the fields' versions checked whole (fits_as_given)
 
     def __len__(self) -> int:
         return self._length
@@ -568,8 +573,19 @@ class TensorDataset:
             raise IndexError(f"index {i} is out of range for a dataset of {self._length} items")
         return {name: t[i] for name, t in self.fields.items()}
 
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        idx = torch.as_tensor(indices, dtype=torch.long)
+    def fits_as_given(self, spec: DataSpec) -> bool:
+        """Whether every item fits `spec` as it is (dtypes, shapes, bounds: `given_rows`), so that any
+        batch gathered from the fields fits too. Remembered until a field is replaced or changed in
+        place (a tensor's version counts its in-place changes)."""
+        state = (spec, tuple((name, id(t), t._version) for name, t in self.fields.items()))
+        if self._fits_as_given != state:
+            if given_rows(spec, dict(self.fields), None) != self._length:
+                return False
+            self._fits_as_given = state
+        return True
+
+    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> dict[str, torch.Tensor]:
+        idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(indices, dtype=torch.long)
         by_device: dict[torch.device, torch.Tensor] = {}
         return {name: t.index_select(0, by_device.setdefault(t.device, idx.to(t.device)))
                 for name, t in self.fields.items()}

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from shapescript.errors import DomainError
-from shapescript.runtime.data import Batch, DataSpec, int_arg, load_items, trusted_batch
+from shapescript.runtime.data import Batch, DataSpec, TensorDataset, int_arg, load_items, trusted_batch
 from shapescript.runtime.steps import current
 
 
@@ -142,10 +142,24 @@ class _Batches:
     def __iter__(self) -> Iterator[Batch]:
         return with_progress(self.load(), len(self), self.spec.name)
 
+    @functools.cached_property
+    def order_tensor(self) -> torch.Tensor:
+        """`order` as a tensor of indices, which a TensorDataset's batches are sliced from (no list of
+        ints made into a tensor at every step)."""
+        return shuffle_order(self.total, self.seeds) if self.seeds else torch.arange(self.total)
+
     def load(self) -> Iterator[Batch]:
         """The batches, loaded and checked one by one (what iterating yields, without `progress`)."""
-        for indices in self.indices():
-            fields, lengths = load_items(self.base, indices, self.spec)
+        sliced = isinstance(self.base, TensorDataset)
+        trusted = sliced and self.base.fits_as_given(self.spec)  # checked whole once: not each batch again
+        for k in range(len(self)):
+            start, end = batch_bounds(self.total, self.n, k)
+            indices = self.order_tensor[start:end] if sliced else self.items_of(k)
+            lengths: dict[str, torch.Tensor] = {}
+            if trusted:
+                fields = self.base.__getitems__(indices)
+            else:
+                fields, lengths = load_items(self.base, indices, self.spec)
             if self.device is not None:  # loaded and checked on the CPU, then sent to the device
                 fields = {k: v.to(self.device, non_blocking=True) for k, v in fields.items()}
                 lengths = {k: v.to(self.device, non_blocking=True) for k, v in lengths.items()}

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import shapescript as ss
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.data import (
     Batch,
@@ -303,3 +304,39 @@ def test_items_of_one_batch_are_padded_along_generic_dims(seq: DataSpec) -> None
     assert batch.mask.tolist() == [[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
     assert batch.lengths["n"].tolist() == [2, 3]
     assert [b.tokens.shape for b in batches(ds, 1, seq)] == [(1, 2), (1, 3)]
+
+
+LOOP = """\
+dim D = 2
+dim C = 3
+
+data Row:
+    x: [D]
+    y: [] Index[C]
+
+fn run(data: Dataset[Row], log: Sink):
+    for batch in data |> shuffle(seed=1) |> batches(2):
+        write(log, logs(x=sum(batch.x), y=sum(to(batch.y, f32))))
+"""
+
+
+def test_a_tensor_dataset_checked_whole_is_trusted_until_a_field_changes() -> None:
+    """The loop checks a TensorDataset whole once and then gathers its batches unchecked; a field
+    changed in place (its version moves) or replaced is checked again, and a bad item is then the
+    error of its batch, as it always was."""
+    prog = ss.load(LOOP, name="loop.ss")
+    x, y = torch.arange(10.0).reshape(5, 2), torch.tensor([0, 1, 2, 0, 1])
+    data = ss.TensorDataset(x=x, y=y)
+    sink = ss.sinks.memory()
+    prog.run(data, sink)
+    assert sum(r["x"] for r in sink.records) == pytest.approx(45.0) and sum(r["y"] for r in sink.records) == 4.0
+    assert data.fits_as_given(prog.Row)
+    y[3] = 7  # in place: out of Index[C]
+    assert not data.fits_as_given(prog.Row)
+    with pytest.raises(ss.DomainError, match="item 3 of the dataset"):
+        prog.run(data, ss.sinks.memory())
+    y[3] = 2
+    assert data.fits_as_given(prog.Row)
+    data.fields["x"] = torch.zeros(5, 3)  # replaced, with another shape
+    with pytest.raises(ss.ShapeError):
+        prog.run(data, ss.sinks.memory())
