@@ -31,11 +31,13 @@ if TYPE_CHECKING:
 
     from shapescript import parallel, schedules, sinks
     from shapescript.api import Program, cluster, load
+    from shapescript.export import export
     from shapescript.parallel import collective_timeout
     from shapescript.pipeline import build
     from shapescript.runtime.checkpoint import load as restore
     from shapescript.runtime.checkpoint import save
     from shapescript.runtime.data import Batch, TensorDataset
+    from shapescript.runtime.files import CsvDataset, ParquetDataset, TokenFile
     from shapescript.runtime.lr_schedulers import lr_scheduler
     from shapescript.runtime.model import Model
     from shapescript.runtime.modes import Eval, Mode, Train
@@ -49,12 +51,13 @@ _LATER = {
     "collective_timeout": ("shapescript.parallel", "collective_timeout"),
     "restore": ("shapescript.runtime.checkpoint", "load"), "save": ("shapescript.runtime.checkpoint", "save"),
     "Batch": ("shapescript.runtime.data", "Batch"), "TensorDataset": ("shapescript.runtime.data", "TensorDataset"),
+    **{name: ("shapescript.runtime.files", name) for name in ("CsvDataset", "ParquetDataset", "TokenFile")},
     "lr_scheduler": ("shapescript.runtime.lr_schedulers", "lr_scheduler"),
     "Model": ("shapescript.runtime.model", "Model"),
     "Eval": ("shapescript.runtime.modes", "Eval"), "Mode": ("shapescript.runtime.modes", "Mode"),
     "Train": ("shapescript.runtime.modes", "Train"),
     "Optimizer": ("shapescript.runtime.optim", "Optimizer"), "adamw": ("shapescript.runtime.optim", "adamw"),
-    "load_weights": ("shapescript.weights", "load_weights"),
+    "load_weights": ("shapescript.weights", "load_weights"), "export": ("shapescript.export", "export"),
     **{maker: ("shapescript.runtime.optim", maker) for maker in ("adam", "adagrad", "adadelta", "rmsprop", "sgd")},
 }
 
@@ -80,9 +83,10 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-__all__ = ["Batch", "CompileError", "DeviceError", "Diagnostic", "DomainError", "Eval", "Mode", "Model", "Optimizer",
-           "Program", "ShapeError", "ShapeScriptError", "SourceWarning", "TensorDataset", "Train", "WorkerError",
-           "adadelta", "adagrad", "adam", "adamw", "build", "cluster", "collective_timeout", "load", "load_weights",
+__all__ = ["Batch", "CompileError", "CsvDataset", "DeviceError", "Diagnostic", "DomainError", "Eval", "Mode", "Model",
+           "Optimizer", "ParquetDataset", "Program", "ShapeError", "ShapeScriptError", "SourceWarning", "TensorDataset",
+           "TokenFile", "Train", "WorkerError",
+           "adadelta", "adagrad", "adam", "adamw", "build", "cluster", "collective_timeout", "export", "load", "load_weights",
            "lr_scheduler", "parallel", "restore", "rmsprop", "save", "schedules", "sgd", "sinks"]
 
 

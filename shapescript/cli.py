@@ -60,6 +60,21 @@ def main(argv: list[str] | None = None) -> int:
                        help="the size of a dim declared without one, e.g. V=65")
     comms.add_argument("--json", action="store_true", help="print the table as JSON")
 
+    export = sub.add_parser("export", help="export a function for serving, as ONNX or torch.export's .pt2",
+                            description="Export a function of tensors and one model (baked in: from "
+                                        "--checkpoint, or drawn from --seed) for serving; its other "
+                                        "non-tensor arguments are modes, given as eval. A .ss file is code: "
+                                        "see `run --no-python`.")
+    export.add_argument("file")
+    export.add_argument("function")
+    export.add_argument("-o", "--output", required=True, help="the file to write: .onnx, or .pt2 with --format torch")
+    export.add_argument("--format", choices=("onnx", "torch"), default="onnx")
+    export.add_argument("--checkpoint", help="the model's weights: a checkpoint written by ss.save")
+    export.add_argument("--seed", type=int, default=0, help="without --checkpoint, the model drawn from this seed")
+    export.add_argument("--no-python", action="store_true", help="refuse a program that names Python code (E0701)")
+    export.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                        help="the size of a dim declared without one, e.g. V=65")
+
     explain = sub.add_parser("explain", help="explain an error code, e.g. E0301")
     explain.add_argument("code")
 
@@ -162,6 +177,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .api import load
+    from .export import export
+    from .runtime.checkpoint import load as restore
+    from .runtime.modes import Eval
+    from .shapes import dims as D
+    from .shapes import value_types as T
+
+    prog = load(Path(args.file), devices="cpu", dims=dim_sizes(args.dim), python=not args.no_python)
+    fn = prog.checked.fns.get(args.function)
+    if fn is None:
+        say(f"error: {args.file} has no function `{args.function}`; it has {', '.join(prog.checked.fns) or 'none'}",
+            sys.stderr)
+        return 1
+    values: list[object] = []
+    for p in fn.params:
+        if isinstance(p.ty, T.ModelT):
+            model = (getattr(prog, p.ty.name) if p.ty.of is None
+                     else getattr(prog, p.ty.family)[tuple(D.show(a) for a in p.ty.args)]).init(seed=args.seed)
+            if args.checkpoint:
+                restore(args.checkpoint, model)
+            values.append(model)
+        elif p.ty == T.NamedT("Mode"):
+            values.append(Eval)
+        else:
+            values.append(None)  # a tensor: drawn from its type (anything else: export says what it can't take)
+    export(getattr(prog, fn.name), *values, path=args.output, format=args.format)
+    say(f"wrote {args.output} ({args.format}): `{fn.name}` of {args.file}")
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from .codes import CODES, explain
 
@@ -206,7 +252,7 @@ def cmd_lsp(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"check": cmd_check, "build": cmd_build, "run": cmd_run, "explain": cmd_explain, "lsp": cmd_lsp,
-            "comms": cmd_comms}
+            "comms": cmd_comms, "export": cmd_export}
 
 if __name__ == "__main__":
     sys.exit(main())

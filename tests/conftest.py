@@ -25,8 +25,9 @@ from shapescript.runtime.leftovers import owner_tag, sweep  # noqa: E402  (this 
 LEFTOVER_GRACE = 5.0  # seconds for workers whose controller (a kernel, a CLI run) just ended to clean up
 SESSION_FOLDER = re.compile(r"shapescript-tests-(?P<pid>\d+)-(?P<start>\d+)-[a-z0-9_]+")
 # Not leftovers: caches that libraries keep in the temp folder from one run to the next by design
-# (torch makes torchinductor_USER whenever something imports torch._dynamo).
-CACHES = re.compile(r"torchinductor_.*")
+# (torch makes torchinductor_USER whenever something imports torch._dynamo; importing onnxruntime
+# writes its session id to .ses).
+CACHES = re.compile(r"torchinductor_.*|\.ses")
 
 
 PYTEST_FOLDER = "pytest"  # pytest's own tmp_path folders, inside the session's folder

@@ -202,7 +202,7 @@ class LiveSink(Sink):
         if self.widget is not None:
             progress.track_calls()
 
-    def _emit(self, step: int, values: dict[str, Value]) -> None:
+    def emit(self, step: int, values: dict[str, Value]) -> None:
         self.records.append(values)
         if self.widget is None:
             if step == 1 or step % self.every == 0:
@@ -242,6 +242,10 @@ class LiveSink(Sink):
     def redraw(self) -> None:
         """Draw the charts of every record so far."""
         self._throttle.now()
+
+    def flush(self) -> None:
+        """The sink protocol's flush: the charts of every record so far, drawn now."""
+        self.redraw()
 
     def _draw(self) -> None:
         if self.widget is not None:
@@ -294,5 +298,5 @@ class LiveSink(Sink):
 
     def close(self) -> None:
         if not self.closed:
-            self.finish()  # the last records, drawn and saved
-        super().close()
+            self.closed = True
+            self.finish()  # the last records, drawn and saved: the flush, and more

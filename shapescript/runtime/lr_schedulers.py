@@ -26,7 +26,7 @@ import copy
 import numbers
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, overload
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
@@ -61,7 +61,13 @@ class _Groups(torch.optim.Optimizer):
     def __init__(self, settings: dict[str, Any]) -> None:
         super().__init__([torch.zeros(0)], settings)
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # torch's is overloaded
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         return None
 
 
@@ -103,7 +109,7 @@ class LrScheduler:
 
     def get_last_lr(self) -> list[float]:
         """The lr the last step set (one value: the optimizer has one lr)."""
-        return list(self.scheduler.get_last_lr())  # type: ignore[arg-type]  # floats: the group's lr is one
+        return [float(lr) for lr in self.scheduler.get_last_lr()]
 
     def state_dict(self) -> dict[str, Any]:
         """torch's scheduler's state (its `state_dict()`)."""

@@ -93,11 +93,18 @@ def causal(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
     return torch.ones(rows, cols, dtype=torch.bool, device=device).triu(1)
 
 
-@functools.lru_cache(maxsize=64)
 def causal_mask(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
     """`causal`, made once per size and device: the generated code calls this only where the mask
-    is read as a mask and goes nowhere else, so that no one can change the shared tensor. Made
-    outside inference mode, so that autograd can save it when a training step reads it."""
+    is read as a mask and goes nowhere else, so that no one can change the shared tensor. A size
+    that is symbolic (traced by torch.export with a dynamic length) makes a mask in the graph."""
+    if type(rows) is not int or type(cols) is not int:
+        return causal(rows, cols, device)
+    return _shared_causal_mask(rows, cols, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_causal_mask(rows: int, cols: int, device: torch.device | str) -> torch.Tensor:
+    """Made outside inference mode, so that autograd can save it when a training step reads it."""
     with torch.inference_mode(False):
         return causal(rows, cols, device)
 

@@ -1,7 +1,10 @@
 """Logs and sinks: where `write(sink, logs(loss=l))` sends the values a program records.
 
 A sink numbers the records it receives (step 1, 2, ...); tensors become Python numbers (0-d) or
-nested lists when written, so records can be printed, stored as JSON or kept in memory.
+nested lists when written, so records can be printed, stored as JSON or kept in memory. `Sink` is
+the protocol every sink follows, ours (here, shapescript/sinks.py, notebook/live.py) and the
+user's: `write` is what the program calls, `emit(step, values)` what each kind of sink defines
+(docs/api.md's "Sinks" says the rest: which process, when, flushing, errors).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import math
 import numbers
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 import torch
@@ -68,30 +71,59 @@ def _text(value: Value) -> str:
 
 
 class Sink(abc.ABC):
-    """Receives records; numbers them from step 1."""
+    """Receives a program's records and numbers them from step 1.
+
+    A sink of your own subclasses this and defines `emit(step, values)`; `flush()` and `close()` if
+    it holds something. The program calls `write(record)` in the controller's process (on several
+    devices too: sinks never leave it), in the thread running the program's function, once for each
+    `write(log, logs(...))` it runs, in that order; `write` numbers the record and turns its values
+    into plain Python (`Value`s) before `emit` sees them. Nothing calls `flush` or `close` but the
+    sink's owner (`close` flushes, and a `with` block closes). An error `emit` raises is the
+    program's: its loop ends there, with the models as the step that record holds left them, on
+    every device count (parallel/pipeline.py)."""
 
     # True for a sink whose writing reads nothing of the program (no model, no call of it): a loop
     # on several devices may then send the next step before this one's record is written
     # (parallel/pipeline.py). A sink of your own gets each record before the next step is sent.
     passive = False
 
+    _emit: Callable[[int, dict[str, Value]], None]  # a sink written before `emit` was public defines this
+
     def __init__(self) -> None:
         self.step = 0
         self.closed = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A sink written before `emit` was public defines `_emit`: it is its `emit`.
+        super().__init_subclass__(**kwargs)
+        if "_emit" in cls.__dict__ and "emit" not in cls.__dict__:
+            setattr(cls, "emit", Sink._emit_as_emit)  # noqa: B010 (mypy refuses `cls.emit = ...`)
+
     def write(self, record: Logs) -> None:
+        """What the program's `write(log, record)` calls: the record numbered, as plain values, to `emit`."""
         if self.closed:
             raise ValueError(f"write: the {type(self).__name__} sink is closed")
         values = _plain_record(record)
         self.step += 1
-        self._emit(self.step, values)
+        self.emit(self.step, values)
 
     @abc.abstractmethod
-    def _emit(self, step: int, values: dict[str, Value]) -> None:
-        """Send one numbered record somewhere; each kind of sink says where."""
+    def emit(self, step: int, values: dict[str, Value]) -> None:
+        """Send one numbered record somewhere; each kind of sink says where. `values` is a new dict
+        for each record: the sink may keep it."""
+
+    def _emit_as_emit(self, step: int, values: dict[str, Value]) -> None:
+        self._emit(step, values)
+
+    def flush(self) -> None:  # noqa: B027 (a hook: nothing to do unless the sink holds records back)
+        """Send on whatever the sink holds back (none of ours holds any record back after its
+        `write` returns). Nothing by default."""
 
     def close(self) -> None:
-        self.closed = True
+        """Flush, then refuse further records; closing again does nothing."""
+        if not self.closed:
+            self.closed = True
+            self.flush()
 
     def __enter__(self) -> Sink:
         return self
@@ -103,7 +135,7 @@ class Sink(abc.ABC):
 class _Stdout(Sink):
     passive = True
 
-    def _emit(self, step: int, values: dict[str, Value]) -> None:
+    def emit(self, step: int, values: dict[str, Value]) -> None:
         fields = "  ".join(f"{k}={_text(v)}" for k, v in values.items())
         # sys.stdout looked up each time, so pytest's capture and notebooks' redirection work.
         print(f"step {step}  {fields}".rstrip(), file=sys.stdout, flush=True)
@@ -117,14 +149,19 @@ class _Jsonl(Sink):
         self.path = os.fspath(path)
         self.file: TextIO = open(self.path, "w", encoding="utf-8")  # a new run, a new file
 
-    def _emit(self, step: int, values: dict[str, Value]) -> None:
+    def emit(self, step: int, values: dict[str, Value]) -> None:
         self.file.write(json.dumps({"step": step, **values}) + "\n")
+        self.file.flush()
+
+    def flush(self) -> None:
         self.file.flush()
 
     def close(self) -> None:
         if not self.closed:
-            self.file.close()
-        super().close()
+            try:
+                super().close()
+            finally:
+                self.file.close()
 
 
 class _Memory(Sink):
@@ -134,7 +171,7 @@ class _Memory(Sink):
         super().__init__()
         self.records: list[dict[str, Value]] = []
 
-    def _emit(self, step: int, values: dict[str, Value]) -> None:
+    def emit(self, step: int, values: dict[str, Value]) -> None:
         self.records.append(values)
 
 

@@ -139,13 +139,13 @@ def test_spans_that_are_not_attention_keep_their_form(change: str, why: str) -> 
 
 def test_the_shared_mask_is_made_once_per_size() -> None:
     from shapescript.runtime import ops
-    ops.causal_mask.cache_clear()
+    ops._shared_causal_mask.cache_clear()
     prog = ss.load(NANOGPT, dims=NANO)
     m = prog.Gpt.init(seed=0)
     tokens = torch.randint(0, 11, (2, 8))
     prog.logits(m, tokens, ss.Eval)
     prog.logits(m, tokens, ss.Eval)
-    info = ops.causal_mask.cache_info()
+    info = ops._shared_causal_mask.cache_info()
     assert info.misses == 1 and info.hits == 2 * 2 - 1  # L = 2 layers, two calls: one mask made
 
 
