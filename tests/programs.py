@@ -6,6 +6,7 @@ so with `.replace` on its own copy, or by adding functions after it."""
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 from support import ROOT
 
@@ -354,3 +355,78 @@ fn grads_of(m: Lin, one: [b] Ex) -> Grad[Lin]:
 fn average(mut avg: Lin, m: Lin, decay: []):
     ema(mut avg, m, decay)
 """
+
+
+def bigram_tokens(v: int, t: int, batch: int) -> str:
+    """A bigram-ish model over windows of `t` tokens of a vocabulary of `v`, with its loop over a
+    dataset of them in batches of `batch` (the file datasets' tests)."""
+    return textwrap.dedent(f"""\
+        dim V = {v}
+        dim T = {t}
+        dim D = 8
+
+        data Text:
+            tokens: [T] Index[V]
+            targets: [T] Index[V]
+
+        model Bigram:
+            param wte: [V D] = normal(std=0.1)
+            param head: [D V] = normal(std=0.1)
+
+        fn loss(m: Bigram, batch: [b] Text) -> [] = cross_entropy(embedding(m.wte, batch.tokens) @ m.head, batch.targets, over=V)
+
+        fn step(mut m: Bigram, mut opt: AdamW[Bigram], batch: [b] Text) -> []:
+            l, g = value_and_grad(loss, m, batch)
+            update(mut m, mut opt, g)
+            return l
+
+        fn fit(mut m: Bigram, mut opt: AdamW[Bigram], data: Dataset[Text], log: Sink):
+            for batch in data |> shuffle(seed=0) |> batches({batch}):
+                write(log, logs(loss=step(mut m, mut opt, batch)))
+        """)
+
+
+# The README's MLP, small, with its loop over a dataset in the program, writing each step's loss (the
+# sinks' tests): batches of SINK_BATCH, SINK_STEPS of them in `sink_digits`.
+SINK_BATCH, SINK_STEPS = 8, 4
+SINK_MLP = textwrap.dedent(f"""\
+    dim D = 12
+    dim Hd = 16
+    dim C = 5
+
+    data Digit:
+        img: [D]
+        label: [] Index[C]
+
+    model Mlp:
+        param w1: [D Hd] = normal(std=0.2)
+        param w2: [Hd C] = normal(std=0.2)
+
+    fn forward(m: Mlp, x: [b D]) -> [b C]:
+        return relu(x @ m.w1) @ m.w2
+
+    fn loss(m: Mlp, batch: [b] Digit) -> []:
+        return cross_entropy(forward(m, batch.img), batch.label, over=C)
+
+    fn train_step(mut m: Mlp, mut opt: AdamW[Mlp], batch: [b] Digit) -> []:
+        l, g = value_and_grad(loss, m, batch)
+        update(mut m, mut opt, g)
+        return l
+
+    fn fit(mut m: Mlp, mut opt: AdamW[Mlp], data: Dataset[Digit], log: Sink):
+        for batch in data |> batches({SINK_BATCH}):
+            l = train_step(mut m, mut opt, batch)
+            write(log, logs(loss=l))
+    """)
+
+
+def sink_digits(steps: int = SINK_STEPS) -> Any:
+    """SINK_MLP's dataset: the first `steps` batches of the same random data."""
+    import torch
+
+    import shapescript as ss
+    g = torch.Generator().manual_seed(0)
+    rows = SINK_STEPS * SINK_BATCH
+    img, label = torch.randn(rows, 12, generator=g), torch.randint(0, 5, (rows,), generator=g)
+    return ss.TensorDataset(img=img[:steps * SINK_BATCH], label=label[:steps * SINK_BATCH])
+

@@ -74,7 +74,7 @@ def same_model(expected: T.ModelT, t: T.ModelT, mapping: Mapping[D.Dim, D.Dim]) 
     """Whether a model of type `t` is one of type `expected` (whose generic dims `mapping` binds)."""
     if expected is t:
         return True
-    return (expected.of is not None and expected.of is t.of
+    return (expected.of is not None and expected.of is t.of and expected.dtypes == t.dtypes
             and all(D.equal(D.substitute(e, mapping), a) for e, a in zip(expected.args, t.args)))
 
 
@@ -164,11 +164,16 @@ def model_help(expected: T.ModelT | None, t: T.ModelT | None, mapping: Mapping[D
     """Where two uses of one generic model differ: which dim, and which argument fixed it."""
     if expected is None or t is None or expected.of is None or expected.of is not t.of:
         return ""
-    for name, e, a in zip(expected.of.params, expected.args, t.args):
+    dims = [p for p in expected.of.params if p not in expected.of.dtype_params]
+    for name, e, a in zip(dims, expected.args, t.args):
         e_now = D.substitute(e, mapping)
         if not D.equal(e_now, a):
             by = next((f" (from `{bound_by[s]}`)" for s in D.symbols(e) if s in bound_by), "")
             return f"its dim `{name}` is {D.show(a)} here, but {D.show(e_now)}{by} is expected"
+    dtypes = [p for p in expected.of.params if p in expected.of.dtype_params]
+    for name, e_dtype, a_dtype in zip(dtypes, expected.dtypes, t.dtypes):
+        if e_dtype != a_dtype:
+            return f"its dtype `{name}` is {a_dtype} here, but {e_dtype} is expected"
     return ""
 
 

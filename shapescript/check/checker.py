@@ -109,7 +109,8 @@ def collect(ctx: Context) -> DeviceSet:
         if isinstance(item, A.Data) and define(ctx, item.name, item.name_span, "data type"):
             ctx.data[item.name] = T.DataT(item.name, item)
         elif isinstance(item, A.Model) and define(ctx, item.name, item.name_span, "model"):
-            ctx.models[item.name] = T.ModelT(item.name, item, params=model_params(ctx, item))
+            ctx.models[item.name] = T.ModelT(item.name, item, params=model_params(ctx, item),
+                                             dtype_params=dtype_params(item))
     for data in ctx.data.values():
         for f in data.node.fields:
             if f.name in data.fields:
@@ -214,6 +215,15 @@ def model_params(ctx: Context, node: A.Model) -> tuple[str, ...]:
         else:
             names.append(p.name)
     return tuple(names)
+
+
+def dtype_params(node: A.Model) -> frozenset[str]:
+    """The generic model's params written where a dtype goes (`param w: [I O] T`): given a dtype at
+    each use (`Linear[D C f64]`), where the others are given dims."""
+    names = {p.name for p in node.params}
+    return frozenset(m.type.element.name for m in node.members
+                     if isinstance(m.type, A.ShapeType) and m.type.element is not None
+                     and not m.type.element.args and m.type.element.name in names)
 
 
 def sized_models(ctx: Context) -> dict[str, T.ModelT]:

@@ -53,10 +53,11 @@ class Context(Reporter):
         self.data: dict[str, T.DataT] = {}
         self.precision = "f32"  # `precision f64`: the dtype of a tensor type written without one
         self.models: dict[str, T.ModelT] = {}  # as declared: generic ones with their dims generic
-        self.instances: dict[tuple[str, tuple[D.Dim, ...]], T.ModelT] = {}  # each use of a generic model, by its dims
+        self.instances: dict[tuple[str, tuple[D.Dim, ...], tuple[str, ...]], T.ModelT] = {}  # each use of a generic model, by its dims and dtypes
         self.models_done: set[str] = set()  # declared models whose members are resolved
         self.broken_models: set[str] = set()  # generic models with a mistake in their declaration
         self.models_within: list[str] = []  # the generic models being resolved, outermost first
+        self.model_dtypes: dict[str, str] = {}  # while a generic model's members are resolved: its dtype params'
         self.fns: dict[str, FnInfo] = {}
         self.tables = Tables()  # what the bodies find about each node, frozen into Checked at the end
         self.defined: dict[str, Span] = {}

@@ -48,15 +48,24 @@ def declare_members(ctx: Context, model: T.ModelT) -> None:
         members(ctx, model, {})
         return
     before = len(ctx.diagnostics)
-    dims = {p: D.generic(p) for p in model.params}
+    dims = {p: D.generic(p) for p in model.params if p not in model.dtype_params}
     with ctx.within_model(model.name):
-        members(ctx, model, dims)
+        members(ctx, model, dims, {p: ctx.precision for p in model.dtype_params})
     if len(ctx.diagnostics) > before:
         ctx.broken_models.add(model.name)
 
 
-def members(ctx: Context, model: T.ModelT, dims: Mapping[str, D.Dim]) -> None:
-    """Resolve a model's members, `dims` giving its own dims (a generic model's) by name."""
+def members(ctx: Context, model: T.ModelT, dims: Mapping[str, D.Dim], dtypes: Mapping[str, str] | None = None) -> None:
+    """Resolve a model's members, `dims` and `dtypes` giving its own dims and dtypes (a generic
+    model's) by name."""
+    outer, ctx.model_dtypes = ctx.model_dtypes, dict(dtypes or {})
+    try:
+        _members(ctx, model, dims)
+    finally:
+        ctx.model_dtypes = outer
+
+
+def _members(ctx: Context, model: T.ModelT, dims: Mapping[str, D.Dim]) -> None:
     values = {**ctx.dim_values, **{name: D.value(d, ctx.dim_values) for name, d in dims.items()}}
     for m in model.node.members:
         if m.name in model.members:
@@ -158,6 +167,8 @@ def resolve_type(ctx: Context, node: A.TypeExpr, generics: dict[str, D.Dim], all
         el = node.element
         if el is None:
             return T.TensorT(tuple(axes), ctx.precision)
+        if el.name in ctx.model_dtypes and not el.args:  # a generic model's dtype param (`[I O] T`)
+            return T.TensorT(tuple(axes), ctx.model_dtypes[el.name])
         if el.name in DTYPES and not el.args:
             return T.TensorT(tuple(axes), el.name)
         if el.name == "Index":
@@ -315,7 +326,16 @@ def instantiate(ctx: Context, model: T.ModelT, node: A.NamedType, generics: dict
                          node.span, f"expected {model.name}[{' '.join(model.params)}]",
                          f"`{model.name}` is declared at {model.node.span}")
     args: list[D.Dim] = []
-    for arg in node.args:
+    dtypes: list[str] = []
+    for param, arg in zip(model.params, node.args):
+        if param in model.dtype_params:
+            name = arg.name if isinstance(arg, (A.DimName, A.NamedType)) and not getattr(arg, "args", None) else None
+            if name not in DTYPES:
+                return ctx.error("E0204", f"`{param}` of `{model.name}` is a dtype, not `{show_arg(arg)}`", arg.span,
+                                 "not a dtype", f"give one of {', '.join(DTYPES)}")
+            assert name is not None
+            dtypes.append(name)
+            continue
         if isinstance(arg, A.ShapeType) or (isinstance(arg, A.NamedType) and arg.args):
             return ctx.error("E0204", f"`{model.name}[...]` takes dims, not types", arg.span, "not a dim",
                              f"write `{model.name}[{' '.join(model.params)}]` with dims")
@@ -324,24 +344,36 @@ def instantiate(ctx: Context, model: T.ModelT, node: A.NamedType, generics: dict
         if dim is None:
             return T.UNKNOWN
         args.append(dim)
-    key = (model.name, tuple(args))
+    key = (model.name, tuple(args), tuple(dtypes))
     if key in ctx.instances:
         return ctx.instances[key]
     if model.name in ctx.models_within:
         return ctx.error("E0402", f"model `{model.name}` contains itself", node.span, "a use of itself",
                          "through " + " -> ".join([*ctx.models_within, model.name]))
     declare_members(ctx, model)  # its own mistakes, once, where it's declared
-    name = f"{model.name}[{' '.join(D.show(a) for a in args)}]"
-    used = T.ModelT(name, model.node, params=(), of=model, args=tuple(args))
+    shown, given_dims, given_dtypes = [], iter(args), iter(dtypes)
+    for param in model.params:
+        shown.append(next(given_dtypes) if param in model.dtype_params else D.show(next(given_dims)))
+    name = f"{model.name}[{' '.join(shown)}]"
+    used = T.ModelT(name, model.node, params=(), of=model, args=tuple(args), dtypes=tuple(dtypes))
     ctx.instances[key] = used
     if model.name in ctx.broken_models:
         return used
     before = len(ctx.diagnostics)
+    dim_params = [p for p in model.params if p not in model.dtype_params]
+    dtype_params = [p for p in model.params if p in model.dtype_params]
     with ctx.within_model(model.name):
-        members(ctx, used, dict(zip(model.params, args)))
+        members(ctx, used, dict(zip(dim_params, args)), dict(zip(dtype_params, dtypes)))
     found = ctx.diagnostics[before:]
     del ctx.diagnostics[before:]
     for d in found:  # what only these sizes get wrong: said at the use
         ctx.error(d.code, f"in `{name}`: {d.message}", node.span, f"{model.name} with these dims", *d.help,
                   secondary=((d.span, d.label or "here"),))
     return used
+
+
+def show_arg(arg: A.TypeExpr | A.DimExpr) -> str:
+    """A model use's argument as written, for a message."""
+    if isinstance(arg, (A.DimName, A.NamedType)):
+        return arg.name
+    return str(arg.value) if isinstance(arg, A.DimInt) else "this"

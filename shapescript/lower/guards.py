@@ -125,14 +125,14 @@ def param_guard(c: ir.Module, fn: ir.Function, index: int) -> RtCall:
     return rt("NotFromPython", param=param, type_text=t.show())
 
 
-def member_shapes(c: ir.Module, model: T.ModelT, prefix: str = "") -> Iterator[tuple[str, tuple[RtCall, ...]]]:
+def member_shapes(c: ir.Module, model: T.ModelT, prefix: str = "") -> Iterator[tuple[str, tuple[RtCall, ...], Code]]:
     """Each param and buffer of a model type by its dotted path, with its axes as a guard checks them
-    (the first model of a stack stands for all)."""
+    and its dtype (the first model of a stack stands for all)."""
     for m in model.members.values():
         if m.model is not None:
             yield from member_shapes(c, m.model, f"{prefix}{m.name}.")
         elif m.tensor is not None:
-            yield f"{prefix}{m.name}", axis_checks(c, m.tensor.axes)
+            yield f"{prefix}{m.name}", axis_checks(c, m.tensor.axes), Code(TORCH_DTYPES[m.tensor.dtype])
 
 
 def _kind(t: T.Ty) -> tuple[str, str] | None:

@@ -295,15 +295,18 @@ class KindGuard:
     # A use of a generic model with generic dims (`Linear[i o]`): any use of `family` whose params'
     # shapes (each a dotted path with its axes) bind the dims as the function's other arguments do
     family: str | None = None
-    shapes: tuple[tuple[str, tuple[AxisCheck, ...]], ...] = ()
+    shapes: tuple[tuple[str, tuple[AxisCheck, ...], torch.dtype], ...] = ()
 
     def __call__(self, value: Any, bindings: Bindings) -> Any:
         if not _KIND_CHECKS[self.kind](self, value):
             raise ShapeError(f"{self.param} must be {self.type_name}, not {_describe(value)}")
         if self.family is not None:
             spec = value.spec if self.kind == "model" else value.model.spec
-            for path, axes in self.shapes:
-                shape = _member_shape(spec, path)
+            for path, axes, dtype in self.shapes:
+                shape, has = _member_shape(spec, path)
+                if has != dtype:
+                    raise ShapeError(f"{self.param}: {spec.name}'s `{path}` is {dtype_name(has)}, but "
+                                     f"{self.type_name} needs {dtype_name(dtype)}")
                 bad = _bind(axes, shape, bindings, f"`{self.param.name}.{path}`")
                 if bad is not None:
                     k, want = bad
@@ -346,13 +349,13 @@ def _of_type(g: KindGuard, spec: ModelSpec) -> bool:
     return spec.family == g.family if g.family is not None else spec.name == g.model
 
 
-def _member_shape(spec: ModelSpec, path: str) -> tuple[int, ...]:
-    """The shape of the param or buffer at `path` ("attn.w") in a model of type `spec`."""
+def _member_shape(spec: ModelSpec, path: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype of the param or buffer at `path` ("attn.w") in a model of type `spec`."""
     head, _, rest = path.partition(".")
     member = next(m for m in spec.members if m.name == head)
     if isinstance(member, SubSpec):
         return _member_shape(member.model, rest)
-    return member.shape
+    return member.shape, member.dtype
 
 
 # One check per kind, looked up by the guard (a call is on the hot path of every step).

@@ -141,8 +141,10 @@ class ModelT(Ty):
     node: A.Model
     members: dict[str, MemberT] = field(default_factory=dict)
     params: tuple[str, ...] = ()
+    dtype_params: frozenset[str] = frozenset()  # those of `params` written as a dtype (`[I O] T`)
     of: ModelT | None = None
-    args: tuple[D.Dim, ...] = ()
+    args: tuple[D.Dim, ...] = ()  # the dims given, in the order of the model's dims
+    dtypes: tuple[str, ...] = ()  # the dtypes given, in the order of its dtype params
 
     def show(self) -> str:
         return self.name

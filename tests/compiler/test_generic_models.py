@@ -137,3 +137,41 @@ def test_an_optimizer_of_a_use_trains_it() -> None:
     x = torch.randn(4, 3, dtype=torch.float64)
     prog.step(m, ss.sgd(m, lr=0.1), x)
     torch.testing.assert_close(m.w, w - 0.1 * 2 * x.T @ (x @ w), atol=1e-14, rtol=0)
+
+
+DTYPED = """\
+dim D = 3
+dim C = 2
+
+model Linear[I O T]:
+    param w: [I O] T = normal(std=0.5)
+
+model Net:
+    a: Linear[D C f64]
+    b: Linear[D C f32]
+
+fn apply(m: Linear[i o f64], x: [b i] f64) -> [b o] f64 = x @ m.w
+
+fn forward(m: Net, x: [b D] f64) -> [b C] f64 = apply(m.a, x)
+"""
+
+
+def test_a_dtype_param_gives_each_use_its_dtype() -> None:
+    prog = ss.load(DTYPED, name="dtyped.ss")
+    assert sorted(prog.checked.models) == ["Linear[D C f32]", "Linear[D C f64]", "Net"]
+    m = prog.Net.init(seed=0)
+    assert (m.a.w.dtype, m.b.w.dtype) == (torch.float64, torch.float32)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    torch.testing.assert_close(prog.forward(m, x), x @ m.a.w, atol=0, rtol=0)
+    with pytest.raises(ShapeError, match=r"Linear\[D C f32\]'s `w` is f32, but Linear\[i o f64\] needs f64"):
+        prog.apply(m.b, x)
+
+
+@pytest.mark.parametrize("extra, code, words", [
+    ("fn g(m: Net, x: [b D] f64) -> [b C] f64 = apply(m.b, x)\n", "E0401", "is Linear[i o f64], but this is Linear[D C f32]"),
+    ("model Q:\n    q: Linear[D C D]\n", "E0204", "`T` of `Linear` is a dtype, not `D`"),
+    ("model Q:\n    q: Linear[D C i64]\n", "E0308", "in `Linear[D C i64]`: param `w` has dtype i64"),
+])
+def test_a_dtype_param_misused(extra: str, code: str, words: str) -> None:
+    found = errors(DTYPED + "\n" + extra)
+    assert [c for c, _ in found] == [code] and words in found[0][1], found

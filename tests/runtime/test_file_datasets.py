@@ -11,38 +11,14 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from programs import LINEAR
+from programs import LINEAR, bigram_tokens
 from support import ROOT
 
 import shapescript as ss
 
 V, T = 16, 8
 
-# A bigram-ish model over windows of T tokens of a vocabulary of V.
-TOKENS = f"""\
-dim V = {V}
-dim T = {T}
-dim D = 8
-
-data Text:
-    tokens: [T] Index[V]
-    targets: [T] Index[V]
-
-model Bigram:
-    param wte: [V D] = normal(std=0.1)
-    param head: [D V] = normal(std=0.1)
-
-fn loss(m: Bigram, batch: [b] Text) -> [] = cross_entropy(embedding(m.wte, batch.tokens) @ m.head, batch.targets, over=V)
-
-fn step(mut m: Bigram, mut opt: AdamW[Bigram], batch: [b] Text) -> []:
-    l, g = value_and_grad(loss, m, batch)
-    update(mut m, mut opt, g)
-    return l
-
-fn fit(mut m: Bigram, mut opt: AdamW[Bigram], data: Dataset[Text], log: Sink):
-    for batch in data |> shuffle(seed=0) |> batches(6):
-        write(log, logs(loss=step(mut m, mut opt, batch)))
-"""
+TOKENS = bigram_tokens(V, T, 6)
 
 
 def token_file(path, n: int = 203, dtype=np.uint16) -> np.ndarray:

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from programs import LINEAR
+from programs import LINEAR, bigram_tokens
 
 import shapescript as ss
 
@@ -18,30 +18,7 @@ pytestmark = pytest.mark.slow
 
 V, T = 16, 8
 
-TOKENS = f"""\
-dim V = {V}
-dim T = {T}
-dim D = 8
-
-data Text:
-    tokens: [T] Index[V]
-    targets: [T] Index[V]
-
-model Bigram:
-    param wte: [V D] = normal(std=0.1)
-    param head: [D V] = normal(std=0.1)
-
-fn loss(m: Bigram, batch: [b] Text) -> [] = cross_entropy(embedding(m.wte, batch.tokens) @ m.head, batch.targets, over=V)
-
-fn step(mut m: Bigram, mut opt: AdamW[Bigram], batch: [b] Text) -> []:
-    l, g = value_and_grad(loss, m, batch)
-    update(mut m, mut opt, g)
-    return l
-
-fn fit(mut m: Bigram, mut opt: AdamW[Bigram], data: Dataset[Text], log: Sink):
-    for batch in data |> shuffle(seed=0) |> batches(7):
-        write(log, logs(loss=step(mut m, mut opt, batch)))
-"""
+TOKENS = bigram_tokens(V, T, 7)
 
 
 def trained(source: str, model: str, devices: str, data) -> tuple[list[float], dict[str, torch.Tensor]]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from programs import SINK_BATCH, SINK_MLP, SINK_STEPS, sink_digits
 from support import loaded_with_timeout
 
 import shapescript as ss
@@ -25,45 +25,13 @@ pytestmark = pytest.mark.slow
 needs_tensorboard = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
                                        reason="the tensorboard package is not installed")
 
-BATCH, STEPS = 8, 4
+BATCH, STEPS = SINK_BATCH, SINK_STEPS
 TIMEOUT_S = 10.0  # the pools' collective timeout: what a regression waits, rather than 600
 
-MLP = textwrap.dedent(f"""\
-    dim D = 12
-    dim Hd = 16
-    dim C = 5
-
-    data Digit:
-        img: [D]
-        label: [] Index[C]
-
-    model Mlp:
-        param w1: [D Hd] = normal(std=0.2)
-        param w2: [Hd C] = normal(std=0.2)
-
-    fn forward(m: Mlp, x: [b D]) -> [b C]:
-        return relu(x @ m.w1) @ m.w2
-
-    fn loss(m: Mlp, batch: [b] Digit) -> []:
-        return cross_entropy(forward(m, batch.img), batch.label, over=C)
-
-    fn train_step(mut m: Mlp, mut opt: AdamW[Mlp], batch: [b] Digit) -> []:
-        l, g = value_and_grad(loss, m, batch)
-        update(mut m, mut opt, g)
-        return l
-
-    fn fit(mut m: Mlp, mut opt: AdamW[Mlp], data: Dataset[Digit], log: Sink):
-        for batch in data |> batches({BATCH}):
-            l = train_step(mut m, mut opt, batch)
-            write(log, logs(loss=l))
-    """)
+MLP = SINK_MLP
 
 
-def digits(steps: int = STEPS) -> ss.TensorDataset:
-    """The first `steps` batches of the same random data."""
-    g = torch.Generator().manual_seed(0)
-    img, label = torch.randn(STEPS * BATCH, 12, generator=g), torch.randint(0, 5, (STEPS * BATCH,), generator=g)
-    return ss.TensorDataset(img=img[:steps * BATCH], label=label[:steps * BATCH])
+digits = sink_digits
 
 
 @pytest.fixture(scope="module")
