@@ -74,7 +74,8 @@ NOTEBOOK_DOC = "notebook.md"
 RUN_ELSEWHERE = {"tutorial.md": "docs/test_tutorial.py", "sharp-bits.md": "docs/test_sharp_bits.py",
                  "architecture.md": "compiler/test_architecture.py"}  # it adds an op to the table: taken out again there
 # Docs whose examples start from the README's program saved as mlp.ss, by the sentence saying so.
-SETUP = {"README.md": "Saved as `mlp.ss`", "api.md": "program, saved as `mlp.ss` in the current folder"}
+SETUP = {"README.md": "Saved as `mlp.ss`", "api.md": "program, saved as `mlp.ss` in the current folder",
+         "ecosystem.md": "program, saved as `mlp.ss` in the current folder"}
 
 
 @dataclass(frozen=True)

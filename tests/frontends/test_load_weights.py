@@ -50,9 +50,9 @@ LINEARS = ["h.{i}.attn.c_attn", "h.{i}.attn.c_proj", "h.{i}.mlp.c_fc", "h.{i}.ml
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def test_the_map_in_the_api_docs_is_this_one() -> None:
-    """docs/api.md's GPT-2 map, as its block defines it, is the one these tests load by."""
-    text = (ROOT / "docs" / "api.md").read_text()
+def test_the_map_in_the_docs_is_this_one() -> None:
+    """docs/ecosystem.md's GPT-2 map, as its block defines it, is the one these tests load by."""
+    text = (ROOT / "docs" / "ecosystem.md").read_text()
     [block] = [b for b in text.split("```python\n")[1:] if b.startswith("gpt2_names = {")]
     namespace: dict = {}
     exec(block.split("```")[0], namespace)
