@@ -27,7 +27,7 @@ from . import flow, origins
 from .calls import misspelled_dim
 from .context import Context
 from .gradients import gradient_arith, gradient_field
-from .hints import cast_help, source_text, tensor_help
+from .hints import a_dtype, cast_help, common_dtype, keeps_values, source_text, tensor_help
 from .program import CallInfo, FnInfo, ParamInfo
 from .rules import number_arith, number_negation, whole_tensor_power
 
@@ -86,7 +86,18 @@ class BodyChecker:
         return self.ctx.dim_note(t)
 
     def cast_help(self, at: A.Node | Span, dtype: str) -> str:
+        """Convert `at` to `dtype`, where that keeps its values; never a lossy conversion."""
+        have = self.tables.types.get(at) if isinstance(at, A.Node) else None
+        if isinstance(have, T.TensorT) and not keeps_values(have.dtype, dtype):
+            return (f"this is {have.dtype}, and converting it to {dtype} would lose values: give {a_dtype(dtype)} "
+                    f"value here, or make the other side {have.dtype}")
         return cast_help(self.ctx.program.source, at, dtype)
+
+    def common_help(self, left: A.Node, ld: str, right: A.Node, rd: str) -> str:
+        """Both sides of an operator in one dtype: the side that converts without losing values."""
+        common = common_dtype(ld, rd)
+        side = right if common == ld else left
+        return f"convert one side so both have the same dtype, as `to({source_text(self.ctx.program.source, side)}, {common})`"
 
     def type_label(self, node: A.Node, t: T.Ty) -> Label | None:
         return origins.type_label(self, node, t)
@@ -362,8 +373,7 @@ class BodyChecker:
         if ld and rd:
             if ld != rd:
                 self.error("E0308", f"`{node.op}` of {ld} and {rd}", node.span, f"{ld} and {rd}",
-                           "convert one side so both have the same dtype, as "
-                           f"`to({source_text(self.ctx.program.source, node.right)}, {ld})`")
+                           self.common_help(node.left, ld, node.right, rd))
                 return None
             if node.op in ARITH and ld == "bool":
                 self.error("E0308", f"`{node.op}` of bool tensors", node.span, "bool", "use `and`, `or`, `not`")

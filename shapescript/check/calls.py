@@ -18,6 +18,7 @@ from ..optimizers import OptimizerKind
 from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..syntax import tree as A
+from .hints import a_dtype, keeps_values
 
 if TYPE_CHECKING:
     from .bodies import BodyChecker
@@ -171,9 +172,9 @@ def model_help(expected: T.ModelT | None, t: T.ModelT | None, mapping: Mapping[D
             by = next((f" (from `{bound_by[s]}`)" for s in D.symbols(e) if s in bound_by), "")
             return f"its dim `{name}` is {D.show(a)} here, but {D.show(e_now)}{by} is expected"
     dtypes = [p for p in expected.of.params if p in expected.of.dtype_params]
-    for name, e_dtype, a_dtype in zip(dtypes, expected.dtypes, t.dtypes):
-        if e_dtype != a_dtype:
-            return f"its dtype `{name}` is {a_dtype} here, but {e_dtype} is expected"
+    for name, wanted, given in zip(dtypes, expected.dtypes, t.dtypes):
+        if wanted != given:
+            return f"its dtype `{name}` is {given} here, but {wanted} is expected"
     return ""
 
 
@@ -190,7 +191,10 @@ def _declared_axis(p: ParamInfo, k: int) -> tuple[tuple[Span, str], ...]:
 def _check_element(ck: BodyChecker, where: str, expected: T.TensorT, t: T.TensorT, span: Span) -> bool:
     if expected.dtype != t.dtype:
         ck.error("E0308", f"{where} is {expected.dtype}, but this is {t.dtype}", span,
-                 f"this is {t.show()}", "the dtypes must be the same", ck.cast_help(span, expected.dtype))
+                 f"this is {t.show()}", "the dtypes must be the same",
+                 ck.cast_help(span, expected.dtype) if keeps_values(t.dtype, expected.dtype) else
+                 f"converting {t.dtype} to {expected.dtype} would lose values: pass {a_dtype(expected.dtype)} value, or "
+                 f"declare the parameter {t.dtype}")
         return False
     if expected.index is not None:
         if t.index is None:

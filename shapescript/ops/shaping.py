@@ -156,7 +156,10 @@ def rearrange(ck: RuleChecker, node: A.Call, _: Args) -> Typed[PatternOptions] |
         lost = [lhs.atoms[k].name for k in dropped if lhs.atoms[k].name is not None]
         if lost:
             raise PatternError(f"`{lost[0]}` is on the left but not on the right", p,
-                               f"`{lost[0]}` would be lost", "use `reduce` to sum or average it away")
+                               f"`{lost[0]}` would be lost",
+                               "to keep one position along it, `take(x, k, over=...)` (`-1`: the last, as an "
+                               "RNN's final state); to sum or average it away, `reduce`; rearrange moves axes and "
+                               "drops only axes of size 1")
         keep = _positions(lhs, rhs)
         if name == "split":
             if len(literals) != 1:

@@ -88,6 +88,13 @@ class _Parser(TypeGrammar, DeviceLine):
                 span = self.toks[k].span
         return self.fail_at(span, message, label, help)
 
+    def slicing(self, opened: Token) -> ParseError:
+        """`x[a:b]`: not a construct of the language (E0404, as indexing), said as such."""
+        return ParseError(Diagnostic("E0404", "slicing with `[start:end]` isn't part of the language",
+                                     opened.span.to(self.tok.span), "a slice",
+                                     ("take a part along a named axis: `window(x, start, size, over=D)`, "
+                                      "`first(x, n, over=D)` or `last(x, n, over=D)`",)))
+
     def fail_at(self, span: Span, message: str, label: str = "", help: str = "") -> ParseError:
         return ParseError(Diagnostic("E0105", message, span, label, (help,) if help else ()))
 
@@ -470,8 +477,12 @@ class _Parser(TypeGrammar, DeviceLine):
                 close = self.expect(")", "to close the call")
                 node = A.Call(node.span.to(close.span), node, args)
             elif self.at("[", "OP") and not (self.tok.span.line != self.toks[self.pos - 1].span.end_line):
-                self.advance()
+                opened = self.advance()
+                if self.at(":", "OP"):
+                    raise self.slicing(opened)
                 index = self.expr()
+                if self.at(":", "OP"):
+                    raise self.slicing(opened)
                 close = self.expect("]", "to close the index")
                 node = A.Subscript(node.span.to(close.span), node, index)
             else:
