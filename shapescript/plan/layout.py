@@ -6,7 +6,8 @@ DeviceTable to count.
 
 `split H` is decided by the types: a value whose type has an axis of size H, or a group axis that
 starts with H ((H Dh): a block of whole heads), once, is split along it; any other value is whole
-(H in two places, or after another axis in a group, as (3 H Dh)). Batches are whole. The dims a
+(H in two places, or after another axis in a group, as (3 H Dh)). Batches are whole: a field with
+an H axis is cut to each device's part where it is read. The dims a
 function splits are H and the generic dims its calls bind to H. Each operation follows its op's
 layout rule (ops/table.py): its devices work on their parts alone (LOCAL), or add up partial
 results (SUM), or need their split operands whole (GATHER, also every op without a rule). A value
@@ -211,6 +212,8 @@ class _Marker:
                 self.operation(node, [node.operand], HeadsKind.LOCAL)
             elif isinstance(node, N.OpCall | N.FnCall | N.GradCall):
                 self.call(node)
+            elif isinstance(node, N.Member) and isinstance(node.obj.ty, T.BatchT):
+                self.cut(node)  # a batch is whole on every device: a field with an H axis is cut where it's read
 
     def view(self, node: N.Expr, operands: Sequence[N.Expr], options: CallOptions = NO_OPTIONS) -> CallView[CallOptions]:
         def split(t: T.Ty | None) -> list[int]:
