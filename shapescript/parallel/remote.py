@@ -83,7 +83,13 @@ class RemoteModel:
         return self._workers().call("state_dict", (self._handle,), where="state_dict")[0]
 
     def params(self) -> list[torch.Tensor]:
-        return list(self.state_dict().values())
+        """Copies of its trained params (not its buffers), in one device's order; changing them
+        changes nothing on the workers."""
+        state = self.state_dict()
+        return [state[name] for name in param_names(self.spec)]
+
+    def named_params(self) -> list[tuple[str, torch.Tensor]]:
+        return list(zip(param_names(self.spec), self.params()))
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
         """Strict, as one device's: every name, shape and dtype checked here first, before any worker
@@ -346,7 +352,14 @@ class RemoteFunction:
             return (self.name, tuple(encode(a._own_shares() if k is not None else a)
                                      for a, k in zip(args, self.plan.params)), OWN_SHARE, every)
         parts = shares(n, workers.world)
-        columns = [split_value(a, k, parts, workers.shares_memory, self.plan.rows_in_place)
+        sizes = {batch_size(a, k) for a, k in split}
+        if len(sizes) > 1 and any(isinstance(a, Mode) for a in args):
+            raise ShapeError(f"{self.where} takes batches of {' and '.join(map(str, sorted(sizes)))} rows and a mode: "
+                             "its random draws are made for one batch at a time on several devices; draw with "
+                             "batches of one size, or in calls of their own")
+        # Each batch is cut in its own shares (two batch dims, as `[b] Ex` and `[n] Ex`, are two sizes)
+        columns = [split_value(a, k, parts if k is None or batch_size(a, k) == n else shares(batch_size(a, k), workers.world),
+                               workers.shares_memory, self.plan.rows_in_place)
                    for a, k in zip(args, self.plan.params)]
         # Each worker is told where its part lies in the whole batch: a random draw is the whole
         # batch's, of which each worker keeps its part's rows (runtime/modes.py).
