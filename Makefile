@@ -26,13 +26,14 @@ $(VENV)/.ray: $(VENV)/.installed
 	touch $@
 
 # mypy (about 30 s of one core) runs beside pytest, which leaves the second core idle much of the
-# time; its report comes after the tests', and either failing fails the target.
+# time; its report comes after the tests', and either failing fails the target. pytest ends with its
+# 20 slowest tests, so that each CI log says where the suite's time went (issue 36, item 14).
 test: $(VENV)/.installed $(VENV)/.ray chromium
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check .
 	@typed=$$(mktemp); trap 'rm -f "$$typed"' EXIT; \
 	$(VENV)/bin/mypy >"$$typed" 2>&1 & mypy=$$!; \
-	$(PY) -m pytest -q; tests=$$?; \
+	$(PY) -m pytest -q --durations=20; tests=$$?; \
 	wait $$mypy; typing=$$?; echo "mypy:"; cat "$$typed"; \
 	exit $$((tests || typing))
 
