@@ -24,6 +24,7 @@ from .lower.printer import py_name
 from .lower.targets import WORKERS_NAME, Target
 from .lower.text import comment_text
 from .names import spec_var
+from .ops.checking import Use
 from .parallel import pipeline
 from .parallel.interrupts import preparing_a_call
 from .parallel.remote import RemoteFunction
@@ -32,6 +33,7 @@ from .plan.comms import device_table
 from .runtime import calls, loops, recorded, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
+from .shapes import value_types as T
 from .shapes.kinds import FnKind
 from .shapes.plans import Where
 from .stale import current_models
@@ -390,8 +392,10 @@ class Function:
         if self._guards is None:
             devices = self.program.checked.device_set
             # At the first call, not at load: a program can be read anywhere. Several hosts' devices
-            # are a cluster's, not this machine's.
-            if devices.kind == "cuda" and not devices.several_hosts:
+            # are a cluster's, not this machine's. A function that never touches the devices (one in
+            # the controller that counts and prints) runs without them: see needs_devices.
+            if (devices.kind == "cuda" and not devices.several_hosts
+                    and (self._on_workers or needs_devices(self.program.checked, self.name))):
                 require_visible(devices.indices or (0,), str(devices), f"`{self.name}`")
             # printed by the built module; a model argument is also checked against this program's shapes
             printed = self.program.namespace["GUARDS"][self.name]
@@ -479,6 +483,48 @@ def _signature_of(fn: FnInfo, with_background: bool) -> tuple[inspect.Signature,
     written = ", ".join(("mut " if p.mut else "") + f"{p.name}: {t}" for p, t in zip(fn.params, types))
     kind = {"extern": "extern fn", "python": "python fn"}.get(fn.kind, "fn")
     return signature, f"{kind} {fn.name}({written})" + ("" if nothing else f" -> {returns}")
+
+
+# What a one-device program's function does that touches its device: tensors (its own, or its
+# parameters'), a loop over a dataset (the batches go to the device), a checkpoint saved or loaded.
+_DEVICE_USES = (Use.TENSORS, Use.LOOP, Use.DATASET, Use.SAVE, Use.LOAD)
+
+
+def _device_values(t: T.Ty) -> bool:
+    """Whether a value of type `t` lives on the devices (or, a dataset, sends its batches there)."""
+    if isinstance(t, T.TupleT):
+        return any(_device_values(item) for item in t.items)
+    return isinstance(t, (T.TensorT, T.BatchT, T.ModelT, T.StackT, T.OptT, T.GradT, T.DatasetT, T.BatchesT))
+
+
+def needs_devices(checked: Checked, name: str) -> bool:
+    """Whether a call of `name` needs the program's devices from its start, so that its first call
+    checks that they are there. A function that runs on them does. On several devices nothing else
+    does: a function in the controller reaches the devices only through the workers, whose pool
+    checks them as it starts, when (and only if) the function first calls one on the workers or
+    loads a batch for them. On one device a function in the controller runs in this process, on the
+    device's tensors: it needs the device unless neither it nor a function it calls, however deeply,
+    runs there, does device work, has a tensor, batch, model, optimizer, gradient or dataset among
+    its parameters, its result or its body's values, or saves or loads a checkpoint. So a function
+    that only loops over a range, prints numbers or writes them to a sink never needs them."""
+    if checked.placement(name).where == Where.WORKERS:
+        return True
+    if checked.device_set.count > 1:
+        return False
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        fn = todo.pop()
+        info = checked.fns.get(fn)
+        if info is None or fn in seen:
+            continue
+        seen.add(fn)
+        if (checked.placement(fn).where == Where.WORKERS or info.device_work
+                or any(use in info.uses for use in _DEVICE_USES)
+                or any(_device_values(p.ty) for p in info.params) or _device_values(info.ret)):
+            return True
+        todo.extend(info.calls)
+    return False
 
 
 def _source_line(checked: Checked, span: Span) -> str:

@@ -129,12 +129,18 @@ def dim_sizes(pairs: list[str]) -> dict[str, int]:
     return out
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 model`, `2 models`, `0 models`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from .pipeline import compile_program, read_program
 
     source, file = read_program(Path(args.file))
     checked = compile_program(source, file, args.devices, dim_sizes(args.dim))
-    say(f"{file}: ok ({len(checked.fns)} functions, {len(checked.models)} models, on {checked.device_set})")
+    say(f"{file}: ok ({counted(len(checked.fns), 'function')}, {counted(len(checked.models), 'model')}, "
+        f"on {checked.device_set})")
     return 0
 
 
@@ -167,7 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{', '.join(prog.checked.fns) or 'none'}", sys.stderr)
         return 1
     if fn.params:
-        say(f"error: `{fn.name}` takes {len(fn.params)} arguments; `run` calls functions that take none "
+        say(f"error: `{fn.name}` takes {counted(len(fn.params), 'argument')}; `run` calls functions that take none "
             f"(call it from Python instead)", sys.stderr)
         return 1
     result = getattr(prog, fn.name)()
@@ -247,8 +253,7 @@ def cmd_lsp(args: argparse.Namespace) -> int:
         return 2
     from .lsp import serve
 
-    serve()
-    return 0
+    return serve()
 
 
 COMMANDS = {"check": cmd_check, "build": cmd_build, "run": cmd_run, "explain": cmd_explain, "lsp": cmd_lsp,

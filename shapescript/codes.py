@@ -312,28 +312,36 @@ _ENTRIES = [
          "the batch axis needs every device's part. Sums, means, cross_entropy, batch_norm, and "
          "`@`, matmul, einsum and reduce with sum that contract the batch axis combine the parts "
          "with an all-reduce; any other reduction over the batch axis, an operation along it (such "
-         "as softmax, sort, topk, first or `layer_norm(x, over=b)`, or an extern fn given it as an "
-         "`Axis[...]` argument), and causal, positions or first counting the batch's size "
-         "have no such lowering yet.",
-         "devices cpu[0 1 2]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
+         "as softmax, sort, topk or `layer_norm(x, over=b)`, or an extern fn given it as an "
+         "`Axis[...]` argument), indexing or slicing it (`take`, `window`, `first`, `put`, `cat` or "
+         "`pad` with `over=b`), causal with it, and positions, first or window counting the batch's "
+         "size have no such lowering yet.",
+         "devices cuda[0 1 2]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
          "fn largest(batch: [b] Ex) -> [D]:\n    return max(batch.x, over=b)\n",
          "Compute it per example, or with an operation that has a lowering, or declare one device."),
     Code("E1802", "A batch axis that can't stay split",
          "A value with the batch axis is split along it, each device holding some of the examples, "
-         "so the batch axis must stay an axis of its own, with a generic size. Grouping it with "
-         "another axis, as `(b d)`, a value with the batch axis twice, a batch of a fixed size, and "
-         "the batch's size used as a number (on each device it would be that device's part's size) "
-         "are errors.",
-         "devices cpu[0 1]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
+         "so the batch axis must stay an axis of its own, with a generic size that each device's part "
+         "gives. Five cases are errors: grouping it with another axis, as `(b d)` (or `b*D` as a "
+         "call binds a dim); a value with the batch axis twice; a batch of a fixed size, as "
+         "`[64] Ex`; the batch's size used as a number (on each device it would be that device's "
+         "part's size); and a value with the batch axis passed to a parameter without a shape. The "
+         "last can't arise in ShapeScript: every parameter that takes a tensor declares its shape, "
+         "and a tensor given to one that takes an `int` or a `float` is E0401 first.",
+         "devices cuda[0 1]\n\ndim D = 4\n\ndata Ex:\n    x: [D]\n\n"
          "fn flat(batch: [b] Ex) -> [b*D]:\n    return rearrange(batch.x, b d -> (b d))\n",
          "Keep the batch axis apart, as in `b (h w)` rather than `(b h) w`, and use `mean` rather "
          "than a sum divided by the batch's size."),
     Code("E1803", "Device work in a function that runs in the controller",
-         "With several devices, a function that loops over a dataset, prints, saves, loads, "
-         "writes to a sink or calls Python runs in the controller, as does any function that "
-         "calls one. `value_and_grad` and `update` run on the workers, so they can't be in such "
-         "a function.",
-         "devices cpu[0 1 2]\n\ndim D = 4\ndim C = 3\n\nmodel M:\n    param w: [D C] = normal(std=0.02)\n\n"
+         "With several devices, a function that loops over a dataset, prints, saves or loads a "
+         "checkpoint, writes to a sink, calls Python, or takes a dataset or a sink runs in the "
+         "controller, as does any function that calls one. `value_and_grad`, `update` and changing "
+         "a model's field are device work, as are adding or scaling gradients and reading a "
+         "gradient's field: they run on the workers, so they can't be in such a function. A "
+         "program changes a model's fields with `update` and `ema(mut avg, m, decay)` (no statement "
+         "assigns a field; `load(path, mut m)` reads a checkpoint in the controller, and is no "
+         "device work).",
+         "devices cuda[0 1 2]\n\ndim D = 4\ndim C = 3\n\nmodel M:\n    param w: [D C] = normal(std=0.02)\n\n"
          "data Ex:\n    x: [D]\n    y: [] Index[C]\n\n"
          "fn loss(m: M, batch: [b] Ex) -> []:\n    return cross_entropy(batch.x @ m.w, batch.y, over=C)\n\n"
          "fn fit(mut m: M, mut opt: AdamW[M], data: Dataset[Ex]):\n"
@@ -347,7 +355,7 @@ _ENTRIES = [
          "A function on the devices is compiled once. If one call gives it a value with the batch "
          "axis, its parameter is split across the devices, and every call must give it one; a value "
          "without the batch axis is whole on every device.",
-         "devices cpu[0 1]\n\ndim D = 4\n\nmodel M:\n    param w: [D D] = normal(std=0.02)\n\n"
+         "devices cuda[0 1]\n\ndim D = 4\n\nmodel M:\n    param w: [D D] = normal(std=0.02)\n\n"
          "data Ex:\n    x: [D]\n\nfn double(x: [n D]) -> [n D] = x * 2\n\n"
          "fn both(m: M, batch: [b] Ex) -> [D D]:\n    a = double(batch.x)\n    return double(m.w)\n",
          "Call a function of its own for whole values."),
@@ -356,7 +364,7 @@ _ENTRIES = [
          "those are the shapescript package's runtime; a module built with `--standalone` doesn't "
          "use the package, so it can only run on one device. (Raised by `shapescript build "
          "--standalone`.)",
-         "devices cpu[0 1 2]\n\nfn double(x: [n]) -> [n] = x * 2\n",
+         "devices cuda[0 1 2]\n\nfn double(x: [n]) -> [n] = x * 2\n",
          "Build without `--standalone`, or for one device."),
     Code("E1806", "More devices than can run",
          "A devices line names devices that a machine or a cluster has. torch numbers each "
@@ -414,8 +422,11 @@ RUN_TIME = [
      "device and on several alike"),
     ("a model bigger than the memory (`dim D = 10000000000` and a param `[D D]`)", "`DeviceError` at "
      "`init`, before anything is allocated, with the size and the biggest member"),
-    ("`devices cuda` or `cuda[0 1 2]` where fewer CUDA devices are visible", "the program loads; its "
-     "first call or `init` raises `DeviceError` saying how many are visible, before any worker starts"),
+    ("`devices cuda` or `cuda[0 1 2]` where fewer CUDA devices are visible", "the program loads; `init`, "
+     "or the first call of a function that needs the devices, raises `DeviceError` saying how many are "
+     "visible, before any worker starts: a function on the devices at its call, one in the controller as "
+     "it first calls one on them (on one device, at its call if it or a function it calls holds tensors). "
+     "A function in the controller that only counts, prints numbers or writes them to a sink runs"),
     ("a meta or sparse tensor as an argument or a batch's field", "`ShapeError` naming the parameter or "
      "field and its .ss location"),
     ("`ss.Batch(...)` with a wrong field, or `lengths=` that aren't one whole number per example for a "

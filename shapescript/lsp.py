@@ -206,10 +206,19 @@ def _plain(handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return call
 
 
-def serve() -> None:
-    """Speak LSP on stdin/stdout until the client sends `exit`."""
+def serve() -> int:
+    """Speak LSP on stdin/stdout until the client sends `exit` or its input ends (stdin closed, or
+    never open: then at once). The exit status: 0, or 2 when there is no stdout to answer on
+    (pygls's start_io returns at the end of input, and takes the SystemExit its `exit` raises)."""
+    if sys.stdin is None:  # started with its stdin closed: no client, and nothing will ever come
+        return 0
+    if sys.stdout is None:
+        if sys.stderr is not None:
+            print("error: shapescript lsp answers on stdout, which is closed", file=sys.stderr)
+        return 2
     out = sys.stdout.buffer
     # stdout carries the protocol; a stray print anywhere in the compiler would corrupt it, so
     # everything else written to stdout goes to stderr, which editors show as the server's log.
     sys.stdout = sys.stderr
-    create_server().start_io(sys.stdin.buffer, out)
+    create_server().start_io(sys.stdin.buffer, out)  # returns at the end of input too
+    return 0

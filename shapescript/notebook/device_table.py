@@ -22,9 +22,8 @@ import sympy
 from ..check.program import Checked
 from ..errors import terminal_lines
 from ..parallel.memory import WorkerMemory
-from ..plan.comms import DeviceTable, FnPlan, Layout, device_table
+from ..plan.comms import DeviceTable, FnPlan, Layout, bytes_text, device_table
 from ..plan.comms_text import (
-    bytes_text,
     first_values,
     fn_text,
     hosts_note,

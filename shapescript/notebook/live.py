@@ -8,7 +8,8 @@ else is needed: a left and a bottom axis, labelled with the values' range and th
 steps, and a logarithmic y axis for the keys `log` names (or all, with `log=True`). When the cell
 (or, in a background run, the call) that writes the records ends, the charts are drawn a last time
 into their output as SVG and text, which is what a saved notebook keeps. Anywhere else (a
-terminal, a script) it prints every `every`-th record as the stdout sink would. The sink receives
+terminal, a script) it prints the first record and every `every`-th (steps 1, every, 2·every, ...)
+as the stdout sink would. The sink receives
 records in the controller, so it works the same on one device and on several.
 """
 
@@ -181,7 +182,8 @@ class LiveSink(Sink):
     def __init__(self, every: int = 10, fps: float = 10.0, log: LogScale = False, smooth: float = 0.0) -> None:
         super().__init__()
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"live: every must be a positive int (print every N-th record), got {every!r}")
+            raise ValueError(f"live: every must be a positive int (print the first and every N-th record), "
+                             f"got {every!r}")
         if not isinstance(fps, (int, float)) or not fps > 0:
             raise ValueError(f"live: fps must be a positive number of redraws a second, got {fps!r}")
         if not isinstance(log, (bool, str)) and not (
@@ -274,7 +276,7 @@ class LiveSink(Sink):
         """Show the charts in the current cell's output (again, in a later cell, to follow a run there)."""
         if self.widget is None:
             raise RuntimeError("live: the charts need a Jupyter kernel with ipywidgets; here the sink prints "
-                               f"every {self.every}-th record instead")
+                               f"the first record and every {self.every}-th instead")
         from IPython.display import display
         with sigint.held_back():
             display(self._shown(), display_id=self.display_id)

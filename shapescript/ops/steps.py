@@ -34,7 +34,7 @@ def value_and_grad_rule(ck: RuleChecker, node: A.Call, args: Args) -> T.Ty:
         return ck.error("E0601", "`value_and_grad` takes a function first, then its arguments",
                         node.args[0].span if node.args else node.span, "not a function",
                         "write `value_and_grad(loss, m, batch)`")
-    ck.device_work("value_and_grad", node.span)
+    ck.device_work("`value_and_grad`", node.span)
     if not fn.params or not isinstance(fn.params[0].ty, T.ModelT):
         _unused_args(ck, node)
         return ck.error("E0601", f"`{fn.name}` must take the model it differentiates as its first parameter",
@@ -64,7 +64,7 @@ def update_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions]
     model, opt_arg, grads = args
     assert model is not None and opt_arg is not None and grads is not None
     m, opt, g = (ck.expr(a.expr) for a in (model, opt_arg, grads))
-    ck.device_work("update", node.span)
+    ck.device_work("`update`", node.span)
     ck.check_mut(model, True, "model", "`update`")
     ck.check_mut(opt_arg, True, "opt", "`update`")
     ck.check_mut(grads, False, "grads", "`update`")
@@ -88,7 +88,7 @@ def ema_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | 
     avg_arg, model_arg, decay_arg = args
     assert avg_arg is not None and model_arg is not None and decay_arg is not None
     avg, m, decay = (ck.expr(a.expr) for a in (avg_arg, model_arg, decay_arg))
-    ck.device_work("ema", node.span)
+    ck.device_work("`ema`", node.span)
     ck.check_mut(avg_arg, True, "avg", "`ema`")
     ck.check_mut(model_arg, False, "model", "`ema`")
     if T.UNKNOWN in (avg, m, decay):

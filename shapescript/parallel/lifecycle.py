@@ -20,6 +20,7 @@ from shapescript.devices import DeviceSet
 from shapescript.errors import WorkerError
 from shapescript.parallel import forkserver
 from shapescript.parallel.messages import Reply, Status
+from shapescript.parallel.pickling import dumps
 from shapescript.parallel.processes import (
     WorkerProcess,
     current_collective_timeout,
@@ -29,7 +30,6 @@ from shapescript.parallel.processes import (
     sweep_stale_folders,
     torch_settings,
 )
-from shapescript.parallel.worker import dumps
 from shapescript.runtime import shm_reduce
 from shapescript.runtime.leftovers import owner_tag
 

@@ -117,15 +117,15 @@ class Datasets:
             pool.release(known.handle)  # it grew or shrank since: the workers get it anew
         if key in self.refused:
             return None
-        reason = _why_not_sendable(base)
-        if reason:
+        pickled, reason = _pickled(base)
+        if pickled is None:
             self.refused.add(key)
             warnings.warn(f"the dataset {type(base).__name__} can't be sent to the workers ({reason}); the "
                           f"controller loads its batches and sends each worker its part, which costs a copy "
                           f"of every batch through the pipes", stacklevel=5)
             return None
         handle = next(_handles)
-        pool.call("keep_dataset", (handle, base, spec.name), where=f"sending the dataset {type(base).__name__}")
+        pool.call("keep_dataset", (handle, pickled, spec.name), where=f"sending the dataset {type(base).__name__}")
         self.sent[key] = _Sent(self._reference(base, key, handle, pool), handle, len(base), pool)
         return handle
 
@@ -141,14 +141,29 @@ class Datasets:
             return lambda: base
 
 
-def _why_not_sendable(base: Any) -> str:
+class Pickled:
+    """A dataset pickled once, in the controller: the call's message carries these bytes as they
+    are, and unpickling the message on a worker makes the dataset again (`pickle.loads`), so that
+    the dataset isn't pickled a second time to find out whether it can be sent."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return pickle.loads, (self.data,)
+
+
+def _pickled(base: Any) -> tuple[Pickled | None, str]:
+    """`base` pickled as the workers' messages are (pickling.dumps), or None and why it can't be sent."""
     if type(base).__module__ == "__main__":
-        return "it is defined in the main script, which the workers never import"
+        return None, "it is defined in the main script, which the workers never import"
+    from shapescript.parallel.pickling import dumps
     try:
-        pickle.dumps(base)
+        return Pickled(dumps(base)), ""
     except Exception as e:
-        return f"it can't be pickled: {e}"
-    return ""
+        return None, f"it can't be pickled: {e}"
 
 
 class RemoteBatches:

@@ -35,6 +35,7 @@ from shapescript.parallel.gathering import Gathering
 from shapescript.parallel.interrupts import held_step, step_interrupt
 from shapescript.parallel.lifecycle import PoolState, Starting
 from shapescript.parallel.messages import Call, Status, Verdict, wire
+from shapescript.parallel.pickling import dumps
 from shapescript.parallel.pipeline import InFlight
 
 # collective_timeout, current_collective_timeout, MAX_TIMEOUT and TIMEOUT_ENV are this module's API too
@@ -50,7 +51,6 @@ from shapescript.parallel.processes import (  # noqa: F401
     timeout_seconds,
 )
 from shapescript.parallel.timeline import Timeline
-from shapescript.parallel.worker import dumps
 from shapescript.runtime import shm_reduce
 from shapescript.runtime.model import require_visible
 from shapescript.runtime.steps import between_steps

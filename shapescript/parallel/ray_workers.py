@@ -55,9 +55,10 @@ from typing import TYPE_CHECKING, Any, cast
 from shapescript.errors import WorkerError
 from shapescript.parallel.cluster import Cluster, missing_module_help, ray_module, track
 from shapescript.parallel.handshake import NotConnected, accept_workers
+from shapescript.parallel.pickling import dumps
 from shapescript.parallel.processes import WorkerProcess, is_stopped, shutdown, torch_settings
 from shapescript.parallel.ray_relay import Mailbox, RelayedConnection
-from shapescript.parallel.worker import UNKNOWN, dumps, read_status
+from shapescript.parallel.worker import UNKNOWN, read_status
 
 if TYPE_CHECKING:
     from shapescript.parallel.pool import WorkerPool

@@ -10,7 +10,8 @@ cross_entropy a sum and a count, batch_norm 2·C + 1 values in f64), and value_a
 the whole params' gradients, one buffer per dtype. A collective of floats in a function that
 value_and_grad differentiates runs again, as big, in the backward pass, so it counts twice there.
 Sizes are sympy expressions with the declared dims' values put in; the batch's own dims stay
-symbols (`3,072·b·n` bytes).
+symbols (`3,072·b·n` bytes), printed by their written names (`3072*b*n`, not sympy's `_b` of a
+generic dim). Each record's `bytes_text` is its size in the words `shapescript comms` prints.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import sympy
 
@@ -30,6 +32,7 @@ from ..ir import nodes as N
 from ..ir.walk import source_order, statement_parts, statements, walk
 from ..ops.table import OPS, PARTIAL_PRODUCTS, CallView, numel
 from ..optimizers import FACTS
+from ..shapes import dims as D
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import BatchesOptions
@@ -40,6 +43,49 @@ from .layout import Dims, head_axis, model_params, sharded_read
 from .split import split_axes
 
 DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
+UNITS = ("KiB", "MiB", "GiB", "TiB")
+
+
+def number_text(expr: sympy.Expr) -> str:
+    """`813,056`; `3,072·b·n`; `2·C + 1` where a dim has no value."""
+    expr = sympy.expand(expr)
+    if expr.is_Integer:
+        return f"{int(expr):,}"
+    parts = []
+    for term in expr.as_ordered_terms():
+        coeff, factors = term.as_coeff_mul()
+        symbols = "·".join(D.show(f) for f in factors)
+        if not factors:
+            parts.append(f"{int(coeff):,}" if coeff.is_Integer else str(coeff))
+        elif coeff == 1:
+            parts.append(symbols)
+        else:
+            parts.append(f"{int(coeff):,}·{symbols}" if coeff.is_Integer else f"{coeff}·{symbols}")
+    return " + ".join(parts)
+
+
+def bytes_text(expr: sympy.Expr) -> str:
+    """`16 bytes`; `813,056 bytes (794 KiB)`; `3,072·b·n bytes`: how the table's text, from
+    `shapescript comms` to the records' `bytes_text`, writes a size."""
+    expr = sympy.expand(expr)
+    text = f"{number_text(expr)} byte{'' if expr == 1 else 's'}"
+    if not expr.is_Integer or int(expr) < 1024:
+        return text
+    value = float(expr)
+    for unit in UNITS:
+        value /= 1024
+        if value < 1024 or unit == UNITS[-1]:
+            shown = f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+            return f"{text} ({shown} {unit})"
+    return text
+
+
+class Named(sympy.Dummy):
+    """A generic dim in the table's sizes, the batch's `b`: still a dim of its own (a Dummy), but
+    printed as written, `2048*b`, where sympy prints a Dummy as `_b`."""
+
+    def _sympystr(self, printer: Any) -> str:
+        return str(self.name)
 
 
 @dataclass(frozen=True)
@@ -57,6 +103,11 @@ class Collective:
         size: sympy.Expr = self.count * DTYPE_BYTES[self.dtype]
         return size
 
+    @property
+    def bytes_text(self) -> str:
+        """`bytes` as `shapescript comms` writes it: `2,048·b bytes`."""
+        return bytes_text(self.bytes)
+
 
 @dataclass(frozen=True)
 class Sent:
@@ -71,6 +122,10 @@ class Sent:
     def bytes(self) -> sympy.Expr:
         size: sympy.Expr = self.collective.bytes * self.times
         return size
+
+    @property
+    def bytes_text(self) -> str:
+        return bytes_text(self.bytes)
 
 
 @dataclass(frozen=True)
@@ -91,6 +146,10 @@ class LineItem:
     @property
     def bytes(self) -> sympy.Expr:
         return sympy.Add(*(s.bytes for s in self.sent))
+
+    @property
+    def bytes_text(self) -> str:
+        return bytes_text(self.bytes)
 
 
 class ValueKind(enum.StrEnum):
@@ -119,8 +178,17 @@ class Layout:
     per_example: sympy.Expr | None = None  # a split value's bytes per example
     sharded: bool = False  # a model, optimizer or gradients each device holds parts of (`shard params`, `split H`)
     buffers: sympy.Expr | None = None  # such a model's buffers, whole on each device
-    split_params: tuple[str, ...] = ()  # such a model's params split along H (`split H`)
+    split_params: tuple[str, ...] = ()  # such a model's (its gradients', its optimizer's) params split along H
     state: str | None = None  # an optimizer's: what it keeps per param value ("two moments")
+
+    @property
+    def bytes_text(self) -> str | None:
+        """`bytes` as `shapescript comms` writes it (`16·n bytes`); None where the size isn't known."""
+        return bytes_text(self.bytes) if self.bytes is not None else None
+
+    @property
+    def per_example_text(self) -> str | None:
+        return bytes_text(self.per_example) if self.per_example is not None else None
 
 
 @dataclass(frozen=True)
@@ -136,6 +204,11 @@ class FnPlan:
     @property
     def bytes(self) -> sympy.Expr:
         return sympy.Add(*(s.bytes for s in self.sent))
+
+    @property
+    def bytes_text(self) -> str:
+        """What one call sends, as `shapescript comms` writes it: `2,048·b bytes`."""
+        return bytes_text(self.bytes)
 
 
 def device_table(checked: Checked) -> DeviceTable:
@@ -211,10 +284,20 @@ class _Builder:
         self.memo: dict[tuple[str, bool], tuple[Sent, ...]] = {}
         self.differentiated = self._differentiated()
         self.sharding = module.devices.shard_params and self.count > 1
+        self.named: dict[sympy.Dummy, Named] = {}  # each generic dim, as the table's sizes print it
 
     def size(self, expr: sympy.Expr) -> sympy.Expr:
-        size: sympy.Expr = sympy.expand(expr.xreplace(self.values)) if self.values else sympy.expand(expr)
+        expr = sympy.sympify(expr)
+        generic = {d: self.shown(d) for d in expr.free_symbols
+                   if isinstance(d, sympy.Dummy) and not isinstance(d, Named)}
+        size: sympy.Expr = sympy.expand(expr.xreplace({**self.values, **generic}))
         return size
+
+    def shown(self, dim: sympy.Dummy) -> Named:
+        """The generic dim `dim` as the table's sizes hold it: one Named for each."""
+        if dim not in self.named:
+            self.named[dim] = Named(str(dim.name), integer=True, positive=True)  # type: ignore[no-untyped-call]
+        return self.named[dim]
 
     def build(self) -> DeviceTable:
         batch, batch_span = self._batch_size()
@@ -490,13 +573,16 @@ class _Builder:
         if not self.parts(model):
             return Layout(name, fn, span, ty.show(), ValueKind.MODEL, bytes=self.size(model_bytes(model) * count))
         buffers = self.size((model_bytes(model) - param_bytes(model)) * count)
-        split = tuple(p.path for p in model_params(model) if (p.owner, p.name) in self.m.head_params)
         return Layout(name, fn, span, ty.show(), ValueKind.MODEL, bytes=self.size(self.param_bytes(model) * count),
-                      sharded=True, buffers=buffers, split_params=split)
+                      sharded=True, buffers=buffers, split_params=self.head_params(model))
 
     def parts(self, model: T.ModelT) -> bool:
         """Whether each device holds parts of some of the model's params (`shard params`, `split H`)."""
-        return self.sharding or any((p.owner, p.name) in self.m.head_params for p in model_params(model))
+        return self.sharding or bool(self.head_params(model))
+
+    def head_params(self, model: T.ModelT) -> tuple[str, ...]:
+        """The paths of the model's params split along H (`split H`): those with an H axis."""
+        return tuple(p.path for p in model_params(model) if (p.owner, p.name) in self.m.head_params)
 
     def param_bytes(self, model: T.ModelT) -> sympy.Expr:
         """The bytes of one device's part of each of a model's trained params: 1/N of each with H
@@ -519,10 +605,10 @@ class _Builder:
             per_param = FACTS[ty.kind].state_per_param
             state = None if per_param is None else self.size(per_param * self.param_bytes(ty.model))
             return Layout(name, fn.name, span, shown, ValueKind.OPTIMIZER, bytes=state, sharded=self.parts(ty.model),
-                          state=FACTS[ty.kind].state_text)
+                          split_params=self.head_params(ty.model), state=FACTS[ty.kind].state_text)
         if isinstance(ty, T.GradT) and self.parts(ty.model):
             return Layout(name, fn.name, span, shown, ValueKind.WHOLE, bytes=self.size(self.param_bytes(ty.model)),
-                          sharded=True)
+                          sharded=True, split_params=self.head_params(ty.model))
         heads = self.heads_layout(fn, name, span, ty)
         if heads is not None:
             return heads

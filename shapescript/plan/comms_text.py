@@ -11,45 +11,21 @@ import sympy
 from ..check.program import Checked
 from ..shapes import dims as D
 from ..shapes.plans import Where
-from .comms import DeviceTable, FnPlan, Layout, LineItem, Sent, ValueKind, device_table
+from .comms import (  # bytes_text and number_text: the front ends read them from here too
+    DeviceTable,
+    FnPlan,
+    Layout,
+    LineItem,
+    Sent,
+    ValueKind,
+    bytes_text,
+    device_table,
+    number_text,
+)
 
-UNITS = ("KiB", "MiB", "GiB", "TiB")
 # How `shapescript comms` is told a batch size where no `batches(n)` gives one; the notebook's
 # table names its own way (notebook/device_table.py).
 CLI_BATCH_HINT = "use --batch N to see the shares"
-
-
-def number_text(expr: sympy.Expr) -> str:
-    """`813,056`; `3,072·b·n`; `2·C + 1` where a dim has no value."""
-    expr = sympy.expand(expr)
-    if expr.is_Integer:
-        return f"{int(expr):,}"
-    parts = []
-    for term in expr.as_ordered_terms():
-        coeff, factors = term.as_coeff_mul()
-        symbols = "·".join(D.show(f) for f in factors)
-        if not factors:
-            parts.append(f"{int(coeff):,}" if coeff.is_Integer else str(coeff))
-        elif coeff == 1:
-            parts.append(symbols)
-        else:
-            parts.append(f"{int(coeff):,}·{symbols}" if coeff.is_Integer else f"{coeff}·{symbols}")
-    return " + ".join(parts)
-
-
-def bytes_text(expr: sympy.Expr) -> str:
-    """`16 bytes`; `813,056 bytes (794 KiB)`; `3,072·b·n bytes`."""
-    expr = sympy.expand(expr)
-    text = f"{number_text(expr)} byte{'' if expr == 1 else 's'}"
-    if not expr.is_Integer or int(expr) < 1024:
-        return text
-    value = float(expr)
-    for unit in UNITS:
-        value /= 1024
-        if value < 1024 or unit == UNITS[-1]:
-            shown = f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
-            return f"{text} ({shown} {unit})"
-    return text
 
 
 def shares_text(table: DeviceTable, batch: int | None = None) -> str:
@@ -92,22 +68,31 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         assert v.bytes is not None and v.buffers is not None
         buffers = f", and its buffers whole: {bytes_text(v.buffers)}" if v.buffers != 0 else ""
         model = v.type.rpartition(" ")[2]  # a stack's `[L] Block`: Block
-        split = ", ".join(f"`{p}`" for p in v.split_params)
         if not table.shard_params:
-            return (f"{head}, its params with {table.heads} split along it ({split}), the others whole on "
+            return (f"{head}, its params with {table.heads} split along it ({split_names(v)}), the others whole on "
                     f"every device: {bytes_text(v.bytes)} of params on each device{buffers}")
-        with_heads = f" ({split} split along {table.heads}, the others in pieces)" if split else ""
         return (f"{head}, sharded: each device holds {share_word(table.count)} of every param of {model}"
-                f"{with_heads}, {bytes_text(v.bytes)} of its params{buffers}")
+                f"{with_heads(table, v)}, {bytes_text(v.bytes)} of its params{buffers}")
     if v.kind == ValueKind.MODEL:
         assert v.bytes is not None  # a model's size is always known
         return f"{head}, a copy on every device: {bytes_text(v.bytes)} of params and buffers each"
+    if v.kind == ValueKind.OPTIMIZER and v.sharded and not table.shard_params:  # `split H` alone
+        state = (f": {bytes_text(v.bytes)} of state each ({v.state} per param value the device holds)"
+                 if v.bytes is not None else "")
+        return (f"{head}, on every device, beside its model's params: the state of the params with {table.heads} "
+                f"({split_names(v)}) split along {table.heads} as they are, the others' state whole{state}")
     if v.kind == ValueKind.OPTIMIZER and v.sharded:
         state = f": {bytes_text(v.bytes)} of state each ({v.state} per value of its pieces)" if v.bytes is not None else ""
-        return f"{head}, on every device, beside its pieces of the model's params{state}"
+        return f"{head}, on every device, beside its pieces of the model's params{with_heads(table, v)}{state}"
+    if v.kind == ValueKind.WHOLE and v.sharded and not table.shard_params:  # gradients, `split H` alone
+        assert v.bytes is not None
+        return (f"{head}, split along {table.heads}: the gradients of the params with {table.heads} "
+                f"({split_names(v)}), each device holding its part of them; the others whole on every device: "
+                f"{bytes_text(v.bytes)} on each device")
     if v.kind == ValueKind.WHOLE and v.sharded:  # gradients
         assert v.bytes is not None
-        return f"{head}, sharded: each device holds its piece of every gradient, {bytes_text(v.bytes)}"
+        return (f"{head}, sharded: each device holds its piece of every gradient{with_heads(table, v)}, "
+                f"{bytes_text(v.bytes)}")
     if v.kind == ValueKind.OPTIMIZER:
         state = f": {bytes_text(v.bytes)} of state each ({v.state} per param value)" if v.bytes is not None else ""
         return f"{head}, on every device, beside each copy of the model{state}"
@@ -130,6 +115,17 @@ def value_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
     return f"{head}, whole on every device" + (f": {bytes_text(v.bytes)}" if v.bytes is not None else "")
 
 
+def split_names(v: Layout) -> str:
+    """The params split along H of a model, its gradients or its optimizer: "`w_o`, `blocks.attn.w_o`"."""
+    return ", ".join(f"`{p}`" for p in v.split_params)
+
+
+def with_heads(table: DeviceTable, v: Layout) -> str:
+    """With both options, which params are split along H rather than cut into pieces:
+    " (`w_o` split along H, the others in pieces)"; "" where none are."""
+    return f" ({split_names(v)} split along {table.heads}, the others in pieces)" if v.split_params else ""
+
+
 def heads_text(table: DeviceTable, v: Layout) -> str:
     """"H: each device holds 4 of H = 12"; for a group, "(H Dh), a block of whole heads: ..."."""
     heads, size = table.heads or "H", table.heads_size
@@ -145,7 +141,7 @@ def fn_text(table: DeviceTable, f: FnPlan) -> str:
         return text + "."
     if not f.sent and not f.sent_differentiated:
         return text + f". It sends nothing between {devices_words(table)}."
-    text += f". Each call sends {bytes_text(f.bytes)} between {devices_words(table)}, its calls included"
+    text += f". Each call sends {f.bytes_text} between {devices_words(table)}, its calls included"
     if f.differentiated and f.sent_differentiated != f.sent:
         text += f"; under value_and_grad, {bytes_text(sum_bytes(f.sent_differentiated))}, with the backward pass"
     return text + "."
@@ -168,7 +164,7 @@ def item_lines(table: DeviceTable, item: LineItem) -> list[str]:
 def _item_lines(table: DeviceTable, item: LineItem) -> list[str]:
     if item.collective is not None:
         c = item.collective
-        text = f"- {c.op} of {c.what}: {number_text(c.count)} × {c.dtype} = {bytes_text(c.bytes)}"
+        text = f"- {c.op} of {c.what}: {number_text(c.count)} × {c.dtype} = {c.bytes_text}"
         fn = table.fns.get(c.fn)
         if fn is not None and fn.differentiated and item.backward is not None:
             b = item.backward
@@ -182,7 +178,7 @@ def _item_lines(table: DeviceTable, item: LineItem) -> list[str]:
     own = [s for s in item.sent if not s.via]
     for s in own:  # value_and_grad's gradients
         c = s.collective
-        out.append(f"- {c.op} of {c.what}: {number_text(c.count)} × {c.dtype} = {bytes_text(c.bytes)}")
+        out.append(f"- {c.op} of {c.what}: {number_text(c.count)} × {c.dtype} = {c.bytes_text}")
     inner = tuple(s for s in item.sent if s.via)
     if inner:
         both = " (forward and backward)" if item.differentiated else ""
@@ -290,9 +286,11 @@ def layout_text(table: DeviceTable, v: Layout, batch: int | None = None) -> str:
         return f"split along {v.axis}" + (f": {parts} of {n}" if parts else "")
     if v.kind == ValueKind.HEADS:
         return f"split along {heads_text(table, v)}"
-    if v.sharded and not table.shard_params:
-        return {ValueKind.MODEL: f"params with {table.heads} split along it", ValueKind.OPTIMIZER: "beside each device's parts of "
-                "its model"}.get(v.kind, "a part of each on every device")
+    if v.sharded and not table.shard_params:  # `split H` alone: only what belongs to params with H is split
+        heads = table.heads
+        return {ValueKind.MODEL: f"params with {heads} split along it",
+                ValueKind.OPTIMIZER: f"beside its model: the state of params with {heads} split along it, "
+                "the others' whole"}.get(v.kind, f"gradients of params with {heads} split along it, the others whole")
     if v.sharded:
         return {ValueKind.MODEL: f"sharded: {share_word(table.count)} of every param on each device",
                 ValueKind.OPTIMIZER: "beside each device's pieces of its model"}.get(v.kind, "a piece of each on every device")

@@ -73,7 +73,7 @@ def report_device_work(ctx: Planning, fn: N.Function, placed: dict[str, Placemen
     loops = any(u in fn.uses for u in (Use.LOOP, Use.DATASET, Use.SINK))
     if loops or (use is None and callee is None):
         for what, span in fn.device_work:
-            ctx.error("E1803", f"`{what}` is device work, but `{fn.name}` runs in the controller", span,
+            ctx.error("E1803", f"{what} is device work, but `{fn.name}` runs in the controller", span,
                       "device work", f"`{fn.name}` runs in the controller because it {placed[fn.name].reason}",
                       "move the device work into a function of its own, as the README's train_step, "
                       "and call it from the loop")
@@ -86,7 +86,7 @@ def report_device_work(ctx: Planning, fn: N.Function, placed: dict[str, Placemen
         span = fn.calls[callee]
     reason = (f"{CONTROLLER_USES[use]}, so it runs in the controller" if use is not None
               else f"calls `{callee}`, which runs in the controller")
-    notes = tuple(f"`{what}` at {where} is device work, which runs on the workers" for what, where in fn.device_work)
+    notes = tuple(f"{what} at {where} is device work, which runs on the workers" for what, where in fn.device_work)
     ctx.diagnostics.append(Diagnostic(
         "E1803", f"`{fn.name}` does device work, but it {reason}", span,
         f"this makes `{fn.name}` run in the controller", (

@@ -280,7 +280,9 @@ class Model:
         return m
 
     def params(self) -> list[torch.Tensor]:
-        """The trained params, declaration order depth-first (the same list every call)."""
+        """The trained params, declaration order depth-first (the same list every call): the
+        model's own tensors, which its optimizer holds and updates in place, not copies as a field
+        read from Python is, so changing one in place (under torch.no_grad()) changes the model."""
         return self._params
 
     def named_params(self) -> list[tuple[str, torch.Tensor]]:

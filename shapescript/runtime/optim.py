@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Protocol, cast
@@ -284,10 +284,21 @@ def no_decay_names(spec: ModelSpec, choice: Any, kind: str) -> list[str]:
                           f"param names, not {type(choice).__name__}")
     for name in choice:
         if name not in names:
-            hint = similar(str(name), names)
             raise DomainError(f"{kind.lower()}: no_decay names {name!r}, which is no trained param of "
-                              f"{spec.name} (declared at {spec.where}){'; ' + hint if hint else ''}")
+                              f"{spec.name} (declared at {spec.where}); {param_hint(str(name), names)}")
     return [n for n in names if n in set(choice)]
+
+
+def param_hint(name: str, names: Sequence[str], most: int = 6) -> str:
+    """What follows a name that is no trained param: the one "did you mean" of every name lookup
+    (names.similar) when a param's name is close, else the params' names (the first `most`)."""
+    close = similar(name, names)
+    if close:
+        return close
+    if not names:
+        return "it has no trained params"
+    shown = ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+    return f"its trained params are {shown}"
 
 
 def torch_groups(m: Model, hyper: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -94,3 +94,29 @@ def test_explain_on_the_command_line() -> None:
     bad = subprocess.run([sys.executable, "-m", "shapescript.cli", "explain", "E9999"], capture_output=True,
                          text=True, cwd=ROOT)
     assert bad.returncode == 1 and "no error code E9999" in bad.stderr
+
+
+# What the manual's error index (its chapter 18) lists for each code, case by case: `explain` says each.
+INDEX_CASES = {
+    "E1801": ["Sums, means, cross_entropy", "`@`, matmul, einsum and reduce with sum", "any other reduction over",
+              "an operation along it", "softmax", "sort", "indexing or slicing it", "causal with it"],
+    "E1802": ["grouping it with another axis", "`(b d)`", "the batch axis twice", "a batch of a fixed size",
+              "the batch's size used as a number", "that device's part's size",
+              "a value with the batch axis passed to a parameter without a shape", "can't arise in ShapeScript",
+              "Five cases"],
+    "E1803": ["loops over a dataset", "prints", "saves", "loads", "writes to a sink", "calls Python",
+              "any function that calls one", "`value_and_grad`", "`update`", "changing a model's field",
+              "run on the workers"],
+    "E1804": ["compiled once", "every call must give it one", "without the batch axis is whole on every device"],
+    "E1805": ["controller that starts a worker per device", "shapescript package's runtime", "`--standalone`",
+              "doesn't use the package"],
+}
+
+
+@pytest.mark.parametrize("code", sorted(INDEX_CASES))
+def test_explain_says_each_case_the_manuals_index_lists(code: str) -> None:
+    text = explain(code)
+    missing = [case for case in INDEX_CASES[code] if case not in text]
+    assert not missing, f"`shapescript explain {code}` leaves out {missing}"
+    assert CODES[code].example.startswith("devices cuda["), "the index's examples run on cuda devices"
+    assert f"```ss-{'build-' if code in BUILD_ONLY else ''}error {code}\n{CODES[code].example}" in markdown()

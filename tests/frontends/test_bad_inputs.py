@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,7 +179,7 @@ def test_a_byte_order_mark_is_skipped(tmp_path: Path, capsys) -> None:
     assert prog.f.info.params[0].node.span.col == 6  # columns count from the first character after it
     assert ss.load("\ufeff" + DOUBLE).devices.count == 1  # text read with open() keeps the mark
     code, out, _ = run_cli(capsys, "check", str(path))
-    assert code == 0 and "ok (1 functions" in out
+    assert code == 0 and "ok (1 function, 0 models" in out
 
 
 # -- 6. folders and missing files ------------------------------------------------------------------
@@ -319,6 +320,50 @@ def test_cuda_on_several_devices_with_no_gpu_starts_no_worker(no_gpu: None) -> N
         prog.stop()
 
 
+CONTROLLER_ONLY = """dim D = 4
+
+fn double(x: [n D]) -> [n D] = x * 2.0
+
+fn count(k: int) -> int:
+    total = 0
+    for i in range(k):
+        print(i)
+        total = total + i
+    return total
+
+fn log_steps(k: int, log: Sink):
+    for i in range(k):
+        write(log, logs(step=i))
+
+fn doubled(x: [n D], k: int) -> [n D]:
+    print(k)
+    return double(x)
+"""
+
+
+@pytest.mark.parametrize("devices", ["cuda[0 1]", "cuda"])
+def test_a_function_that_never_touches_the_devices_runs_without_them(devices: str, no_gpu: None, capsys) -> None:
+    """Only device work needs the devices (issue 44): a function in the controller that loops, prints
+    and writes numbers to a sink runs on a machine with no GPU; one on the devices still raises, and
+    so does one in the controller that calls it, once it does (on one device, at its call: it holds
+    tensors, which live on the device)."""
+    prog = ss.load(CONTROLLER_ONLY, devices=devices, name="p.ss")
+    try:
+        assert prog.count(3) == 3 and capsys.readouterr().out == "0\n1\n2\n"
+        log = ss.sinks.memory()
+        prog.log_steps(2, log)
+        assert [r["step"] for r in log.records] == [0, 1]
+        with pytest.raises(DeviceError, match=rf"`double` on {re.escape(devices)}: no CUDA device is visible"):
+            prog.double(torch.ones(2, 4))
+        where = "the workers" if devices != "cuda" else "`doubled`"
+        with pytest.raises(DeviceError, match=rf"{where} on {re.escape(devices)}: no CUDA device is visible"):
+            prog.doubled(torch.ones(2, 4), 7)
+        assert capsys.readouterr().out == ("7\n" if devices != "cuda" else "")  # it ran until it reached the devices
+        assert prog.pool is None  # no worker started
+    finally:
+        prog.stop()
+
+
 def test_more_cuda_devices_than_visible(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -330,9 +375,15 @@ def test_more_cuda_devices_than_visible(monkeypatch: pytest.MonkeyPatch) -> None
 def test_cuda_with_no_gpu_on_the_command_line(tmp_path: Path, capsys, no_gpu: None) -> None:
     path = tmp_path / "main.ss"
     path.write_text('fn main():\n    print("hello")\n')
-    for devices in ("cuda", "cuda[0 1]"):
+    for devices in ("cuda", "cuda[0 1]"):  # a main that only prints never touches the devices
         code, out, err = run_cli(capsys, "run", str(path), "main", "--devices", devices)
-        assert code == 1 and out == "" and "no CUDA device is visible" in one_line_error(err)
+        assert (code, out, err) == (0, "hello\n", "")
+    # One that calls a function on them: on one device it holds tensors, and its call needs the device;
+    # on several it runs in the controller until it first calls the workers.
+    path.write_text('fn half(x: []) -> [] = x * 0.5\n\nfn main():\n    print("hello")\n    print(half(to(2.0, f32)))\n')
+    for devices, printed in (("cuda", ""), ("cuda[0 1]", "hello\n")):
+        code, out, err = run_cli(capsys, "run", str(path), "main", "--devices", devices)
+        assert code == 1 and out == printed and "no CUDA device is visible" in one_line_error(err)
     code, _, err = run_cli(capsys, "run", str(path), "main", "--devices", "gpu")
     assert code == 1 and "devices must be written as in a program" in one_line_error(err)
 
@@ -378,7 +429,7 @@ def test_python_dash_m_shapescript_is_the_command_line(tmp_path: Path) -> None:
     (tmp_path / "p.ss").write_text(DOUBLE)
     ok = subprocess.run([sys.executable, "-m", "shapescript", "check", "p.ss"], capture_output=True, text=True,
                         cwd=tmp_path, env=env)
-    assert ok.returncode == 0 and ok.stdout == "p.ss: ok (1 functions, 0 models, on cpu)\n"
+    assert ok.returncode == 0 and ok.stdout == "p.ss: ok (1 function, 0 models, on cpu)\n"
     (tmp_path / "dir.ss").mkdir()
     bad = subprocess.run([sys.executable, "-m", "shapescript", "run", "dir.ss", "f"], capture_output=True, text=True,
                          cwd=tmp_path, env=env)

@@ -26,7 +26,7 @@ BLOCK_SHAPESCRIPT = textwrap.dedent("""\
 
 def test_check_ok_and_with_errors(tmp_path) -> None:
     ok = cli("check", str(README_FILE))
-    assert ok.returncode == 0 and "ok (4 functions, 1 models, on cuda[0 1 2])" in ok.stdout
+    assert ok.returncode == 0 and "ok (4 functions, 1 model, on cuda[0 1 2])" in ok.stdout
     bad = tmp_path / "bad.ss"
     bad.write_text(README.replace("relu(x @ m.w1) @ m.w2", "relu(x @ m.w1) @ m.w1"))
     out = cli("check", str(bad))
@@ -148,3 +148,21 @@ def test_comms_prints_the_table_as_text_and_as_json() -> None:
                      ("cross_entropy's sum and count", 2, "f32", 2)}
     bad = cli("comms", str(README_FILE), "--batch", "0")
     assert bad.returncode == 1 and "--batch takes a positive number" in bad.stderr
+
+
+@pytest.mark.parametrize("source, counts", [
+    ("dim D = 4\n\nfn f(x: [n D]) -> [n D] = x * 2\n", "1 function, 0 models"),
+    ("dim D = 4\n\nmodel M:\n    param w: [D D] = zeros()\n\nfn f(m: M, x: [n D]) -> [n D] = x @ m.w\n"
+     "fn g(x: [n D]) -> [n D] = x\n", "2 functions, 1 model"),
+    ("dim D = 4\n\nmodel M:\n    param w: [D] = zeros()\n\nmodel N:\n    param w: [D] = zeros()\n", "0 functions, 2 models"),
+])
+def test_check_counts_in_words_that_agree(tmp_path, capsys, source: str, counts: str) -> None:
+    from shapescript import cli as cli_module
+
+    path = tmp_path / "p.ss"
+    path.write_text(source)
+    assert cli_module.main(["check", str(path), "--devices", "cpu"]) == 0
+    assert capsys.readouterr().out == f"{path}: ok ({counts}, on cpu)\n"
+    if "fn f(x" in source:
+        assert cli_module.main(["run", str(path), "f", "--devices", "cpu"]) == 1
+        assert "error: `f` takes 1 argument; `run` calls functions that take none" in capsys.readouterr().err

@@ -260,3 +260,34 @@ def test_without_pygls_it_says_what_to_install() -> None:
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
     assert out.returncode == 2 and out.stdout == ""
     assert "pip install 'shapescript[editor]'" in out.stderr and "Traceback" not in out.stderr
+
+
+def _message(body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(data) + data
+
+
+def test_the_server_exits_when_its_input_ends(tmp_path: Path) -> None:
+    """An editor that goes away without `exit` closes the server's stdin: the server ends with 0,
+    at once; so does one started with no input at all (stdin at end of file, or closed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "shapescript", "lsp"]
+    said = _message({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                     "params": {"processId": None, "rootUri": None, "capabilities": {}}})
+    said += _message({"jsonrpc": "2.0", "method": "initialized", "params": {}})
+    said += _message({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+        "uri": (tmp_path / "mlp.ss").as_uri(), "languageId": "shapescript", "version": 1, "text": BAD}}})
+    runs = {
+        "talked, then closed": dict(input=said),
+        "nothing, then closed": dict(input=b""),
+        "stdin at end of file": dict(stdin=subprocess.DEVNULL),
+        "stdin closed": dict(stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0)),
+    }
+    for what, how in runs.items():
+        start = time.monotonic()
+        out = subprocess.run(command, capture_output=True, timeout=TIMEOUT, cwd=tmp_path, env=env, **how)  # type: ignore[call-overload]
+        assert out.returncode == 0, (what, out.stderr.decode())
+        assert b"Traceback" not in out.stderr, what
+        assert time.monotonic() - start < TIMEOUT, what
+        if what == "talked, then closed":  # it answered before the input ended
+            assert b'"serverInfo"' in out.stdout and b"publishDiagnostics" in out.stdout

@@ -434,6 +434,20 @@ def test_the_live_sink_keeps_records_and_prints_every_nth_outside_a_notebook(
         ss.sinks.live(fps=0)
 
 
+def test_outside_a_notebook_the_live_sink_prints_the_first_record_and_every_nth(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Steps 1, 10, 20 of 25 with the default `every`: what the docs say, not "every 10th" alone."""
+    for every, expected in ((10, ["1", "10", "20"]), (1, [str(k) for k in range(1, 26)]), (7, ["1", "7", "14", "21"])):
+        sink = ss.sinks.live(every=every) if every != 10 else ss.sinks.live()
+        for k in range(25):
+            sink.write(ss.sinks.logs(loss=float(k)))
+        assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == expected
+    api = (ROOT / "docs" / "api.md").read_text()
+    assert "elsewhere it prints the first record and every `every`-th after it (steps 1, 10, 20, ..." in api
+    notebook = " ".join((ROOT / "docs" / "notebook.md").read_text().split())
+    assert "Outside Jupyter it prints the first record and then every 10th (steps 1, 10, 20, ...;" in notebook
+
+
 def test_the_chart_has_a_point_per_record() -> None:
     records = [{"loss": 2.0 / k, "acc": k / 10, "note": "x", "flag": True, "grid": [1, 2]} for k in range(1, 8)]
     page = charts_html(records)

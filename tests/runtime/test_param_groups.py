@@ -87,6 +87,9 @@ def test_the_function_sees_each_params_shape_without_values(net: ModelSpec) -> N
 @pytest.mark.parametrize("no_decay, message", [
     (["scael"], "no_decay names 'scael', which is no trained param of Net (declared at mlp.ss:11:1); "
                 "did you mean `scale`?"),
+    # no name close: the params it has, rather than nothing (or a guess that isn't near)
+    (["w9"], "no_decay names 'w9', which is no trained param of Net (declared at mlp.ss:11:1); "
+             "its trained params are w0, enc.w, enc.b, scale, w64"),
     (lambda name, p: "yes", "no_decay('w0', p) must return True or False, not 'yes'"),
     ("scale", "no_decay must be a function (name, param) -> bool or a list of param names, not str"),
 ])
@@ -95,6 +98,14 @@ def test_a_wrong_no_decay_says_what_is_wrong(net: ModelSpec, no_decay: object, m
     with pytest.raises(DomainError) as info:
         adamw(m, no_decay=no_decay)
     assert str(info.value) == f"adamw: {message}"
+
+
+def test_with_no_close_name_the_hint_lists_the_params() -> None:
+    from shapescript.runtime.optim import param_hint
+
+    names = [f"p{k}" for k in range(8)]
+    assert param_hint("zz", names) == "its trained params are p0, p1, p2, p3, p4, p5 and 2 more"
+    assert param_hint("P3", names) == "did you mean `p3`?"  # names.similar, as every name lookup
 
 
 def test_a_checkpoint_keeps_the_groups(net: ModelSpec, tmp_path: Path) -> None:

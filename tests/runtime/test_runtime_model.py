@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import ROOT
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec, SubSpec
@@ -62,6 +63,21 @@ def test_params_are_trained_members_in_declaration_order(net: ModelSpec) -> None
     assert all(a is b for a, b in zip(m.params(), expected)) and len(m.params()) == 5
     assert m.params() is m.params()  # cached for the hot path
     assert all(a is b for (_, a), b in zip(m.named_params(), expected))
+
+
+def test_params_are_the_models_own_tensors_as_the_docs_say(net: ModelSpec) -> None:
+    """Unlike a field read from Python, params() gives what the optimizer updates: changing one in
+    place changes the model. docs/api.md says so, beside "a model changes through ..." ."""
+    m = Model.init(net, seed=0)
+    copy = m.w0
+    with torch.no_grad():
+        copy.mul_(0)  # a field's copy: the model is as it was
+        assert bool(m.w0.abs().sum() > 0)
+        m.params()[0].mul_(0)
+    assert torch.equal(m.w0, torch.zeros_like(m.w0)) and torch.equal(m.state_dict()["w0"], m.w0)
+    docs = " ".join((ROOT / "docs" / "api.md").read_text().split())
+    assert ("or through `ss.restore`; and on one device through its own tensors that `m.params()` lists, as an "
+            "optimizer changes them: `m.params()[0].mul_(0)` under `torch.no_grad()` zeroes `w1`") in docs
 
 
 def test_state_dict_holds_detached_copies(net: ModelSpec) -> None:

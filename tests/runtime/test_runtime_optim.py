@@ -142,6 +142,29 @@ def test_optimizer_records_kind_and_hyper(mlp: ModelSpec) -> None:
     assert s.torch_opt.param_groups[0]["params"][0] is m._leaf("w1")
 
 
+def test_every_public_attribute_of_an_optimizer_is_documented(mlp: ModelSpec) -> None:
+    """docs/api.md's Optimizers section names each (`opt.torch_opt`, `opt.hyper`, ...), and its
+    example of `opt.hyper` is what ss.adamw(m) has."""
+    import ast
+    import re
+
+    from support import ROOT
+
+    from shapescript.parallel.remote import RemoteOptimizer
+    from shapescript.runtime.optim import Optimizer
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    section = " ".join(api.split("## Optimizers")[1].split("\n## ")[0].split())
+    internal = {"param_order", "replace_settings"}  # what restores and checkpoints use
+    public = {n for n in dir(Optimizer) if not n.startswith("_")} - internal
+    assert {"torch_opt", "hyper", "kind", "model"} <= public
+    assert [n for n in sorted(public) if f"`opt.{n}" not in section] == []
+    shown = re.search(r"\(`(\{\"lr\": 0\.001.*?\})` for `ss\.adamw\(m\)`\)", section)
+    assert shown is not None
+    assert ast.literal_eval(shown.group(1)) == dict(adamw(Model.init(mlp, seed=0)).hyper)
+    assert not hasattr(RemoteOptimizer, "torch_opt")  # as the section says: each worker holds its own
+
+
 @pytest.mark.parametrize("ours, torchs", [(adamw, torch.optim.AdamW), (sgd, torch.optim.SGD)])
 def test_a_broadcast_gradient_updates_every_element(mlp: ModelSpec, ours: Callable, torchs: type) -> None:
     """On cpu our optimizers run torch's fused kernels, which read a gradient whose strides are 0 (the

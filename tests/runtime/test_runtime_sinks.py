@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support import ROOT
 
 from shapescript.runtime.sinks import Logs, jsonl, logs, memory, stdout, write
 
@@ -35,6 +36,20 @@ def test_jsonl_is_flushed_each_write(tmp_path: Path) -> None:
                      {"step": 2, "loss": 1.25, "grads": [[1, 2]]}]
     with pytest.raises(ValueError, match="closed"):
         write(sink, logs(loss=1.0))
+
+
+def test_jsonl_replaces_an_existing_file_as_the_docs_say(tmp_path: Path) -> None:
+    """The file is new for each sink: an older run's lines are gone as soon as the sink is made, not
+    appended to, and docs/api.md's table says so."""
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"step": 1, "loss": 9.0}\n{"step": 2, "loss": 8.0}\n')
+    with jsonl(path) as sink:
+        assert path.read_text() == ""  # replaced when made, before any record
+        write(sink, logs(loss=1.5))
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"step": 1, "loss": 1.5}]
+    row = next(line for line in (ROOT / "docs" / "api.md").read_text().splitlines()
+               if line.startswith("| `ss.sinks.jsonl(path)`"))
+    assert "an existing one is replaced" in row
 
 
 def test_memory_keeps_plain_values() -> None:

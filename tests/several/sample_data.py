@@ -68,3 +68,14 @@ class RowsBadLabelAt(Rows):
     def __getitem__(self, i: int) -> dict:
         item = super().__getitem__(i)
         return {**item, "y": 7} if i == self.bad else item
+
+
+class CountedRows(Rows):
+    """Rows that count how often they are pickled in this process (`PICKLED`, by the class): each time
+    the controller sends one to the workers it pickles it; the workers' copies count in theirs."""
+
+    PICKLED = 0
+
+    def __getstate__(self) -> dict:
+        type(self).PICKLED += 1
+        return dict(self.__dict__)

@@ -72,6 +72,22 @@ def test_members_named_as_handle_attributes_read_back_as_tensors(programs, devic
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("devices", DEVICES)
+def test_params_are_the_trained_params_alone_on_every_device_count(programs, devices: str) -> None:
+    """params() and named_params(): the trained params (not the buffer `workers`), in one device's
+    order; on one device the model's own tensors, on several copies that change nothing when edited."""
+    m = programs[devices].Net.init(seed=0)
+    one = programs["cpu"].Net.init(seed=0)
+    assert [n for n, _ in m.named_params()] == ["handle", "pool"]
+    assert len(m.params()) == 2
+    assert all(torch.equal(a, b) for a, b in zip(m.params(), one.params()))
+    with torch.no_grad():
+        m.params()[0].mul_(0)
+    changed = torch.equal(m.handle, torch.zeros(3, 3))
+    assert changed == (devices == "cpu")  # one device: its own tensors; several: copies
+
+
+@pytest.mark.slow
 def test_fields_named_as_batch_attributes_read_back_as_tensors(programs, capsys) -> None:
     printed = {}
     for devices, prog in programs.items():
