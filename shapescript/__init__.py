@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from shapescript import parallel, schedules, sinks
     from shapescript.api import Program, cluster, load
-    from shapescript.export import export
+    from shapescript.exporting import export
     from shapescript.parallel import collective_timeout
     from shapescript.pipeline import build
     from shapescript.runtime.checkpoint import load as restore
@@ -57,7 +57,7 @@ _LATER = {
     "Eval": ("shapescript.runtime.modes", "Eval"), "Mode": ("shapescript.runtime.modes", "Mode"),
     "Train": ("shapescript.runtime.modes", "Train"),
     "Optimizer": ("shapescript.runtime.optim", "Optimizer"), "adamw": ("shapescript.runtime.optim", "adamw"),
-    "load_weights": ("shapescript.weights", "load_weights"), "export": ("shapescript.export", "export"),
+    "load_weights": ("shapescript.weights", "load_weights"), "export": ("shapescript.exporting", "export"),
     **{maker: ("shapescript.runtime.optim", maker) for maker in ("adam", "adagrad", "adadelta", "rmsprop", "sgd")},
 }
 

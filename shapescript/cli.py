@@ -185,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .api import load
-    from .export import export
+    from .exporting import export
     from .runtime.checkpoint import load as restore
     from .runtime.modes import Eval
     from .shapes import dims as D

@@ -18,7 +18,7 @@ import torch
 from support import ROOT
 
 import shapescript as ss
-from shapescript.export import export
+from shapescript.exporting import export
 
 pytestmark = pytest.mark.slow
 
