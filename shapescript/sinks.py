@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import torch
 
 from shapescript.runtime.model import leaves
-from shapescript.runtime.sinks import Logs, Sink, Value, jsonl, logs, memory, stdout
+from shapescript.runtime.sinks import FileSink, Logs, Sink, Value, jsonl, logs, memory, stdout
 
 
 def live(every: int = 10, fps: float = 10.0, log: bool | str | Sequence[str] = False, smooth: float = 0.0) -> Sink:
@@ -99,7 +99,7 @@ def tensorboard(log_dir: str | os.PathLike[str], *, model: Any = None,
 
 # -- CSV --------------------------------------------------------------------------------------------
 
-class CsvSink(Sink):
+class CsvSink(FileSink):
     """Each record a row of a CSV file: its columns `step` and the logged keys, fixed by `keys` or
     by the first record; a key a record lacks is a blank cell, one the header lacks a ValueError."""
 
@@ -135,16 +135,6 @@ class CsvSink(Sink):
                              f"the program logs there")
         self.rows.writerow([step, *(_cell(values[k]) if k in values else "" for k in self.keys)])
         self.file.flush()
-
-    def flush(self) -> None:
-        self.file.flush()
-
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                super().close()
-            finally:
-                self.file.close()
 
 
 def _columns(keys: Iterable[str], what: str) -> list[str]:

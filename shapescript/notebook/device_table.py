@@ -22,7 +22,7 @@ import sympy
 from ..check.program import Checked
 from ..errors import terminal_lines
 from ..parallel.memory import WorkerMemory
-from ..plan.comms import DeviceTable, FnPlan, Layout, bytes_text, device_table
+from ..plan.comms import DeviceTable, FnPlan, Layout, device_table
 from ..plan.comms_text import (
     first_values,
     fn_text,
@@ -33,6 +33,7 @@ from ..plan.comms_text import (
     table_report,
     value_text,
 )
+from ..plan.sizes_text import bytes_text
 from ..shapes.plans import Where
 from . import markup as M
 from .report import _inline_code

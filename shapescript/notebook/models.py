@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeGuard, Union
 import sympy
 import torch
 
-from ..plan.comms import bytes_text
+from ..plan.sizes_text import bytes_text
 from ..runtime.model import ModelSpec, ParamSpec, dtype_name, leaves, shape_text, type_text
 from . import markup as M
 

@@ -11,17 +11,16 @@ import sympy
 from ..check.program import Checked
 from ..shapes import dims as D
 from ..shapes.plans import Where
-from .comms import (  # bytes_text and number_text: the front ends read them from here too
+from .comms import (
     DeviceTable,
     FnPlan,
     Layout,
     LineItem,
     Sent,
     ValueKind,
-    bytes_text,
     device_table,
-    number_text,
 )
+from .sizes_text import bytes_text, number_text
 
 # How `shapescript comms` is told a batch size where no `batches(n)` gives one; the notebook's
 # table names its own way (notebook/device_table.py).

@@ -12,6 +12,7 @@ of it (a CSV file, which says nothing of its rows, is read once in the controlle
 
 from __future__ import annotations
 
+import abc
 import importlib
 import os
 import threading
@@ -156,7 +157,7 @@ _TAKES = ("a field takes numbers: a column of booleans, integers or floats (a `[
           "of them (`[D]`; of fixed-size lists, `[A B]`), or a list of them (`[n]`, each row as long as it is)")
 
 
-class _Table:
+class _Table(abc.ABC):
     """A dataset of a table's rows: item k is row k, its fields the columns named by `columns` (None:
     every column, by its own name; a list of names; or a dict from each field to its column). The
     table is read where the items load, once per process; `dtypes` converts a field's values
@@ -210,15 +211,17 @@ class _Table:
 
     # -- what each format says -------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _schema(self) -> Any:
-        raise NotImplementedError
+        """The table's columns and their types, read without its rows."""
 
+    @abc.abstractmethod
     def _rows(self) -> int:
-        raise NotImplementedError
+        """How many rows the table has."""
 
+    @abc.abstractmethod
     def _read(self) -> Any:
         """The whole table, as it is read in the process that loads its items."""
-        raise NotImplementedError
 
     # -- pickled as its path and settings: each process reads the file itself ----------------------
 

@@ -141,17 +141,11 @@ class _Stdout(Sink):
         print(f"step {step}  {fields}".rstrip(), file=sys.stdout, flush=True)
 
 
-class _Jsonl(Sink):
-    passive = True
+class FileSink(Sink):
+    """A sink writing a file of its own (`self.file`), each record flushed as it is written: its
+    `flush` flushes the file, and its `close` closes it."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__()
-        self.path = os.fspath(path)
-        self.file: TextIO = open(self.path, "w", encoding="utf-8")  # a new run, a new file
-
-    def emit(self, step: int, values: dict[str, Value]) -> None:
-        self.file.write(json.dumps({"step": step, **values}) + "\n")
-        self.file.flush()
+    file: TextIO
 
     def flush(self) -> None:
         self.file.flush()
@@ -162,6 +156,19 @@ class _Jsonl(Sink):
                 super().close()
             finally:
                 self.file.close()
+
+
+class _Jsonl(FileSink):
+    passive = True
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.file: TextIO = open(self.path, "w", encoding="utf-8")  # a new run, a new file
+
+    def emit(self, step: int, values: dict[str, Value]) -> None:
+        self.file.write(json.dumps({"step": step, **values}) + "\n")
+        self.file.flush()
 
 
 class _Memory(Sink):

@@ -32,7 +32,8 @@ from shapescript.notebook.widgets import Shown, device_table_widget, model_widge
 from shapescript.parallel.loading import RemoteBatch, RemoteBatches
 from shapescript.parallel.remote import RemoteModel
 from shapescript.plan.comms import device_table
-from shapescript.plan.comms_text import bytes_text, number_text, report
+from shapescript.plan.comms_text import report
+from shapescript.plan.sizes_text import bytes_text, number_text
 from shapescript.runtime import loops
 from shapescript.runtime.loops import batches, shuffle
 

@@ -130,7 +130,7 @@ def test_sizes_stay_symbolic_where_the_types_dont_fix_them() -> None:
            "fn total(batch: [b] Seq) -> []:\n    s = sum(batch.x, over=b)\n    return mean(s)\n")
     table = device_table(compile_program(src, "s.ss", "cpu[0 1]"))
     (item,) = [i for items in table.lines.values() for i in items]
-    from shapescript.plan.comms_text import bytes_text
+    from shapescript.plan.sizes_text import bytes_text
     assert bytes_text(item.bytes) == "3,072·n bytes"
 
 
