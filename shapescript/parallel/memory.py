@@ -24,8 +24,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -155,16 +154,8 @@ class Meter:
         self.settle()
         return self._largest
 
-    @contextmanager
-    def measuring(self, what: str, later: bool = False) -> Iterator[None]:
-        self.settle()
-        before = self._start()
-        try:
-            yield
-        finally:
-            self._unsettled = (what, before)
-            if not later:
-                self.settle()
+    def measuring(self, what: str, later: bool = False) -> _Measuring:
+        return _Measuring(self, what, later)
 
     def settle(self) -> None:
         """Read the peak of the call measured last, if not yet read."""
@@ -198,15 +189,31 @@ def _lifetime_peak_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
-@contextmanager
-def measured(state: WorkerState, name: str) -> Iterator[None]:
-    """Around the worker's running of handler `name`: measured if it runs the program's code."""
-    if name not in MEASURED_HANDLERS:
-        yield
-        return
-    # The status names the call: "`train_step` (f.ss:3:4)". The worker settles the peak after replying.
-    with state.meter.measuring(state.text, later=True):
-        yield
+class _Measuring:
+    """Meter.measuring's context. A class, not a generator: it runs around every call."""
+
+    __slots__ = ("meter", "what", "later", "before")
+
+    def __init__(self, meter: Meter, what: str, later: bool) -> None:
+        self.meter, self.what, self.later, self.before = meter, what, later, 0
+
+    def __enter__(self) -> None:
+        self.meter.settle()
+        self.before = self.meter._start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.meter._unsettled = (self.what, self.before)
+        if not self.later:
+            self.meter.settle()
+
+
+_UNMEASURED = nullcontext()
+
+
+def measured(state: WorkerState, name: str) -> AbstractContextManager[None]:
+    """Around the worker's running of handler `name`: measured if it runs the program's code. The
+    status names the call: "`train_step` (f.ss:3:4)". The worker settles the peak after replying."""
+    return state.meter.measuring(state.text, later=True) if name in MEASURED_HANDLERS else _UNMEASURED
 
 
 @handler("memory")

@@ -15,7 +15,7 @@ from shapescript.names import spec_var
 from shapescript.optimizers import OptimizerKind
 from shapescript.parallel import loading, sharded_state, shared
 from shapescript.parallel.handlers import handler
-from shapescript.parallel.timeline import timed
+from shapescript.parallel.timeline import timed, wired
 from shapescript.runtime import calls, checkpoint, collectives, optim, recorded, sharding
 from shapescript.runtime.data import TensorDataset, trusted_batch
 from shapescript.runtime.ledger import Ledger, kind_of
@@ -127,7 +127,7 @@ def call(state: Any, name: str, args: tuple, part: tuple[int, int] | str | None 
     with timed(state.clock):
         answer = _run(state, name, args, where, every or state.rank == 0)
     state.take_verdict()  # a chained step that changed nothing (no update) waits for it here
-    return (*answer, state.clock.take())
+    return (*answer, wired(state.clock.take()))
 
 
 def _own_part(state: Any, args: tuple) -> tuple[int, int]:

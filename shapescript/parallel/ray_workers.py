@@ -174,7 +174,7 @@ class ShapeScriptWorker:
         import torch.distributed as dist
 
         from shapescript.parallel import worker
-        from shapescript.runtime import calls
+        from shapescript.runtime import calls, collectives
         try:
             config = pickle.loads(conn.recv_bytes())
             interface = interface_of(node_address())
@@ -191,6 +191,7 @@ class ShapeScriptWorker:
             served = worker.work(conn, config)
             if served is None:
                 return "failed to start"
+            collectives.set_world(None)
             dist.destroy_process_group()
             return "stopped" if served else "disconnected"
         finally:

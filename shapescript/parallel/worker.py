@@ -347,6 +347,7 @@ def _boot(config: dict[str, Any]) -> WorkerState:
     dist.init_process_group("nccl" if kind == "cuda" else "gloo", store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=config["timeout"]),
                             device_id=device if kind == "cuda" else None)
+    collectives.set_world(world)
     with state.waiting_at("start"):
         warm = torch.ones(1, device=device)
         dist.all_reduce(warm)  # connects every pair now, and proves the group works
@@ -494,6 +495,7 @@ def main(argv: list[str]) -> None:
     if not served and controller.gone(2.0):  # its end closed the socket: see _Controller
         controller.leave_nothing_behind()
     try:
+        collectives.set_world(None)
         dist.destroy_process_group()
     finally:
         sys.stdout.flush()

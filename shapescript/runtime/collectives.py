@@ -31,8 +31,8 @@ import enum
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -139,19 +139,39 @@ class collective:
             self.noted.open -= 1
 
 
+# The worker's number of workers, set when its process group starts and cleared when it ends
+# (parallel/worker.py): torch's own lookup costs several µs, and world() runs on every call and sum.
+_world_size: int | None = None
+
+
+def set_world(size: int | None) -> None:
+    global _world_size
+    _world_size = size
+
+
 def world() -> int:
+    if _world_size is not None:
+        return _world_size
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-@contextmanager
-def in_batch_part(part: tuple[int, int] | None) -> Iterator[None]:
-    """Run a call with this worker's part of the batch at (offset, whole batch's size)."""
-    global _batch_part
-    was, _batch_part = _batch_part, part
-    try:
-        yield
-    finally:
-        _batch_part = was
+class in_batch_part:
+    """Run a call with this worker's part of the batch at (offset, whole batch's size). A class, not
+    a generator: it runs around every call."""
+
+    __slots__ = ("part", "was")
+
+    def __init__(self, part: tuple[int, int] | None) -> None:
+        self.part: tuple[int, int] | None = part
+        self.was: tuple[int, int] | None = None
+
+    def __enter__(self) -> None:
+        global _batch_part
+        self.was, _batch_part = _batch_part, self.part
+
+    def __exit__(self, *exc: object) -> None:
+        global _batch_part
+        _batch_part = self.was
 
 
 def batch_part() -> tuple[int, int] | None:

@@ -31,8 +31,8 @@ cost, one int64 summed per collective, is paid once per kind of call.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import suppress
 from functools import partial
 from typing import Any
 
@@ -101,8 +101,7 @@ class Ledger:
         entries = self._known.get(kind)
         return entries if isinstance(entries, tuple) else None
 
-    @contextmanager
-    def call(self, kind: Hashable, device: torch.device, before_flag: Callable[[], None]) -> Iterator[None]:
+    def call(self, kind: Hashable, device: torch.device, before_flag: Callable[[], None]) -> _LedgerCall:
         """Around a call of the program on several workers: its collectives are noted; if it raises
         an error of this worker's own, the rest of its collectives are joined (`_finish`). A call
         that makes no update sums no flag at its end: it changes no model, its peers end it as usual
@@ -110,31 +109,7 @@ class Ledger:
         alone (`WorkerPool.first`, benchmarks/round_trip_parts.py), where a flag would wait forever.
         `before_flag`: what the worker does before each flag (the controller's word on a step sent
         ahead, WorkerState.take_verdict), which a finishing worker does too."""
-        if collectives.world() == 1:
-            yield
-            return
-        careful = self.known(kind) is None
-        flags = partial(_careful_flags, device, before_flag)
-        noted = CallCollectives(partial(flags, False) if careful else None)
-        was, collectives.issued = collectives.issued, noted
-        try:
-            yield
-            if careful:  # peers of a worker that raised in the call may be waiting here
-                flags(False)
-        except StepSkipped:
-            raise
-        except Exception as exc:
-            collectives.issued = was
-            if noted.open == 0 and not isinstance(exc, dist.DistError):  # its own, not a collective's
-                if careful:
-                    _join_careful(flags)
-                else:
-                    self._finish(kind, noted.entries, device, before_flag)
-            raise  # the worker answers its error (and marks the shared sums failed: harmless once joined)
-        else:
-            self._keep(kind, tuple(noted.entries))
-        finally:
-            collectives.issued = was
+        return _LedgerCall(self, kind, device, before_flag)
 
     def _keep(self, kind: Hashable, entries: tuple[Issued, ...]) -> None:
         before = self._known.get(kind, entries)
@@ -179,3 +154,56 @@ def _join_careful(flags: Callable[[bool], None]) -> None:
     every worker skip the call there (or the controller's word on the step before does)."""
     with suppress(Exception):  # StepSkipped, as meant; or a peer gone, a timeout: the pool reports the call
         flags(True)
+
+
+class _LedgerCall:
+    """Ledger.call's context. A class, not a generator: it runs around every call on the workers."""
+
+    __slots__ = ("ledger", "kind", "device", "before_flag", "flags", "noted", "was", "on")
+
+    def __init__(self, ledger: Ledger, kind: Hashable, device: torch.device, before_flag: Callable[[], None]) -> None:
+        self.ledger, self.kind, self.device, self.before_flag = ledger, kind, device, before_flag
+        self.flags: Callable[[bool], None] | None = None  # a careful call's sums of failure flags
+        self.noted: CallCollectives | None = None
+        self.was: CallCollectives | None = None
+        self.on = False
+
+    def __enter__(self) -> None:
+        if collectives.world() == 1:
+            return
+        self.on = True
+        if self.ledger.known(self.kind) is None:
+            self.flags = partial(_careful_flags, self.device, self.before_flag)
+        self.noted = CallCollectives(partial(self.flags, False) if self.flags is not None else None)
+        self.was, collectives.issued = collectives.issued, self.noted
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if not self.on:
+            return
+        try:
+            if exc is None and self.flags is not None:  # peers of a worker that raised in the call may be waiting here
+                try:
+                    self.flags(False)
+                except StepSkipped:
+                    raise
+                except Exception as raised:
+                    self._failed(raised)
+                    raise
+            if exc is None:
+                assert self.noted is not None
+                self.ledger._keep(self.kind, tuple(self.noted.entries))
+            elif isinstance(exc, Exception) and not isinstance(exc, StepSkipped):
+                self._failed(exc)  # the exception then goes on: the worker answers its error
+        finally:
+            collectives.issued = self.was
+
+    def _failed(self, exc: Exception) -> None:
+        """An error in the call: one of this worker's own (not a collective's) joins the rest of the
+        call's collectives, so that no peer waits (and the shared sums are marked failed: harmless once joined)."""
+        collectives.issued = self.was
+        assert self.noted is not None
+        if self.noted.open == 0 and not isinstance(exc, dist.DistError):  # its own, not a collective's
+            if self.flags is not None:
+                _join_careful(self.flags)
+            else:
+                self.ledger._finish(self.kind, self.noted.entries, self.device, self.before_flag)
