@@ -377,6 +377,27 @@ _ENTRIES = [
          "`nvidia-smi` lists them."),
 ]
 
+# E1906's example: a step whose params alone (4 MiB of f32) are more than a device's 1 MiB
+_BIG_ON_A_BUDGET = """devices cpu[0 1]
+    layout auto
+    memory 1 MiB
+
+dim D = 1024
+
+data Row:
+    x: [D]
+
+model Big:
+    param w: [D D] = normal(std=0.02)
+
+fn loss(m: Big, batch: [b] Row) -> [] = mean(sum((batch.x @ m.w) ** 2, over=D), over=b)
+
+fn train_step(mut m: Big, mut opt: AdamW[Big], batch: [b] Row) -> []:
+    l, g = value_and_grad(loss, m, batch)
+    update(mut m, mut opt, g)
+    return l
+"""
+
 _ENTRIES.append(Code(
     "E1901", "Split data given to a Python call",
     "Python calls run once, in the controller. Given a batch, or a value with its batch axis, a "
@@ -404,6 +425,21 @@ _ENTRIES.extend([
          "with an axis of that size are the ones split.",
          "devices cpu[0 1 2]\n    split Q\n\ndim H = 12\n",
          "Name a declared dim."),
+    Code("E1905", "`layout auto` beside a layout of its own",
+         "`layout auto` asks the compiler to choose the layout (data parallel, `shard params`, a "
+         "`split`, or a split with `shard params`); a `shard params` or `split` line beside it "
+         "would choose it too.",
+         "devices cpu[0 1]\n    layout auto\n    shard params\n\ndim D = 4\n",
+         "Keep `layout auto`, or the layout you wrote and not `layout auto`."),
+    Code("E1906", "No layout fits the devices' memory",
+         "With `memory` under the devices line, each device may hold that much: the params, the "
+         "optimizer's state and the gradients of the models the program trains, and an estimate of "
+         "a step's activations, as `shapescript comms` counts them. `layout auto` chooses among the "
+         "layouts that fit; when none does, or when the layout written doesn't, the program doesn't "
+         "compile, and the error says what each layout would need.",
+         _BIG_ON_A_BUDGET,
+         "Give more memory or more devices, make the model smaller, or let more of it be split "
+         "(`layout auto` tries `shard params` and a split of every dim the devices divide)."),
 ])
 CHAPTERS["19"] = "Python calls and layout options on several devices"
 

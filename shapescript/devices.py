@@ -29,6 +29,14 @@ class DeviceSet:
     shard_params: bool = False
     split: str | None = None
     hosts: int = 1  # `2 x cuda[0 1]`: the same devices on each of 2 hosts
+    auto: bool = False  # `layout auto`: the compiler chose `shard_params` and `split` (plan/choose.py)
+    memory: int | None = None  # `memory 40 GiB`: the bytes each device may hold
+
+    @property
+    def layout_text(self) -> str:
+        """The layout in the options' words: "data parallel", "shard params", "split H + shard params"."""
+        parts = ([f"split {self.split}"] if self.split else []) + (["shard params"] if self.shard_params else [])
+        return " + ".join(parts) or "data parallel"
 
     @property
     def per_host(self) -> int:

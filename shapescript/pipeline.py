@@ -40,6 +40,7 @@ from .ir import nodes as ir
 from .ir.passes import run_passes
 from .lower.codegen import generate
 from .lower.targets import Target, target_for
+from .plan.choose import check_budget, choose
 from .plan.passes import plan_program
 from .syntax import tree as A
 from .syntax.parser import parse
@@ -49,7 +50,36 @@ def check_source(source: str, file: str = "<input>", devices: DeviceSet | None =
           dims: dict[str, int] | None = None, python: bool = True) -> Checked:
     """Parse and check a program, and plan it on its devices (CompileError with every diagnostic if
     it is wrong); `python=False` refuses the program's own Python (E0701)."""
-    return plan_program(check_program(parse(source, file), file, devices, dims, python))
+    tree = parse(source, file)
+    checked = plan_program(check_program(tree, file, devices, dims, python))
+    chosen = checked.device_set
+    if not (chosen.auto or chosen.memory is not None):
+        return checked
+    budget, budget_from = devices_budget(chosen)
+    if chosen.auto and chosen.count > 1:  # each layout checked and planned as if the program wrote it
+        return choose(checked, lambda layout: plan_program(check_program(tree, file, layout, dims, python)),
+                      budget, budget_from)
+    if budget is not None:
+        check_budget(checked, budget, budget_from)
+    return checked
+
+
+def devices_budget(devices: DeviceSet) -> tuple[int | None, str]:
+    """The bytes each device may hold under `layout auto` or against `memory`, and where that comes
+    from: `memory`'s amount; without it, this machine's memory shared by its workers (cpu), or the
+    smallest listed GPU's here (cuda); None where the devices aren't this machine's or can't be seen."""
+    if devices.memory is not None:
+        return devices.memory, "its `memory` option"
+    if devices.several_hosts:
+        return None, "the cluster's memory isn't known here: write `memory` to give a budget"
+    if devices.kind == "cpu":
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total // devices.per_host, f"this machine's memory shared by {devices.per_host} devices"
+    import torch  # a cuda program's check looks at its GPUs only here, where it has no `memory`
+    indices = devices.indices or (0,)
+    if not torch.cuda.is_available() or max(indices) >= torch.cuda.device_count():
+        return None, "its GPUs aren't visible here: write `memory` to give a budget"
+    return min(torch.cuda.get_device_properties(i).total_memory for i in indices), "the smallest of its GPUs"
 
 
 def typed_ir(checked: Checked, fused: bool = True) -> ir.Module:

@@ -106,6 +106,23 @@ def readme_program() -> str:
 
 GPT_FILE = ROOT / "examples" / "attention" / "gpt.ss"
 GPT = GPT_FILE.read_text()
+NANOGPT = (ROOT / "examples" / "nanogpt" / "gpt.ss").read_text()  # nanoGPT in ShapeScript
+
+# `layout auto` (tests/compiler/test_layout_auto.py, tests/several/test_layout_auto_several.py): the
+# attention example in f64 (its runs compare with one device's within 1e-5, which AdamW's first steps
+# on a model this wide don't keep in f32 even as plain data parallel) with a wide feed-forward layer,
+# where on 3 devices `split F` sends the fewest bytes a step (its MLP's gradients stay each device's
+# own) and data parallel the next fewest.
+WIDE_GPT = "precision f64\n\n" + GPT.replace("to(0.0, f32)", "to(0.0, f64)")
+WIDE_GPT_DIMS = {"V": 11, "T": 8, "D": 24, "H": 3, "Dh": 8, "F": 1536, "L": 2}
+# Budgets and the layout each gets (the costs, from the table at the batch of `batches(32)`: split F
+# holds 10.0 MiB a device, split F + shard params 9.90 MiB, shard params 8.37 MiB, the least).
+AUTO_BUDGETS = {"12 MiB": "split F", "10 MiB": "split F + shard params", "9 MiB": "shard params"}
+
+
+def auto_layout(source: str, budget: str | None = None, devices: str = "cpu[0 1 2]") -> str:
+    """`source` under a devices line with `layout auto` (and `memory budget`)."""
+    return f"devices {devices}\n    layout auto\n" + (f"    memory {budget}\n" if budget else "") + "\n" + source
 GPT_DIMS = {"V": 11, "T": 8, "D": 16, "H": 2, "Dh": 8, "F": 32, "L": 2}  # tiny: for runs on several devices
 
 # batch_norm's statistics in a model of their own, between two layers.

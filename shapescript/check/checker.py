@@ -78,7 +78,8 @@ def collect(ctx: Context) -> DeviceSet:
     if ctx.device_override is not None:  # other devices, the program's layout options kept
         over = ctx.device_override
         device_set = dataclasses.replace(over, shard_params=over.shard_params or device_set.shard_params,
-                                         split=over.split or device_set.split)
+                                         split=over.split or device_set.split, auto=over.auto or device_set.auto,
+                                         memory=over.memory or device_set.memory)
     impossible = device_set.impossible()
     if impossible is not None:
         ctx.error("E1806", f"more devices than can run: {impossible.reason}",
@@ -150,7 +151,18 @@ def devices_of(ctx: Context, node: A.Devices) -> DeviceSet:
             ctx.error("E0202", "a device is listed twice", node.span, "repeated device number")
     shard = any(o.kind == "shard" for o in node.options)
     splits = [o for o in node.options if o.kind == "split"]
-    return DeviceSet(node.kind, indices, shard, splits[0].name if splits else None, node.hosts)
+    autos = [o for o in node.options if o.kind == "layout"]
+    budgets = [o for o in node.options if o.kind == "memory"]
+    for extra in [*autos[1:], *budgets[1:]]:
+        ctx.error("E0202", f"a second `{extra.kind}` option", extra.span, "already given", "keep one")
+    given = [o for o in node.options if o.kind in ("shard", "split")]
+    if autos and given:
+        ctx.error("E1905", f"`layout auto` beside a layout of its own, `{'shard params' if given[0].kind == 'shard' else 'split ' + str(given[0].name)}`",
+                  given[0].span, "a layout of its own", f"keep `layout auto` (at {autos[0].span}) to let the compiler "
+                  "choose, or remove it to keep this layout")
+        autos = []
+    return DeviceSet(node.kind, indices, shard, splits[0].name if splits else None, node.hosts, auto=bool(autos),
+                     memory=budgets[0].amount if budgets else None)
 
 
 def layout_options(ctx: Context, node: A.Devices | None, devices: DeviceSet) -> None:

@@ -12,7 +12,7 @@ from ..ops.checking import Use
 from ..shapes import dims as D
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import CallOptions, Recipe
-from ..shapes.plans import ANYWHERE, BatchSplit, Placement
+from ..shapes.plans import ANYWHERE, BatchSplit, LayoutChoice, Placement
 from ..shapes.value_types import DataT, ModelT, Ty
 from ..syntax import tree as A
 
@@ -85,6 +85,8 @@ class Checked:
     # the DeviceTable, once plan/comms.py's device_table has worked it out (a one-device build never
     # needs it); typed there, since the plans come after checking
     table: object = field(default=None, init=False, compare=False, repr=False)
+    # `layout auto`'s choice (plan/choose.py), on the program checked with the layout it chose
+    layout_choice: LayoutChoice | None = field(default=None, compare=False, repr=False)
 
 
     @property

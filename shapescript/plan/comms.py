@@ -35,7 +35,7 @@ from ..optimizers import FACTS
 from ..shapes import value_types as T
 from ..shapes.kinds import CallKind, FnKind
 from ..shapes.options import BatchesOptions
-from ..shapes.plans import HeadsKind, Where
+from ..shapes.plans import HeadsKind, LayoutChoice, Where
 from ..syntax.tree import MemberKind
 from .accumulate import pending_names, reads_pending, reads_whole
 from .layout import Dims, head_axis, model_params, sharded_read
@@ -201,6 +201,7 @@ class DeviceTable:
     heads: str | None = None  # `split H`'s dim
     heads_size: int | None = None
     hosts: int = 1  # `2 x cuda[0 1]`: `count` is every host's devices, and every collective crosses hosts
+    choice: LayoutChoice | None = None  # `layout auto`'s: the layout chosen, and the others weighed
 
     @property
     def per_host(self) -> int:
@@ -214,7 +215,9 @@ class DeviceTable:
 
     @classmethod
     def of(cls, checked: Checked) -> DeviceTable:
-        return _Builder(checked.module).build()
+        table = TableBuilder(checked.module).build()
+        table.choice = checked.layout_choice
+        return table
 
     def shares(self, batch: int | None = None) -> list[int] | None:
         n = batch if batch is not None else self.batch
@@ -239,7 +242,7 @@ def _inside(span: Span, line: int, column: int) -> bool:
     return span.line == line and span.col <= column < max(span.end_col, span.col + 1)
 
 
-class _Builder:
+class TableBuilder:
     def __init__(self, module: N.Module) -> None:
         self.m = module
         self.fns = {f.name: f for f in module.functions}
@@ -356,10 +359,19 @@ class _Builder:
             if isinstance(node, N.GradCall) and not node.deferred:
                 sent.extend(Sent(c) for c in self.gradients(fn, node, node.args[0]))
             inner = self.sends(callee.name, differentiated or grad)
-            sent.extend(Sent(s.collective, s.times, (callee.name,) + s.via) for s in inner)
+            sent.extend(self.rebound(s, node.binds, callee.name) for s in inner)
             if sent:
                 yield LineItem(node.span, fn.name, tuple(sent), callee=callee.name,
                                differentiated=differentiated or grad, repeats=times)
+
+    def rebound(self, s: Sent, binds: N.Binding, callee: str) -> Sent:
+        """A callee's Sent as its caller's line sends it: the callee's generic dims (a `[b n D]`'s n)
+        given the sizes the call binds them to (the caller's `T`, or its own generic dims)."""
+        sizes = {self.shown(mine): self.size(theirs) for mine, theirs in binds if isinstance(mine, sympy.Dummy)}
+        if not sizes:
+            return Sent(s.collective, s.times, (callee,) + s.via)
+        collective = dataclasses.replace(s.collective, count=sympy.expand(s.collective.count.xreplace(sizes)))
+        return Sent(collective, _count(sympy.sympify(s.times).xreplace(sizes)), (callee,) + s.via)
 
     def operations(self, body: tuple[N.Stmt, ...], times: sympy.Expr
                    ) -> Iterator[tuple[N.Expr, tuple[N.Heads, ...], sympy.Expr]]:

@@ -11,6 +11,7 @@ import sympy
 from ..check.program import Checked
 from ..shapes import dims as D
 from ..shapes.plans import Where
+from .choice_text import choice_json, choice_lines, option_lines
 from .comms import (
     DeviceTable,
     FnPlan,
@@ -205,6 +206,8 @@ def hover_text(checked: Checked, line: int, column: int) -> str | None:
     """Markdown for a hover at 1-based (line, column): the function or value under the cursor, and
     what the line sends; None where there is nothing to say."""
     table = device_table(checked)
+    if table.choice is not None and line in option_lines(checked):  # `layout auto` and `memory`
+        return "\n".join(choice_lines(table.choice))
     parts = []
     f = table.fn_at(line, column)
     if f is not None:
@@ -244,6 +247,8 @@ def table_report(table: DeviceTable, file: str, program_text: str, batch: int | 
                    f": no batches(n) gives a batch size ({batch_hint})")
     if table.crosses_hosts:
         out.append(hosts_note(table) + ".")
+    if table.choice is not None:
+        out += ["", *choice_lines(table.choice)]
     out += ["", "Functions"]
     out += [f"  {f.span.line:>4}  {fn_text(table, f)}" for f in table.fns.values()]
     if table.models:
@@ -316,6 +321,7 @@ def to_json(checked: Checked, batch: int | None = None) -> dict[str, Any]:
     return {
         "file": checked.file, "devices": table.devices, "count": table.count,
         "hosts": table.hosts, "per_host": table.per_host, "crosses_hosts": table.crosses_hosts,
+        "layout_choice": choice_json(table.choice) if table.choice is not None else None,
         "batch": batch if batch is not None else table.batch, "shares": table.shares(batch),
         "functions": [{"name": f.name, "line": f.span.line, "placement": f.placement, "reason": f.reason,
                        "per_call": size_json(f.bytes), "differentiated": f.differentiated,

@@ -42,3 +42,9 @@ def bytes_text(expr: sympy.Expr) -> str:
             shown = f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
             return f"{text} ({shown} {unit})"
     return text
+
+
+def short_bytes(n: int) -> str:
+    """A size in a word, for lists of them: `512 bytes`, `794 KiB`, `1.25 GiB`."""
+    text = bytes_text(sympy.Integer(n))
+    return text[text.index("(") + 1:-1] if "(" in text else text

@@ -13,6 +13,10 @@ from ..errors import Span
 from . import tree as A
 from .lexer import describe
 
+# `memory 40 GiB`'s units, in bytes: the binary ones, as torch and nvidia-smi count, and the decimal
+MEMORY_UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40,
+                "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12}
+
 
 class DeviceLine:
     tok: Any
@@ -97,14 +101,44 @@ class DeviceLine:
         return self.source.split("\n")[span.line - 1][span.col - 1:span.end_col - 1]
 
     def device_option(self) -> A.DeviceOption:
-        t = self.expect_name("a device option, `shard params` or `split NAME`")
+        t = self.expect_name("a device option: `shard params`, `split NAME`, `layout auto` or `memory 40 GiB`")
         if t.text == "shard":
             self.expect("params", "after `shard`")
             opt = A.DeviceOption(self.span_from(t.span), "shard", None)
         elif t.text == "split":
             name = self.expect_name("the dim to split")
             opt = A.DeviceOption(self.span_from(t.span), "split", name.text)
+        elif t.text == "layout":
+            word = self.expect_name("`auto` after `layout`")
+            if word.text != "auto":
+                raise self.fail(f"unknown layout `{word.text}`", word, "expected `auto`",
+                                help="write `layout auto` to let the compiler choose, or the layout itself: "
+                                "`shard params`, `split H`")
+            opt = A.DeviceOption(self.span_from(t.span), "layout", "auto")
+        elif t.text == "memory":
+            opt = self.memory_option(t)
         else:
-            raise self.fail(f"unknown device option `{t.text}`", t, "expected `shard params` or `split NAME`")
+            raise self.fail(f"unknown device option `{t.text}`", t,
+                            "expected `shard params`, `split NAME`, `layout auto` or `memory 40 GiB`")
         self.expect_newline()
         return opt
+
+    def memory_option(self, first: Any) -> A.DeviceOption:
+        """`memory 40 GiB`: how much each device may hold, a whole or decimal number and a unit."""
+        number = self.tok
+        units = ", ".join(f"`{u}`" for u in MEMORY_UNITS)
+        example = "write how much each device may hold, as `memory 40 GiB`"
+        if number.kind not in ("INT", "FLOAT"):
+            raise self.fail(f"expected an amount after `memory`, found {describe(number)}", number,
+                            "not an amount", help=example)
+        self.advance()
+        unit = self.tok
+        if unit.kind != "NAME" or unit.text not in MEMORY_UNITS:
+            raise self.fail(f"expected a unit of memory after `memory {number.text}`, found {describe(unit)}", unit,
+                            "not a unit", help=f"{example}; the units are {units}")
+        self.advance()
+        amount = float(number.text) * MEMORY_UNITS[unit.text]
+        if not 1 <= amount < 2 ** 80:  # also inf and nan: a yottabyte is beyond any device
+            raise self.fail_at(first.span.to(unit.span), f"`memory {number.text} {unit.text}` isn't an amount a "
+                               "device can hold", "not a budget", help=example)
+        return A.DeviceOption(self.span_from(first.span), "memory", f"{number.text} {unit.text}", int(amount))

@@ -200,8 +200,9 @@ Stmt = Assign | Return | For | If | ExprStmt
 
 @dataclass(eq=False)
 class DeviceOption(Node):
-    kind: str  # "shard" (params) | "split"
-    name: str | None
+    kind: str  # "shard" (params) | "split" | "layout" (auto) | "memory"
+    name: str | None  # split's dim, layout's word; memory's amount as written ("40 GiB")
+    amount: int | None = None  # memory's, in bytes
 
 
 @dataclass(eq=False)
