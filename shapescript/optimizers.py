@@ -30,15 +30,16 @@ class KindFacts:
     # tensors the size of each param the state holds whatever the settings; None: it depends on them
     state_per_param: int | None
     state_text: str  # what they are, for the DeviceTable: "two moments"
+    state_at_most: int  # the most such tensors any settings keep (`layout auto` counts these)
 
 
 FACTS: dict[OptimizerKind, KindFacts] = {
-    OptimizerKind.ADAMW: KindFacts(2, "two moments"),
-    OptimizerKind.ADAM: KindFacts(2, "two moments"),
-    OptimizerKind.SGD: KindFacts(None, "a momentum buffer where momentum > 0"),
-    OptimizerKind.RMSPROP: KindFacts(None, "a mean square, and a momentum buffer and a mean where asked"),
-    OptimizerKind.ADAGRAD: KindFacts(1, "a sum of squares"),
-    OptimizerKind.ADADELTA: KindFacts(2, "the mean squares of gradients and of updates"),
+    OptimizerKind.ADAMW: KindFacts(2, "two moments", 2),
+    OptimizerKind.ADAM: KindFacts(2, "two moments", 2),
+    OptimizerKind.SGD: KindFacts(None, "a momentum buffer where momentum > 0", 1),
+    OptimizerKind.RMSPROP: KindFacts(None, "a mean square, and a momentum buffer and a mean where asked", 3),
+    OptimizerKind.ADAGRAD: KindFacts(1, "a sum of squares", 1),
+    OptimizerKind.ADADELTA: KindFacts(2, "the mean squares of gradients and of updates", 2),
 }
 
 

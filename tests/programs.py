@@ -120,6 +120,11 @@ WIDE_GPT_DIMS = {"V": 11, "T": 8, "D": 24, "H": 3, "Dh": 8, "F": 1536, "L": 2}
 AUTO_BUDGETS = {"12 MiB": "split F", "10 MiB": "split F + shard params", "9 MiB": "shard params"}
 
 
+# nanoGPT (examples/nanogpt) at two sizes, H dividing by 3
+NANO_SMALL = {"V": 65, "T": 16, "H": 3, "Dh": 8, "L": 2, "M": 2, "New": 4, "TopK": 5}
+NANO_LARGER = {"V": 65, "T": 32, "H": 6, "Dh": 16, "L": 3, "M": 2, "New": 4, "TopK": 5}
+
+
 def auto_layout(source: str, budget: str | None = None, devices: str = "cpu[0 1 2]") -> str:
     """`source` under a devices line with `layout auto` (and `memory budget`)."""
     return f"devices {devices}\n    layout auto\n" + (f"    memory {budget}\n" if budget else "") + "\n" + source

@@ -9,8 +9,9 @@ Read off the DeviceTable and the planned IR, never from running anything:
 - **params**: each model the devices' functions take, once (not the models inside another taken):
   its params and buffers as one device holds them (a piece of each with `shard params`, a part of
   those with the split dim);
-- **optimizer**: for each model an optimizer trains, its state per param value (two moments for
-  AdamW) times the params one device holds; **gradients**: as big as those params;
+- **optimizer**: for each model an optimizer trains, the most state per param value its kind keeps
+  (two moments for AdamW; a momentum buffer for SGD, which has none without momentum) times the
+  params one device holds; **gradients**: as big as those params;
 - **activations**: an estimate of what autograd keeps for the backward pass: every value the step's
   functions work out (each op's result, not the names that only read one), as one device holds it
   (its part of the batch, or of the split dim), as often as the step runs it (L times in a loop
@@ -104,9 +105,9 @@ class _Weigher:
         models = self.models_used()
         trained = {p.ty.model.name: p.ty for f in self.on_devices() for p in f.params if isinstance(p.ty, T.OptT)}
         params = sum(self.held(m) for m in models.values())
-        per_param = [FACTS[opt.kind].state_per_param for opt in trained.values()]
+        per_param = [FACTS[opt.kind].state_at_most for opt in trained.values()]
         weights = [self.weights(opt.model) for opt in trained.values()]
-        optimizer = sum(_at(w * (n or 0), self.batch) for w, n in zip(weights, per_param))
+        optimizer = sum(_at(w * n, self.batch) for w, n in zip(weights, per_param))
         gradients = sum(_at(w, self.batch) for w in weights)
         step_fn = self.fns.get(step) if step is not None else None
         activations = _at(self.activations(step_fn, {}, 0), self.batch) if step_fn is not None else 0

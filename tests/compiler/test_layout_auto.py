@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from programs import AUTO_BUDGETS, NANOGPT, README, WIDE_GPT, WIDE_GPT_DIMS, auto_layout
+from programs import AUTO_BUDGETS, NANO_LARGER, NANO_SMALL, NANOGPT, README, WIDE_GPT, WIDE_GPT_DIMS, auto_layout
 
 from shapescript.errors import CompileError
 from shapescript.lower.targets import Target
@@ -19,9 +19,6 @@ from shapescript.plan.comms_text import hover_text, report, to_json
 from shapescript.plan.costs import cost_of
 
 GPT, DIMS, BUDGETS, auto = WIDE_GPT, WIDE_GPT_DIMS, AUTO_BUDGETS, auto_layout
-# nanoGPT (examples/nanogpt) at two sizes, H dividing by 3
-NANO_SMALL = {"V": 65, "T": 16, "H": 3, "Dh": 8, "L": 2, "M": 2, "New": 4, "TopK": 5}
-NANO_LARGER = {"V": 65, "T": 32, "H": 6, "Dh": 16, "L": 3, "M": 2, "New": 4, "TopK": 5}
 
 
 def explicit(source: str, layout: str, devices: str = "cpu[0 1 2]") -> str:

@@ -16,10 +16,12 @@ import re
 import pytest
 import torch
 from programs import AUTO_BUDGETS as BUDGETS
+from programs import NANO_LARGER, NANO_SMALL, NANOGPT, README
 from programs import WIDE_GPT as GPT
 from programs import WIDE_GPT_DIMS as DIMS
 from programs import auto_layout as auto
 from test_comms import TORCH_NAMES
+from test_equivalence import digits
 
 import shapescript as ss
 from shapescript.notebook.device_table import DeviceTableView
@@ -102,3 +104,44 @@ def test_the_choice_is_shown_where_the_program_is_loaded() -> None:
     assert (prog.devices.split, prog.devices.shard_params) == ("F", True)
     assert prog.device_table.choice is prog.checked.layout_choice is not None
     assert re.search(r"Layout chosen by `layout auto`: split F \+ shard params", DeviceTableView.of(prog).text())
+
+
+# The README MLP and nanoGPT at two sizes, each at two budgets whose choices differ
+# (tests/compiler/test_layout_auto.py checks the choices): each choice trains as one device does.
+OTHERS = {
+    "readme": (README.replace("devices cuda[0 1 2]\n", ""), None, "Mlp", {"4 MiB": "data parallel", "2 MiB": "shard params"}),
+    "nanogpt small": (NANOGPT, NANO_SMALL, "Gpt", {"2 MiB": "data parallel", "1 MiB": "shard params"}),
+    "nanogpt larger": (NANOGPT, NANO_LARGER, "Gpt", {"16 MiB": "data parallel", "8 MiB": "shard params"}),
+}
+
+
+def steps_of(case: str) -> list[tuple]:
+    if case == "readme":
+        return [(b,) for b in digits(2, 64, 784, 10)]
+    dims = OTHERS[case][1]
+    g = torch.Generator().manual_seed(5)
+    return [({"tokens": torch.randint(0, dims["V"], (8, dims["T"]), generator=g),
+              "targets": torch.randint(0, dims["V"], (8, dims["T"]), generator=g)}, ss.Eval) for _ in range(2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(OTHERS))
+def test_other_programs_train_as_one_device_whatever_their_budget_chooses(case: str) -> None:
+    source, dims, model, budgets = OTHERS[case]
+    results = {}
+    for budget, layout in {None: None, **budgets}.items():
+        prog = ss.load(auto(source, budget), devices="cpu" if budget is None else None, dims=dims, name="prog.ss")
+        try:
+            choice = prog.checked.layout_choice
+            assert layout is None or (choice is not None and choice.chosen.layout == layout)
+            m = getattr(prog, model).init(seed=0)
+            opt = ss.adamw(m, lr=1e-3)
+            losses = [float(prog.train_step(m, opt, *args)) for args in steps_of(case)]
+            results[budget] = (losses, m.state_dict())
+        finally:
+            prog.stop()
+    ref_losses, ref_state = results.pop(None)
+    for losses, state in results.values():
+        assert losses == pytest.approx(ref_losses, abs=1e-5)
+        for k in ref_state:
+            torch.testing.assert_close(state[k], ref_state[k], atol=1e-5, rtol=0, msg=k)
