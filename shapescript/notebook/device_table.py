@@ -22,6 +22,7 @@ import sympy
 from ..check.program import Checked
 from ..errors import terminal_lines
 from ..parallel.memory import WorkerMemory
+from ..plan.choice_text import choice_lines, cost_text
 from ..plan.comms import DeviceTable, FnPlan, Layout, device_table
 from ..plan.comms_text import (
     first_values,
@@ -148,7 +149,8 @@ class DeviceTableView:
 
     def table_html(self) -> str:
         """`<table class="ss-device-table">`: functions, models, then the lines that send."""
-        rows = [M.section("Functions", 4), M.header(["line", "function", "where it runs", "sent per call"])]
+        rows = self._choice_rows()
+        rows += [M.section("Functions", 4), M.header(["line", "function", "where it runs", "sent per call"])]
         rows += [self._fn_row(f) for f in self.table.fns.values()]
         if self.table.models:
             rows += [M.section("Models", 4), M.header(["line", "model", "layout", "bytes per device"])]
@@ -167,6 +169,21 @@ class DeviceTableView:
         return M.table("ss-device-table", rows)
 
     # -- rows ------------------------------------------------------------------------------------
+
+    def _choice_rows(self) -> list[str]:
+        """`layout auto`'s choice first, then every other layout weighed: its bytes a step, its
+        memory a device, and whether it fits (plan/choice_text.py words each)."""
+        choice = self.table.choice
+        if choice is None:
+            return []
+        lines = choice_lines(choice)
+        rows = [M.section("Layout chosen by `layout auto`", 4), M.row(["", M.esc(lines[1].strip()), "", ""]),
+                M.header(["", "layout", "", "a step sends, a device holds"])]
+        for c in (choice.chosen, *[c for c in choice.costs if c is not choice.chosen]):
+            how = "chosen" if c is choice.chosen else "fits" if c.fits(choice.budget) else \
+                "refused" if c.refused else "too big"
+            rows.append(M.row(["", M.code(c.layout), how, M.esc(cost_text(c))], cls=f"ss-layout-{how.replace(' ', '-')}"))
+        return rows
 
     def _line_cell(self, line: int) -> str:
         """The program's line and, in the notebook, its cell: `6 cell 2:3`, on one line (the row

@@ -7,12 +7,14 @@ hovers show, and the errors. tests/several/test_layout_auto_several.py runs the 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from programs import AUTO_BUDGETS, NANO_LARGER, NANO_SMALL, NANOGPT, README, WIDE_GPT, WIDE_GPT_DIMS, auto_layout
 
 from shapescript.errors import CompileError
 from shapescript.lower.targets import Target
+from shapescript.notebook.device_table import DeviceTableView
 from shapescript.pipeline import check_source, python_modules
 from shapescript.plan.comms import device_table
 from shapescript.plan.comms_text import hover_text, report, to_json
@@ -87,6 +89,10 @@ def test_the_table_and_the_hover_show_the_choice_and_the_others() -> None:
         assert f"    {layout}: " in text  # each other layout, with its bytes and its memory
     assert "    split F: too big: sends 236 KiB a step, holds 10.0 MiB a device" in text
     assert hover_text(checked, 2, 5).startswith("Layout chosen by `layout auto`: split F + shard params")
+    html = DeviceTableView.of(checked).html()  # the notebook's table: a row a layout, the chosen first
+    rows = re.findall(r'<tr class="ss-layout-([a-z-]+)">.*?<code>(.*?)</code>', html)
+    assert rows[0] == ("chosen", "split F + shard params") and len(rows) == 8
+    assert ("fits", "shard params") in rows and ("too-big", "split F") in rows and "Budget: 10.0 MiB a device" in html
     found = to_json(checked)["layout_choice"]
     assert found["chosen"] == "split F + shard params" and len(found["costs"]) == 8
     assert json.loads(json.dumps(found)) == found
