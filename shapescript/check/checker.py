@@ -57,7 +57,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         tables = ctx.tables  # frozen from here on: Checked only reads them
         checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data, sized_models(ctx),
                           ctx.fns, MappingProxyType(tables.types), MappingProxyType(tables.calls),
-                          MappingProxyType(tables.recipes), ctx.derived)
+                          MappingProxyType(tables.recipes), ctx.derived, mixed=ctx.mixed)
         if not ctx.diagnostics:
             checked = dataclasses.replace(checked, ir=elaborate(checked))
     ctx.raise_found(program)
@@ -215,7 +215,23 @@ def precision_of(ctx: Context, lines: list[A.Precision]) -> None:
         ctx.error("E0204", f"`precision` is a float dtype, not `{lines[0].dtype}`", lines[0].dtype_span,
                   "not a float dtype", similar(lines[0].dtype, FLOAT_DTYPES) or f"one of {', '.join(FLOAT_DTYPES)}")
         return
+    if lines[0].mixed:
+        mixed_precision(ctx, lines[0])
+        return
     ctx.precision = lines[0].dtype
+
+
+def mixed_precision(ctx: Context, line: A.Precision) -> None:
+    """`precision mixed bf16`: the params, the optimizer's state and every type written without a dtype
+    stay f32; the devices compute in bf16 where torch.autocast does (E0208 for another dtype)."""
+    if line.dtype == "bf16":
+        ctx.mixed = "bf16"
+        return
+    why = ("f16's narrow range needs the loss scaled, and skipped steps where the gradients overflow, "
+           "which the language doesn't do yet" if line.dtype == "f16" else
+           f"mixed precision computes in a float narrower than the f32 it keeps, not {line.dtype}")
+    ctx.error("E0208", f"`precision mixed {line.dtype}`: {why}", line.dtype_span, "not bf16",
+              "write `precision mixed bf16`: bf16 has f32's range, so no step overflows")
 
 
 def model_params(ctx: Context, node: A.Model) -> tuple[str, ...]:

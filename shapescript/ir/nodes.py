@@ -259,6 +259,7 @@ class Module:
     # device holds a part of, (model, param) -> the axis.
     heads: str | None = None
     head_params: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    mixed: str | None = None  # `precision mixed bf16`: each fn on the devices runs under torch.autocast
 
     def function(self, name: str) -> Function:
         return next(f for f in self.functions if f.name == name)

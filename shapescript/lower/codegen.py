@@ -8,10 +8,13 @@ are not re-derived here: axes, broadcasts and resolved calls are on the IR's nod
 from __future__ import annotations
 
 from ..devices import DeviceSet
+from ..dtypes import ELEMENTS
 from ..errors import Span
 from ..ir import nodes as ir
 from ..names import spec_var
+from ..shapes import value_types as T
 from ..shapes.kinds import FnKind
+from ..shapes.plans import Where
 from . import guards, specs, targets
 from .printer import BodyPrinter, py_name
 from .recording import RECORD_IMPORT, RecordingPrinter, recordable, recorded_calls
@@ -139,6 +142,9 @@ class _Writer:
             self.emit(f"return _rt.python_call({literal(module)}, {literal(attr)}, {args}, PYTHON_RESULTS.get("
                       f"{literal(fn.name)}), {literal(str(fn.span))})", fn.span, 1)
             return
+        if self.ir.mixed is not None and fn.placement.where != Where.CONTROLLER:  # `precision mixed bf16`
+            compute = ELEMENTS[self.ir.mixed].torch
+            self.emit(f"@_rt.mixed_precision({literal(compute)}, {literal(declared_dtypes(fn.ret))})")
         through = self.recorded_calls.get(fn.name)
         several = self.ir.devices.count > 1
         printer = BodyPrinter(self.emit_at, several, self.type_checks, self.target is Target.CONTROLLER) \
@@ -151,6 +157,16 @@ class _Writer:
             self.where[len(self.lines) + 1] = (span.line, span.col)
             line += f"  # {comment_text(str(span))}"
         self.lines.append(line)
+
+
+def declared_dtypes(ty: T.Ty) -> object:
+    """A return type's dtypes as `_rt.mixed_precision` takes them: torch's name for a tensor's, a
+    tuple of them for a tuple, None for anything else."""
+    if isinstance(ty, T.TensorT):
+        return ELEMENTS[ty.dtype].torch
+    if isinstance(ty, T.TupleT):
+        return tuple(declared_dtypes(t) for t in ty.items)
+    return None
 
 
 def device_of(devices: DeviceSet) -> str:

@@ -24,7 +24,7 @@ from ..syntax import tree as A
 from .args import literal_number, tensor_arg
 from .checking import RuleChecker
 from .sizes import count_source
-from .table import GATHER, LOCAL, Across, Args, CallView, Layout, Lower, LowerCall, Op, Rule, Typed, register
+from .table import GATHER, LOCAL, Across, Args, Autocast, CallView, Layout, Lower, LowerCall, Op, Rule, Typed, register
 
 
 def _whole(ck: RuleChecker, arg: A.Arg | None, op: str, setting: str, default: int, least: int) -> int | None:
@@ -254,13 +254,13 @@ POOL_ARGS = ("x", "k", "stride", "padding")
 SLIDING: Across[WindowOptions] = Across(over_batch=slides_over_batch)
 
 register(
-    Op("conv1d", CONVOLUTION_ARGS, 2, conv_rule(1), conv_lower, SLIDING, Layout(heads=heads)),
-    Op("conv2d", CONVOLUTION_ARGS, 2, conv_rule(2), conv_lower, SLIDING, Layout(heads=heads)),
+    Op("conv1d", CONVOLUTION_ARGS, 2, conv_rule(1), conv_lower, SLIDING, Layout(heads=heads), autocast=Autocast.LOWER),
+    Op("conv2d", CONVOLUTION_ARGS, 2, conv_rule(2), conv_lower, SLIDING, Layout(heads=heads), autocast=Autocast.LOWER),
     Op("max_pool2d", POOL_ARGS, 2, pool_rule("max_pool2d"), pool_lower("max"), SLIDING,
        Layout(heads=heads)),
     Op("avg_pool2d", POOL_ARGS, 2, pool_rule("avg_pool2d"), pool_lower("avg"), SLIDING, Layout(heads=heads)),
     Op("conv_transpose2d", ("x", "w", "stride", "padding", "output_padding", "dilation", "groups"), 2,
-       conv_transpose_rule, conv_transpose_lower, SLIDING, Layout(heads=heads)),
+       conv_transpose_rule, conv_transpose_lower, SLIDING, Layout(heads=heads), autocast=Autocast.LOWER),
     Op("adaptive_avg_pool2d", ("x", "h", "w"), 3, adaptive_rule("adaptive_avg_pool2d"), adaptive_lower("avg"),
        SLIDING, Layout(heads=heads)),
     Op("adaptive_max_pool2d", ("x", "h", "w"), 3, adaptive_rule("adaptive_max_pool2d"), adaptive_lower("max"),

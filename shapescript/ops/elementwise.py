@@ -7,7 +7,7 @@ from ..shapes.options import CallOptions
 from ..syntax import tree as A
 from .args import tensor_arg
 from .checking import RuleChecker
-from .table import LOCAL_LAYOUT, OPS, PER_EXAMPLE, Args, LowerCall, Op, Typed, register, typed
+from .table import LOCAL_LAYOUT, OPS, PER_EXAMPLE, Args, Autocast, LowerCall, Op, Typed, register, typed
 
 
 def refused_dtype(ck: RuleChecker, name: str, arg: A.Arg, t: T.TensorT) -> bool:
@@ -19,7 +19,8 @@ def refused_dtype(ck: RuleChecker, name: str, arg: A.Arg, t: T.TensorT) -> bool:
     return True
 
 
-def unary(name: str, torch_fn: str, floats: bool, refused: tuple[str, ...] = ()) -> Op[CallOptions]:
+def unary(name: str, torch_fn: str, floats: bool, refused: tuple[str, ...] = (),
+          autocast: Autocast = Autocast.FOLLOW) -> Op[CallOptions]:
     """`name(x)`: x's type, value by value; `floats`: only for float tensors."""
     def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[CallOptions] | T.UnknownT:
         arg = args[0]
@@ -32,14 +33,16 @@ def unary(name: str, torch_fn: str, floats: bool, refused: tuple[str, ...] = ())
     def lower(call: LowerCall[CallOptions]) -> str:
         return f"{torch_fn}({call.args[0]})"
 
-    return Op(name, ("x",), 1, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT, refused_dtypes=refused)
+    return Op(name, ("x",), 1, rule, lower, PER_EXAMPLE, layout=LOCAL_LAYOUT, refused_dtypes=refused, autocast=autocast)
 
 
-register(*(unary(*entry) for entry in (
-    ("relu", "torch.relu", True), ("exp", "torch.exp", True), ("log", "torch.log", True),
-    ("sqrt", "torch.sqrt", True), ("tanh", "torch.tanh", True), ("sigmoid", "torch.sigmoid", True),
-    ("gelu", "_F.gelu", True), ("silu", "_F.silu", True), ("abs", "torch.abs", False, ("bool",)),
-    ("sin", "torch.sin", True), ("cos", "torch.cos", True), ("softplus", "_F.softplus", True),
-    ("log1p", "torch.log1p", True), ("expm1", "torch.expm1", True), ("erf", "torch.erf", True),
-    ("sign", "torch.sign", False),
-)))
+CUDA_FP32 = Autocast.FP32_ON_CUDA  # torch's cuda autocast list: in f32 there
+register(
+    unary("relu", "torch.relu", True), unary("exp", "torch.exp", True, autocast=CUDA_FP32),
+    unary("log", "torch.log", True, autocast=CUDA_FP32), unary("sqrt", "torch.sqrt", True),
+    unary("tanh", "torch.tanh", True), unary("sigmoid", "torch.sigmoid", True), unary("gelu", "_F.gelu", True),
+    unary("silu", "_F.silu", True), unary("abs", "torch.abs", False, ("bool",)), unary("sin", "torch.sin", True),
+    unary("cos", "torch.cos", True), unary("softplus", "_F.softplus", True, autocast=CUDA_FP32),
+    unary("log1p", "torch.log1p", True, autocast=CUDA_FP32), unary("expm1", "torch.expm1", True, autocast=CUDA_FP32),
+    unary("erf", "torch.erf", True), unary("sign", "torch.sign", False),
+)

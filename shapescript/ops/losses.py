@@ -24,6 +24,7 @@ from .table import (
     PARTIAL_PRODUCTS,
     Across,
     Args,
+    Autocast,
     CallView,
     Layout,
     LowerCall,
@@ -169,10 +170,11 @@ def contracts_batch(view: CallView[CallOptions]) -> bool:
 
 register(
     Op("cross_entropy", ("logits", "labels", "over", "mask"), 3, class_loss("cross_entropy", "logits"),
-       cross_entropy_lower, Across(labels_split, OWN, all_cross_entropy, sum_and_count("cross_entropy"))),
+       cross_entropy_lower, Across(labels_split, OWN, all_cross_entropy, sum_and_count("cross_entropy")),
+       autocast=Autocast.FP32),
     Op("nll_loss", ("logp", "labels", "over", "mask"), 3, class_loss("nll_loss", "log-probabilities"),
-       nll_loss_lower, Across(labels_split, OWN, all_nll_loss, sum_and_count("nll_loss"))),
+       nll_loss_lower, Across(labels_split, OWN, all_nll_loss, sum_and_count("nll_loss")), autocast=Autocast.FP32),
     Op("matmul", ("a", "b"), 2, matmul_rule, matmul_lower,
        Across(contracts_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)),
-       layout=Layout(heads=heads_contraction)),
+       layout=Layout(heads=heads_contraction), autocast=Autocast.LOWER),
 )

@@ -28,7 +28,22 @@ from ..syntax import tree as A
 from .args import keyword_numbers, labels, literal_number, over_axis, tensor_arg
 from .checking import RuleChecker
 from .sizes import count_source
-from .table import GATHER, LOCAL, Across, Args, CallView, HeadsRule, Layout, Lower, LowerCall, Op, Rule, Typed, register
+from .table import (
+    GATHER,
+    LOCAL,
+    Across,
+    Args,
+    Autocast,
+    CallView,
+    HeadsRule,
+    Layout,
+    Lower,
+    LowerCall,
+    Op,
+    Rule,
+    Typed,
+    register,
+)
 
 
 def _over(ck: RuleChecker, node: A.Call, over: A.Arg | None, x: T.TensorT, name: str) -> int | None:
@@ -175,7 +190,7 @@ def heads_rule(over_trailing: bool) -> HeadsRule[NormalizeOptions]:
 def norm_op(name: str, params: tuple[str, ...], rule: Rule[NormalizeOptions], lower: Lower[NormalizeOptions],
             required: int = 1, over_trailing: bool = False) -> Op[NormalizeOptions]:
     return Op(name, params, required, rule, lower, Across(over_batch=over_batch_rule(over_trailing)),
-              Layout(heads=heads_rule(over_trailing)))
+              Layout(heads=heads_rule(over_trailing)), autocast=Autocast.FP32_ON_CUDA)
 
 
 register(

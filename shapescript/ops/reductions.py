@@ -18,6 +18,7 @@ from .table import (
     PARTIAL,
     Across,
     Args,
+    Autocast,
     CallView,
     Layout,
     LowerCall,
@@ -52,6 +53,7 @@ def mask_of(ck: RuleChecker, arg: A.Arg, t: T.TensorT) -> Placing | None:
 
 
 def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, needs_dims: bool = False,
+              autocast: Autocast = Autocast.FOLLOW,
               across: Across[AxisOptions] | None = None, widens: bool = False, refused: tuple[str, ...] = ()) -> Op[AxisOptions]:
     """`name(x, over=D)`, or over everything without `over=`. `result`: the result's dtype, "same"
     as x's (widened for sum and prod), "float" (x must be float), "bool" (x must be bool) or
@@ -100,7 +102,8 @@ def reduction(name: str, torch_fn: str, result: str, maskable: bool = False, nee
 
     params = ("x", "over", "mask") if maskable else ("x", "over")
     return Op(name, params, 1, rule, lower, across or Across(over_batch=reduces_batch),
-              layout=Layout(heads=heads_along(sums=name == "sum")), refused_dtypes=refused, widens=widens)
+              layout=Layout(heads=heads_along(sums=name == "sum")), refused_dtypes=refused, widens=widens,
+              autocast=autocast)
 
 
 def all_mean(call: LowerCall[AxisOptions]) -> str:
@@ -119,7 +122,8 @@ def mean_payload(view: CallView[AxisOptions]) -> Payload:
                    2 * values if view.options.mask_index is not None else values + 1, view.result.dtype)
 
 
-def along_axis(name: str, template: str, floats: bool = False, widens: bool = False) -> Op[AxisOptions]:
+def along_axis(name: str, template: str, floats: bool = False, widens: bool = False,
+               autocast: Autocast = Autocast.FOLLOW) -> Op[AxisOptions]:
     """`name(x, over=D)`: x's type (cumsum widens as sum does), computed along D."""
     def rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[AxisOptions] | T.UnknownT:
         x, over = args
@@ -136,17 +140,17 @@ def along_axis(name: str, template: str, floats: bool = False, widens: bool = Fa
         return template.format(x=call.args[0], axis=call.options.axis)
 
     return Op(name, ("x", "over"), 2, rule, lower, Across(over_batch=along_batch),
-              layout=Layout(heads=heads_along(sums=False)), widens=widens)
+              layout=Layout(heads=heads_along(sums=False)), widens=widens, autocast=autocast)
 
 
 register(
-    reduction("sum", "torch.sum", "same", maskable=True, widens=True, across=Across(
+    reduction("sum", "torch.sum", "same", maskable=True, widens=True, autocast=Autocast.FP32_ON_CUDA, across=Across(
         reduces_batch, PARTIAL, payload=result_values("`sum`'s partial sums, every device's part of the batch added up"))),
     reduction("mean", "torch.mean", "float", maskable=True,
               across=Across(reduces_batch, OWN, all_mean, mean_payload)),
     reduction("max", "torch.amax", "same", needs_dims=True),
     reduction("min", "torch.amin", "same", needs_dims=True),
-    reduction("prod", "torch.prod", "same", widens=True),
+    reduction("prod", "torch.prod", "same", widens=True, autocast=Autocast.FP32),
     reduction("logsumexp", "torch.logsumexp", "float", needs_dims=True),
     reduction("std", "torch.std", "float"),
     reduction("var", "torch.var", "float"),
@@ -154,8 +158,8 @@ register(
     reduction("argmin", "torch.argmin", "index", refused=("bool",)),
     reduction("any", "torch.any", "bool"),
     reduction("all", "torch.all", "bool"),
-    along_axis("softmax", "torch.softmax({x}, dim={axis})", floats=True),
-    along_axis("log_softmax", "torch.log_softmax({x}, dim={axis})", floats=True),
-    along_axis("cumsum", "torch.cumsum({x}, dim={axis})", widens=True),
+    along_axis("softmax", "torch.softmax({x}, dim={axis})", floats=True, autocast=Autocast.FP32_ON_CUDA),
+    along_axis("log_softmax", "torch.log_softmax({x}, dim={axis})", floats=True, autocast=Autocast.FP32_ON_CUDA),
+    along_axis("cumsum", "torch.cumsum({x}, dim={axis})", widens=True, autocast=Autocast.FP32_ON_CUDA),
     along_axis("sort", "torch.sort({x}, dim={axis}).values"),
 )

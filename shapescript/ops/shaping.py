@@ -27,6 +27,7 @@ from .table import (
     PER_EXAMPLE,
     Across,
     Args,
+    Autocast,
     CallView,
     Layout,
     Lower,
@@ -449,5 +450,5 @@ register(
     Op("einsum", ("tensors", "pattern"), 2, einsum,
        lambda call: f"torch.einsum({call.literal(call.options.spec)}, {', '.join(call.args)})",
        Across[EinsumOptions](drops_batch, PARTIAL, payload=result_values(PARTIAL_PRODUCTS)), own_args=True,
-       layout=Layout[EinsumOptions](heads=heads_contraction)),
+       layout=Layout[EinsumOptions](heads=heads_contraction), autocast=Autocast.LOWER),
 )

@@ -13,6 +13,7 @@ the function it differentiates (the IR keeps it as a GradCall, printed with its 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -191,6 +192,19 @@ def heads_rearrange(view: CallView[PatternOptions]) -> HeadsKind:
 LOCAL_LAYOUT: Layout[Any] = Layout(heads=heads_local)
 
 
+class Autocast(enum.Enum):
+    """What torch.autocast does with an op's floats (`precision mixed bf16`), as our lowering of it
+    calls torch: LOWER computes in the narrow dtype (products, convolutions), FP32 in f32 (losses),
+    FP32_ON_CUDA in f32 on a cuda device and as its inputs on the CPU (softmax, norms, sums: torch's
+    lists differ by device), FOLLOW as its inputs, the widest of them. tests/compiler/test_mixed_precision.py
+    runs each op's lowering under autocast on the CPU and checks its result's dtype against this."""
+
+    LOWER = "lower"
+    FP32 = "fp32"
+    FP32_ON_CUDA = "fp32 on cuda"
+    FOLLOW = "follow"
+
+
 @dataclass(frozen=True)
 class Op(Generic[Opts]):
     """One entry of the table; `Opts` is its kind of options, which its rule gives and the rest read."""
@@ -216,6 +230,7 @@ class Op(Generic[Opts]):
     # It reads gradients whole (update, clip_norm, norm): gradients each device kept its own while
     # they added up are averaged there (plan/accumulate.py, runtime/grads.py).
     reads_gradients: bool = False
+    autocast: Autocast = Autocast.FOLLOW  # its compute dtype under `precision mixed bf16`
 
 
 OPS: dict[str, Op[Any]] = {}

@@ -26,6 +26,7 @@ from .table import (
     OWN,
     Across,
     Args,
+    Autocast,
     CallView,
     Layout,
     LowerCall,
@@ -102,7 +103,7 @@ def pointwise_loss(name: str, torch_fn: str, keywords: tuple[str, ...] = ()) -> 
         return all_mean_loss(losses(call, f", {NONE}"), call, _mask_at(call))
 
     return Op(name, ("x", "target", *keywords, "mask"), 2, rule, lower,
-              Across(first_split, OWN, all_lower, sum_and_count(name)))
+              Across(first_split, OWN, all_lower, sum_and_count(name)), autocast=Autocast.FP32)
 
 
 def kl_div_rule(ck: RuleChecker, node: A.Call, args: Args) -> Typed[LossOptions] | T.UnknownT:
@@ -188,7 +189,8 @@ register(
     pointwise_loss("smooth_l1_loss", "_F.smooth_l1_loss", ("beta",)),
     pointwise_loss("binary_cross_entropy_with_logits", "_F.binary_cross_entropy_with_logits"),
     Op("kl_div", ("logp", "target", "over", "mask"), 3, kl_div_rule, kl_div_lower,
-       Across(first_split, OWN, all_kl_div, kl_div_payload, split_options=kl_div_split_options)),
+       Across(first_split, OWN, all_kl_div, kl_div_payload, split_options=kl_div_split_options), autocast=Autocast.FP32),
     Op("cosine_similarity", ("a", "b", "over", "eps"), 3, cosine_similarity_rule, cosine_similarity_lower,
-       Across[LossOptions](over_batch=along_batch), layout=Layout[LossOptions](heads=heads_along(sums=False))),
+       Across[LossOptions](over_batch=along_batch), layout=Layout[LossOptions](heads=heads_along(sums=False)),
+       autocast=Autocast.FP32_ON_CUDA),
 )

@@ -39,6 +39,7 @@ from ..shapes.plans import HeadsKind, LayoutChoice, Where
 from ..syntax.tree import MemberKind
 from .accumulate import pending_names, reads_pending, reads_whole
 from .layout import Dims, head_axis, model_params, sharded_read
+from .precision import ComputeDtypes
 from .sizes_text import bytes_text
 from .split import split_axes
 
@@ -253,6 +254,7 @@ class TableBuilder:
         self.differentiated = self._differentiated()
         self.sharding = module.devices.shard_params and self.count > 1
         self.named: dict[sympy.Dummy, Named] = {}  # each generic dim, as the table's sizes print it
+        self.computed = ComputeDtypes(module)  # `precision mixed bf16`: values sent in the dtype computed
 
     def size(self, expr: sympy.Expr) -> sympy.Expr:
         expr = sympy.sympify(expr)
@@ -411,9 +413,11 @@ class TableBuilder:
             view = CallView(node.options, tuple(a.ty if a is not None else None for a in node.args), result,
                             lambda t: split_axes(dims, t) if t is not None else [], lambda size: False)
             sent = op.across.payload(view)
-            return self._make(fn, node, sent.what, sent.values, sent.dtype)
+            carries_result = isinstance(result, T.TensorT) and sent.dtype == result.dtype  # its values, as computed
+            dtype = self.computed.of(fn, node) or sent.dtype if carries_result else sent.dtype
+            return self._make(fn, node, sent.what, sent.values, dtype)
         assert isinstance(result, T.TensorT)  # `@`, einsum, reduce: every device's partial product, summed
-        return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), result.dtype)
+        return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), self.computed.of(fn, node) or result.dtype)
 
     def gathered(self, fn: N.Function, node: N.Member, differentiated: bool) -> LineItem:
         """A read of a sharded param: an all-gather of the pieces, each device's ceil(n / N) of its n
@@ -439,6 +443,7 @@ class TableBuilder:
             if mark.kind == HeadsKind.CUT or not isinstance(t, T.TensorT):
                 continue
             values = self.size(numel(t))
+            t = dataclasses.replace(t, dtype=self.computed.of(fn, node) or t.dtype)  # the dtype computed, sent
             if mark.kind == HeadsKind.SUM:
                 total = Collective("all-reduce", f"the partial results of every device's part of "
                                    f"{self.m.heads}, added up", fn.name, node.span, values, t.dtype)

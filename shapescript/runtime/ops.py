@@ -257,3 +257,33 @@ def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch
     losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
     weights = mask.to(losses.dtype)
     return (losses * weights).sum() / weights.sum()
+
+
+def mixed_precision(compute: str, declared: object) -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """`precision mixed bf16`'s wrapper of a fn on the devices: its body runs under torch.autocast in
+    `compute` (a torch dtype's name) on its module's DEVICE, and its float results leave as `declared`
+    (the dtype name of its return type, a tuple of them for a tuple, None for anything else), the
+    types the program wrote: a result autocast left in bf16 is widened to f32, which is exact."""
+    dtype = getattr(torch, compute)
+
+    def wrap(fn: Callable[..., object]) -> Callable[..., object]:
+        namespace = fn.__globals__
+
+        @functools.wraps(fn)
+        def run(*args: object) -> object:
+            device = str(namespace["DEVICE"])  # read at each call: the loader sets a worker's
+            with torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=dtype):
+                result = fn(*args)
+            return as_declared(result, declared)
+        return run
+    return wrap
+
+
+def as_declared(value: object, declared: object) -> object:
+    """A result in the dtypes its type declares (only floats change: autocast changes nothing else)."""
+    if isinstance(value, torch.Tensor) and isinstance(declared, str):
+        want = getattr(torch, declared)
+        return value.to(want) if value.dtype != want and value.is_floating_point() else value
+    if isinstance(value, tuple) and isinstance(declared, tuple):
+        return tuple(as_declared(v, d) for v, d in zip(value, declared))
+    return value

@@ -166,8 +166,11 @@ class _Parser(TypeGrammar, DeviceLine):
 
     def item_precision(self) -> A.Precision:
         start = self.advance().span
+        mixed = self.tok.kind == "NAME" and self.tok.text == "mixed" and self.peek().kind == "NAME"
+        if mixed:  # `precision mixed bf16`
+            self.advance()
         dtype = self.expect_name("a float dtype (f16, bf16, f32, f64)")
-        node = A.Precision(self.span_from(start), dtype.text, dtype.span)
+        node = A.Precision(self.span_from(start), dtype.text, dtype.span, mixed)
         self.expect_newline()
         return node
 
