@@ -57,7 +57,7 @@ def check_program(program: A.Program, file: str, devices: DeviceSet | None = Non
         tables = ctx.tables  # frozen from here on: Checked only reads them
         checked = Checked(program, file, program.source, device_set, ctx.dim_values, ctx.data, sized_models(ctx),
                           ctx.fns, MappingProxyType(tables.types), MappingProxyType(tables.calls),
-                          MappingProxyType(tables.recipes), ctx.derived, mixed=ctx.mixed)
+                          MappingProxyType(tables.recipes), ctx.derived, mixed=ctx.mixed, tf32=ctx.tf32)
         if not ctx.diagnostics:
             checked = dataclasses.replace(checked, ir=elaborate(checked))
     ctx.raise_found(program)
@@ -210,6 +210,9 @@ def precision_of(ctx: Context, lines: list[A.Precision]) -> None:
         ctx.error("E0202", "a second `precision` line", extra.span, "the precision is already set",
                   f"keep one; the first is at {lines[0].span}")
     if not lines:
+        return
+    if lines[0].dtype == "tf32" and not lines[0].mixed:  # f32 values, a GPU's products in TF32
+        ctx.tf32 = True
         return
     if lines[0].dtype not in FLOAT_DTYPES:
         ctx.error("E0204", f"`precision` is a float dtype, not `{lines[0].dtype}`", lines[0].dtype_span,

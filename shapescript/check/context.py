@@ -53,6 +53,7 @@ class Context(Reporter):
         self.data: dict[str, T.DataT] = {}
         self.precision = "f32"  # `precision f64`: the dtype of a tensor type written without one
         self.mixed: str | None = None  # `precision mixed bf16`: the dtype the devices compute in
+        self.tf32 = False  # `precision tf32`: f32 values, products in TF32 on a GPU that has it
         self.models: dict[str, T.ModelT] = {}  # as declared: generic ones with their dims generic
         self.instances: dict[tuple[str, tuple[D.Dim, ...], tuple[str, ...]], T.ModelT] = {}  # each use of a generic model, by its dims and dtypes
         self.models_done: set[str] = set()  # declared models whose members are resolved

@@ -23,7 +23,7 @@ def elaborate(checked: Checked) -> N.Module:
     span = c.program.items[0].span if c.program.items else c.program.span
     functions = tuple(_Elaborator(c, fn).function() for fn in c.fns.values())
     return N.Module(c.file, c.source, span, c.device_set, dict(c.dim_values), dict(c.derived), tuple(c.data.values()),
-                    tuple(c.models.values()), functions, mixed=c.mixed)
+                    tuple(c.models.values()), functions, mixed=c.mixed, tf32=c.tf32)
 
 
 class _Elaborator:

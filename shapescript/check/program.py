@@ -79,6 +79,7 @@ class Checked:
     recipes: Mapping[A.Node, Recipe] = field(default_factory=dict)
     derived: Mapping[str, D.Dim] = field(default_factory=dict)  # each derived dim's definition (`dim D = H * Dh`)
     mixed: str | None = None  # `precision mixed bf16`: the dtype the devices compute in where torch.autocast does
+    tf32: bool = False  # `precision tf32`: f32 values, products in TF32 on a GPU that has it
     # The program as typed IR (check/elaborate.py), once its bodies are checked; the plans (plan/)
     # give it back with their findings: each function's placement and split, the values `split H`
     # gathers, cuts or sums, the params `shard params` gathers, what combines across the devices.

@@ -260,6 +260,7 @@ class Module:
     heads: str | None = None
     head_params: Mapping[tuple[str, str], int] = field(default_factory=dict)
     mixed: str | None = None  # `precision mixed bf16`: each fn on the devices runs under torch.autocast
+    tf32: bool = False  # `precision tf32`: each fn on the devices runs with TF32 products allowed
 
     def function(self, name: str) -> Function:
         return next(f for f in self.functions if f.name == name)

@@ -145,6 +145,8 @@ class _Writer:
         if self.ir.mixed is not None and fn.placement.where != Where.CONTROLLER:  # `precision mixed bf16`
             compute = ELEMENTS[self.ir.mixed].torch
             self.emit(f"@_rt.mixed_precision({literal(compute)}, {literal(declared_dtypes(fn.ret))})")
+        if self.ir.tf32 and fn.placement.where != Where.CONTROLLER:  # `precision tf32`
+            self.emit("@_rt.tf32_products")
         through = self.recorded_calls.get(fn.name)
         several = self.ir.devices.count > 1
         printer = BodyPrinter(self.emit_at, several, self.type_checks, self.target is Target.CONTROLLER) \

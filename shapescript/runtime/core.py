@@ -60,6 +60,7 @@ from shapescript.runtime.ops import (
                                               put,
                                               rms_norm,
                                               take,
+                                              tf32_products,
                                               topk,
                                               valid,
                                               window,
@@ -72,4 +73,4 @@ from shapescript.runtime.sinks import Logs, Sink, logs, write
 
 __all__ = ["affine_layer_norm", "ArgDims", "AxisCheck", "BatchGuard", "DimFormula", "KindGuard", "NotFromPython", "Param", "ResultGuard", "TensorGuard", "all_batch_norm", "all_cross_entropy", "all_masked_cross_entropy", "all_masked_mean", "all_mean", "all_sum", "masked_cross_entropy", "matmul", "masked_mean", "masked_sum", "valid", "batch_norm", "Eval", "Mode", "Train", "causal", "causal_mask", "clip_norm", "first", "dropout", "random_normal", "random_uniform", "bernoulli", "randint", "categorical", "gather_param", "gather_heads", "grad_field", "ema", "cut_heads", "world", "grad_norm", "Batch", "DataSpec", "FieldSpec", "Grads", "Logs", "Model", "ModelSpec", "Optimizer", "ParamSpec",
            "Sink", "SubSpec", "TensorDataset", "adamw", "batches", "load", "logs", "python_call", "rearrange", "reduce", "repeat", "save", "sgd",
-           "show", "shuffle", "split_parts", "take", "topk", "window", "last", "conv", "pool", "put", "conv_transpose", "adaptive_pool", "layer_norm", "rms_norm", "group_norm", "mixed_precision", "update", "value_and_grad", "write"]
+           "show", "shuffle", "split_parts", "take", "topk", "window", "last", "conv", "pool", "put", "conv_transpose", "adaptive_pool", "layer_norm", "rms_norm", "group_norm", "mixed_precision", "tf32_products", "update", "value_and_grad", "write"]

@@ -287,3 +287,19 @@ def as_declared(value: object, declared: object) -> object:
     if isinstance(value, tuple) and isinstance(declared, tuple):
         return tuple(as_declared(v, d) for v, d in zip(value, declared))
     return value
+
+
+def tf32_products(fn: Callable[..., object]) -> Callable[..., object]:
+    """`precision tf32`'s wrapper of a fn on the devices: while it runs (and so while a step of it is
+    recorded), a GPU's f32 products and convolutions may use TF32 (torch.backends' allow_tf32 flags,
+    set for the call and put back after it). The CPU's products are torch's f32 ones either way."""
+    @functools.wraps(fn)
+    def run(*args: object) -> object:
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        was = matmul.allow_tf32, cudnn.allow_tf32
+        matmul.allow_tf32 = cudnn.allow_tf32 = True
+        try:
+            return fn(*args)
+        finally:
+            matmul.allow_tf32, cudnn.allow_tf32 = was
+    return run

@@ -291,7 +291,8 @@ class Extern(Node):
 @dataclass(eq=False)
 class Precision(Node):
     """`precision f64`: the dtype of every tensor type written without one (f32 where there is no such
-    line); `precision mixed bf16`: those stay f32, and the devices compute in bf16 where torch.autocast does."""
+    line); `precision mixed bf16`: those stay f32, and the devices compute in bf16 where torch.autocast
+    does; `precision tf32`: f32, with a GPU's products in TF32."""
     dtype: str
     dtype_span: Span
     mixed: bool = False

@@ -114,3 +114,23 @@ def test_a_mixed_precision_other_than_bf16_is_refused(line: str, words: str) -> 
     with pytest.raises(CompileError) as e:
         check_source(f"{line}\n\nfn f(x: [n]) -> [n] = x\n", "f.ss")
     assert e.value.diagnostics[0].code == "E0208" and words in str(e.value)
+
+
+def test_tf32_is_allowed_while_a_function_on_the_devices_runs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`precision tf32`: values stay f32; while a function on the devices runs, a GPU's products may use
+    TF32 (torch's flags, read by an extern fn inside the call), and the flags are put back after it."""
+    (tmp_path / "tf32_probe.py").write_text(
+        "import torch\n\ndef flags(x):\n"
+        "    return x + float(torch.backends.cuda.matmul.allow_tf32) + 2 * float(torch.backends.cudnn.allow_tf32)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = ("precision tf32\n\nextern fn flags(x: [n]) -> [n] = \"tf32_probe.flags\"\n\n"
+              "fn probe(x: [n]) -> [n] = flags(x) * 1.0\n")
+    prog = ss.load(source, devices="cpu", name="tf32.ss")
+    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        out = prog.probe(torch.zeros(2))
+        assert out.dtype == torch.float32 and out.tolist() == [3.0, 3.0]  # both flags on inside the call
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32  # put back
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
