@@ -23,7 +23,7 @@ from ..check.program import Checked
 from ..errors import terminal_lines
 from ..parallel.memory import WorkerMemory
 from ..plan.choice_text import choice_lines, cost_text
-from ..plan.comms import DeviceTable, FnPlan, Layout, device_table
+from ..plan.comms import DeviceTable, device_table
 from ..plan.comms_text import (
     first_values,
     fn_text,
@@ -34,6 +34,7 @@ from ..plan.comms_text import (
     table_report,
     value_text,
 )
+from ..plan.records import FnPlan, Layout
 from ..plan.sizes_text import bytes_text
 from ..shapes.plans import Where
 from . import markup as M

@@ -17,16 +17,14 @@ generic dim). Each record's `bytes_text` is its size in the words `shapescript c
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import sympy
 
 from ..check.program import Checked
 from ..devices import shares, shares_text
-from ..dtypes import ELEMENTS, FLOAT_DTYPES
+from ..dtypes import FLOAT_DTYPES
 from ..errors import Span
 from ..ir import nodes as N
 from ..ir.walk import source_order, statement_parts, statements, walk
@@ -40,141 +38,8 @@ from ..syntax.tree import MemberKind
 from .accumulate import pending_names, reads_pending, reads_whole
 from .layout import Dims, head_axis, model_params, sharded_read
 from .precision import ComputeDtypes
-from .sizes_text import bytes_text
+from .records import DTYPE_BYTES, Collective, FnPlan, Layout, LineItem, Named, Sent, ValueKind
 from .split import split_axes
-
-DTYPE_BYTES = {name: e.bytes for name, e in ELEMENTS.items()}
-
-
-class Named(sympy.Dummy):
-    """A generic dim in the table's sizes, the batch's `b`: still a dim of its own (a Dummy), but
-    printed as written, `2048*b`, where sympy prints a Dummy as `_b`."""
-
-    def _sympystr(self, printer: Any) -> str:
-        return str(self.name)
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective of the compiled program, as one run of its line sends it."""
-    op: str  # "all-reduce"
-    what: str  # what it combines, in words
-    fn: str  # the function whose line it is on
-    span: Span
-    count: sympy.Expr  # how many values
-    dtype: str
-
-    @property
-    def bytes(self) -> sympy.Expr:
-        size: sympy.Expr = self.count * DTYPE_BYTES[self.dtype]
-        return size
-
-    @property
-    def bytes_text(self) -> str:
-        """`bytes` as `shapescript comms` writes it: `2,048·b bytes`."""
-        return bytes_text(self.bytes)
-
-
-@dataclass(frozen=True)
-class Sent:
-    """A collective as a call runs it: `times` is 2 when the backward pass runs it again, and `via`
-    the calls it is reached through, outermost first (empty: in the function's own body); in a loop
-    over a stack of L models, L times as often."""
-    collective: Collective
-    times: int | sympy.Expr = 1
-    via: tuple[str, ...] = ()
-
-    @property
-    def bytes(self) -> sympy.Expr:
-        size: sympy.Expr = self.collective.bytes * self.times
-        return size
-
-    @property
-    def bytes_text(self) -> str:
-        return bytes_text(self.bytes)
-
-
-@dataclass(frozen=True)
-class LineItem:
-    """What one line sends: a collective of its own, or a call whose callee sends something.
-    `backward`: what the backward pass sends instead of the collective again (a gathered param's
-    gradient, reduce-scattered); None for a collective the backward pass runs as big."""
-    span: Span
-    fn: str  # the function whose line it is
-    sent: tuple[Sent, ...]  # for a call: everything the callee sends, its calls included
-    collective: Collective | None = None
-    callee: str | None = None
-    differentiated: bool = False  # the callee, under value_and_grad: forward and backward
-    backward: Collective | None = None
-    again: bool = False  # a sharded param's gather, run again in the backward pass before `backward`
-    repeats: sympy.Expr = sympy.Integer(1)  # how often one call of `fn` runs the line (a loop over a stack)
-
-    @property
-    def bytes(self) -> sympy.Expr:
-        return sympy.Add(*(s.bytes for s in self.sent))
-
-    @property
-    def bytes_text(self) -> str:
-        return bytes_text(self.bytes)
-
-
-class ValueKind(enum.StrEnum):
-    """How a value lies on the devices: SPLIT along an axis (each device its part of the batch),
-    HEADS (split along `split H`'s dim), WHOLE on every device, a MODEL's copy (or pieces) on every
-    device, an OPTIMIZER's state beside its model's, or in the CONTROLLER only."""
-
-    SPLIT = "split"
-    HEADS = "heads"
-    WHOLE = "whole"
-    MODEL = "model"
-    OPTIMIZER = "optimizer"
-    CONTROLLER = "controller"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How one value lies on the devices (`kind`; SPLIT and HEADS along `axis`)."""
-    name: str
-    fn: str | None
-    span: Span
-    type: str
-    kind: ValueKind
-    axis: str | None = None
-    bytes: sympy.Expr | None = None  # the whole value's; a model's params and buffers on one device
-    per_example: sympy.Expr | None = None  # a split value's bytes per example
-    sharded: bool = False  # a model, optimizer or gradients each device holds parts of (`shard params`, `split H`)
-    buffers: sympy.Expr | None = None  # such a model's buffers, whole on each device
-    split_params: tuple[str, ...] = ()  # such a model's (its gradients', its optimizer's) params split along H
-    state: str | None = None  # an optimizer's: what it keeps per param value ("two moments")
-
-    @property
-    def bytes_text(self) -> str | None:
-        """`bytes` as `shapescript comms` writes it (`16·n bytes`); None where the size isn't known."""
-        return bytes_text(self.bytes) if self.bytes is not None else None
-
-    @property
-    def per_example_text(self) -> str | None:
-        return bytes_text(self.per_example) if self.per_example is not None else None
-
-
-@dataclass(frozen=True)
-class FnPlan:
-    name: str
-    span: Span
-    placement: Where
-    reason: str
-    sent: tuple[Sent, ...]  # one call's collectives, its calls included
-    differentiated: bool  # value_and_grad differentiates it somewhere
-    sent_differentiated: tuple[Sent, ...]  # the same under value_and_grad
-
-    @property
-    def bytes(self) -> sympy.Expr:
-        return sympy.Add(*(s.bytes for s in self.sent))
-
-    @property
-    def bytes_text(self) -> str:
-        """What one call sends, as `shapescript comms` writes it: `2,048·b bytes`."""
-        return bytes_text(self.bytes)
 
 
 def device_table(checked: Checked) -> DeviceTable:
@@ -543,10 +408,14 @@ class TableBuilder:
         variables.update(s.var.name for s in statements(fn.body) if isinstance(s, N.For))
         for p in fn.params:
             yield self.layout(fn, p.name, p.span, p.ty)
+        computed = self.computed.names(fn) if self.m.mixed else {}  # `precision mixed bf16`: as computed
         for part in source_order(fn.body):
             name = part.name if isinstance(part, N.Target) else part.id if isinstance(part, N.Name) else None
             if name in variables:
-                yield self.layout(fn, name, part.span, part.ty)
+                ty = part.ty
+                if name in computed and isinstance(ty, T.TensorT):
+                    ty = dataclasses.replace(ty, dtype=computed[name])
+                yield self.layout(fn, name, part.span, ty)
 
     def model_layout(self, name: str, fn: str | None, span: Span, ty: T.ModelT | T.StackT) -> Layout:
         """A model's copy on each device; with `shard params` each device's pieces of its params, with

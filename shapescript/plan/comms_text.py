@@ -12,15 +12,8 @@ from ..check.program import Checked
 from ..shapes import dims as D
 from ..shapes.plans import Where
 from .choice_text import choice_json, choice_lines, option_lines
-from .comms import (
-    DeviceTable,
-    FnPlan,
-    Layout,
-    LineItem,
-    Sent,
-    ValueKind,
-    device_table,
-)
+from .comms import DeviceTable, device_table
+from .records import FnPlan, Layout, LineItem, Sent, ValueKind
 from .sizes_text import bytes_text, number_text
 
 # How `shapescript comms` is told a batch size where no `batches(n)` gives one; the notebook's

@@ -19,6 +19,8 @@ from shapescript.errors import CompileError
 from shapescript.ir import nodes as N
 from shapescript.lower.printer import py_name
 from shapescript.pipeline import check_source
+from shapescript.plan.comms import device_table
+from shapescript.plan.comms_text import hover_text
 from shapescript.plan.precision import ComputeDtypes
 
 HEADER = "precision mixed bf16\n\ndim D = 8\ndim E = 4\ndim C = 3\n\n"
@@ -134,3 +136,17 @@ def test_tf32_is_allowed_while_a_function_on_the_devices_runs(tmp_path, monkeypa
         assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32  # put back
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
+
+
+def test_the_table_and_hovers_show_a_value_in_its_compute_dtype() -> None:
+    source = _readme_mixed().replace("devices cpu\n", "").replace(
+        "    return relu(x @ m.w1) @ m.w2", "    h = relu(x @ m.w1)\n    return h @ m.w2")
+    source = "devices cpu[0 1]\n" + source
+    checked = check_source(source, "mlp.ss")
+    table = device_table(checked)
+    h = next(v for v in table.values if v.fn == "forward" and v.name == "h")
+    x = next(v for v in table.values if v.fn == "forward" and v.name == "x")
+    assert (h.type, h.per_example_text) == ("[b Hd] bf16", "512 bytes")  # 256 bf16 values an example
+    assert (x.type, x.per_example_text) == ("[b D]", "3,136 bytes (3.06 KiB)")  # an argument, as written: f32
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if text.strip().startswith("h = relu"))
+    assert "bf16" in (hover_text(checked, line, 5) or "")

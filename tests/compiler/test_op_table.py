@@ -24,7 +24,7 @@ from shapescript.shapes.plans import Combine
 SPELLED_AS_AN_OP = {
     "shapescript/check/checker.py": {"split"},  # `split H` on a devices line
     "shapescript/check/types.py": {"std"},  # normal(std=)
-    "shapescript/plan/comms.py": {"split"},  # a value's layout: "split" or "whole"
+    "shapescript/plan/records.py": {"split"},  # a value's layout: "split" or "whole"
     "shapescript/plan/comms_text.py": {"split"},
     "shapescript/check/constants.py": {"exp", "log", "sqrt"},  # an initializer's arithmetic
     "shapescript/shapes/options.py": {"min", "max"},  # clamp's bounds, min= and max=
