@@ -1,0 +1,145 @@
+"""A GPT training step, ShapeScript's nanoGPT (examples/nanogpt/gpt.ss, in f32) against nanoGPT's own
+model written in PyTorch (examples/nanogpt/reference.py), side by side in one run (issue 41):
+
+    python benchmarks/gpt_step.py               # the baby GPT (6 layers, 6 heads, 384 wide, 64 x 256 tokens) on cuda:0
+    python benchmarks/gpt_step.py --quick       # a tiny GPT on the CPU: checks the script, not a figure
+    python benchmarks/gpt_step.py --device cpu  # the baby GPT on the CPU (slow; compiling takes minutes)
+
+The sides, each a step of AdamW (lr 6e-4, betas (0.9, 0.95), weight decay 0.1 on the 2-D params) on
+the same batches of tokens, without dropout:
+
+- nanoGPT eager f32, and nanoGPT's defaults: bf16 autocast (on a GPU with bf16), torch.compile of the
+  model and fused AdamW — the reference of the mixed-precision sides;
+- ShapeScript f32 (`prog.train_step`), ShapeScript `precision mixed bf16`, and the same loaded with
+  `compiled=True` (each pure function on the device handed to torch.compile).
+
+After a warmup (compiling, recording), the sides take turns in blocks (ABC..CBA), each step ended by
+a device synchronize; a figure is a side's median step, the ratios against nanoGPT's defaults and
+against nanoGPT eager f32. Their first losses are printed: the same model from the same weights
+(ShapeScript's, copied into nanoGPT's) gives the same loss to the dtype's rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "examples" / "nanogpt", Path(__file__).resolve().parent):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import torch  # noqa: E402
+from common import cpu_model  # noqa: E402  (benchmarks/common.py)
+from reference import GPT, GPTConfig  # noqa: E402  (examples/nanogpt/reference.py)
+
+import shapescript as ss  # noqa: E402
+
+BABY = {"V": 65, "T": 256, "H": 6, "Dh": 64, "L": 6, "M": 1, "New": 1, "TopK": 1}  # nanoGPT's shakespeare-char
+TINY = {"V": 65, "T": 32, "H": 2, "Dh": 16, "L": 2, "M": 1, "New": 1, "TopK": 1}
+F32_SOURCE = ((ROOT / "examples" / "nanogpt" / "gpt.ss").read_text()  # its types in f32
+              .replace("] f64", "]").replace("-1e300", "-1e30"))
+Step = Callable[[dict[str, torch.Tensor]], float]
+
+
+def shapescript_side(dims: dict[str, int], device: str, mixed: bool, compiled: bool) -> tuple[Step, dict]:
+    source = ("precision mixed bf16\n\n" if mixed else "") + F32_SOURCE
+    devices = "cpu" if device == "cpu" else f"cuda[{torch.device(device).index or 0}]"
+    prog = ss.load(source, devices=devices, dims=dims, name="gpt.ss", compiled=compiled)
+    m = prog.Gpt.init(seed=0)
+    opt = ss.adamw(m, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, no_decay=lambda name, p: p.ndim < 2)
+    state = {k: v.detach().cpu().clone() for k, v in m.state_dict().items()}
+
+    def step(batch: dict[str, torch.Tensor]) -> float:
+        return prog.train_step(m, opt, batch, ss.Eval)
+    return step, state
+
+
+def nanogpt_side(dims: dict[str, int], device: str, state: dict, defaults: bool) -> Step:
+    config = GPTConfig(block_size=dims["T"], vocab_size=dims["V"], n_layer=dims["L"], n_head=dims["H"],
+                       n_embd=dims["H"] * dims["Dh"], dropout=0.0)
+    model = GPT(config)
+    with torch.no_grad():
+        model.load_shapescript(state)
+    model.to(device)
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=defaults or None)
+    run = torch.compile(model) if defaults else model
+    bf16 = defaults and (device == "cpu" or torch.cuda.is_bf16_supported())
+    kind = torch.device(device).type
+
+    def step(batch: dict[str, torch.Tensor]) -> float:
+        with torch.autocast(kind, dtype=torch.bfloat16, enabled=bf16):
+            _, loss = run(batch["tokens"], batch["targets"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+    return step
+
+
+def batches(dims: dict[str, int], size: int, count: int, device: str) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(count):
+        tokens = torch.randint(0, dims["V"], (size, dims["T"] + 1), generator=g)
+        out.append({"tokens": tokens[:, :-1].contiguous().to(device), "targets": tokens[:, 1:].contiguous().to(device)})
+    return out
+
+
+def timed(step: Step, data: list[dict[str, torch.Tensor]], device: str) -> list[float]:
+    times = []
+    for batch in data:
+        t0 = time.perf_counter()
+        step(batch)
+        if device != "cpu":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default=None, help="cuda:0 where there is one, else cpu")
+    ap.add_argument("--quick", action="store_true", help="a tiny GPT: checks the script, not a figure")
+    ap.add_argument("--batch", type=int, default=None, help="sequences a step (64; 4 with --quick)")
+    args = ap.parse_args(argv)
+    device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    dims = TINY if args.quick else BABY
+    size = args.batch or (4 if args.quick else 64)
+    rounds, block, warmup = (2, 2, 2) if args.quick else (6, 10, 5)
+    ss_f32, state = shapescript_side(dims, device, mixed=False, compiled=False)
+    sides: dict[str, Step] = {
+        "nanoGPT eager f32": nanogpt_side(dims, device, state, defaults=False),
+        "nanoGPT defaults": nanogpt_side(dims, device, state, defaults=True),
+        "ShapeScript f32": ss_f32,
+        "ShapeScript mixed bf16": shapescript_side(dims, device, mixed=True, compiled=False)[0],
+        "ShapeScript mixed bf16 compiled": shapescript_side(dims, device, mixed=True, compiled=True)[0],
+    }
+    data = batches(dims, size, block, device)
+    name = torch.cuda.get_device_name(device) if device != "cpu" else cpu_model()
+    print(f"GPT step on {device} ({name}), torch {torch.__version__}: L={dims['L']} H={dims['H']} "
+          f"D={dims['H'] * dims['Dh']} T={dims['T']} V={dims['V']}, batch {size}; {rounds} rounds of {block} steps")
+    for label, step in sides.items():
+        print(f"  first loss, {label}: {float(step(data[0])):.5f}", flush=True)
+        for _ in range(warmup):
+            step(data[0])
+    times: dict[str, list[float]] = {label: [] for label in sides}
+    for r in range(rounds):
+        for label in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+            times[label] += timed(sides[label], data, device)
+    medians = {label: statistics.median(t) for label, t in times.items()}
+    print(f"  {'side':<34} {'step':>10} {'/ defaults':>11} {'/ eager f32':>12}")
+    for label, t in medians.items():
+        print(f"  {label:<34} {t * 1e3:>7.2f} ms {t / medians['nanoGPT defaults']:>11.3f} "
+              f"{t / medians['nanoGPT eager f32']:>12.3f}")
+
+
+if __name__ == "__main__":
+    main()
