@@ -109,13 +109,13 @@ _ENTRIES = [
          f"{reserved_text(DATA_RESERVED)}.",
          "model M:\n    param state_dict: [4] = zeros()\n",
          "Rename the member or field."),
-    Code("E0208", "A mixed precision the language can't keep",
-         "`precision mixed bf16` keeps the params, the optimizer's state and every type written without "
-         "a dtype in f32, and computes in bf16 where torch.autocast does. f16 has too narrow a range "
-         "to compute in without scaling the loss and skipping the steps whose gradients overflow, "
-         "which the language doesn't do yet; f32 and f64 aren't narrower than what is kept.",
-         "precision mixed f16\n\nfn f(x: [n]) -> [n] = x\n",
-         "Write `precision mixed bf16`."),
+    Code("E0208", "A mixed precision that isn't narrower",
+         "`precision mixed bf16` (or `f16`) keeps the params, the optimizer's state and every type "
+         "written without a dtype in f32, and computes in the narrower float where torch.autocast does. "
+         "f32 and f64 aren't narrower than what is kept.",
+         "precision mixed f64\n\nfn f(x: [n]) -> [n] = x\n",
+         "Write `precision mixed bf16` (f32's range), or `precision mixed f16` (its loss scaled), or "
+         "`precision f64` for f64 throughout."),
     Code("E0301", "Shapes don't match",
          "Two shapes that must be equal differ. Dims match by name, never by size: with `dim D = 4` "
          "and `dim E = 4`, `[D]` and `[E]` are different shapes. In an elementwise operation the "

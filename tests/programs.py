@@ -98,6 +98,14 @@ README_FILE = ROOT / "examples" / "readme" / "mlp.ss"
 README = README_FILE.read_text()  # the README's MLP, with its `devices cuda[0 1 2]` line
 
 
+# `precision mixed f16` (tests/compiler/test_mixed_precision.py and its several-devices twin): the README
+# MLP with its loss times 100, whose scaled backward overflows f16 at the first steps (the loss scale
+# starts at 2^16), so that updates are skipped and the scale halved until it fits.
+F16_OVERFLOWING = ("precision mixed f16\n\n" + README.replace("devices cuda[0 1 2]\n", "")).replace(
+    "return cross_entropy(forward(m, batch.img), batch.label, over=C)",
+    "return cross_entropy(forward(m, batch.img), batch.label, over=C) * 100.0")
+
+
 def readme_program() -> str:
     """The README's program: its ```ss block, which the README's script loads as mlp.ss (README holds
     it, with its `devices` line and more)."""

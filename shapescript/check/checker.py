@@ -225,16 +225,14 @@ def precision_of(ctx: Context, lines: list[A.Precision]) -> None:
 
 
 def mixed_precision(ctx: Context, line: A.Precision) -> None:
-    """`precision mixed bf16`: the params, the optimizer's state and every type written without a dtype
-    stay f32; the devices compute in bf16 where torch.autocast does (E0208 for another dtype)."""
-    if line.dtype == "bf16":
-        ctx.mixed = "bf16"
+    """`precision mixed bf16` (or f16): the params, the optimizer's state and every type written without
+    a dtype stay f32; the devices compute in bf16 where torch.autocast does (E0208 for another dtype)."""
+    if line.dtype in ("bf16", "f16"):  # f16's steps scale the loss (runtime/loss_scale.py)
+        ctx.mixed = line.dtype
         return
-    why = ("f16's narrow range needs the loss scaled, and skipped steps where the gradients overflow, "
-           "which the language doesn't do yet" if line.dtype == "f16" else
-           f"mixed precision computes in a float narrower than the f32 it keeps, not {line.dtype}")
-    ctx.error("E0208", f"`precision mixed {line.dtype}`: {why}", line.dtype_span, "not bf16",
-              "write `precision mixed bf16`: bf16 has f32's range, so no step overflows")
+    ctx.error("E0208", f"`precision mixed {line.dtype}`: mixed precision computes in a float narrower than the "
+              f"f32 it keeps, not {line.dtype}", line.dtype_span, "not bf16 or f16",
+              "write `precision mixed bf16` (f32's range), or `precision mixed f16` (its loss scaled)")
 
 
 def model_params(ctx: Context, node: A.Model) -> tuple[str, ...]:

@@ -151,6 +151,7 @@ class _Writer:
         several = self.ir.devices.count > 1
         printer = BodyPrinter(self.emit_at, several, self.type_checks, self.target is Target.CONTROLLER) \
             if through is None else RecordingPrinter(through, self.emit_at, several, self.type_checks)
+        printer.scaled = self.ir.mixed == "f16"
         printer.function(fn)
 
     def emit_at(self, text: str, span: Span | None = None, indent: int = 0) -> None:

@@ -72,6 +72,7 @@ class BodyPrinter:
     def __init__(self, emit: Emit, several: bool, type_checks: TypeChecks | None, controller: bool = False) -> None:
         self.emit, self.several, self.type_checks = emit, several, type_checks
         self.controller = controller  # printing the controller's module of a program on several devices
+        self.scaled = False  # `precision mixed f16`: value_and_grad scales the loss (runtime/loss_scale.py)
 
     def function(self, fn: N.Function) -> None:
         names = [py_name(p.name) for p in fn.params]
@@ -233,7 +234,8 @@ class BodyPrinter:
         """value_and_grad, by its op's entry in the table: the function it differentiates, then that
         function's arguments. On several devices it always works across the batch axis (every
         device's gradients are added up), and its entry's lowering for that says where it is."""
-        args = [py_name(node.fn)] + self.passed(node.args) + (["sync=False"] if node.deferred else [])
+        args = [py_name(node.fn)] + self.passed(node.args) + (["sync=False"] if node.deferred else []) + \
+            (["scaled=True"] if self.scaled else [])
         call = LowerCall(args, args, NO_OPTIONS, literal(str(node.span)), lambda k, index: args[k], NO_RECIPE,
                          size_text, literal, spec_var)
         op = OPS[node.op]

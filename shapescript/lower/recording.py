@@ -60,7 +60,11 @@ def _callees(fn: N.Function) -> set[str]:
 
 
 def _recordable(module: N.Module) -> list[str]:
-    """The .ss names of the functions whose steps may be recorded, in the module's order."""
+    """The .ss names of the functions whose steps may be recorded, in the module's order. None under
+    `precision mixed f16`: a step reads whether its gradients overflowed on the host, which a CUDA
+    graph can't."""
+    if module.mixed == "f16":
+        return []
     fns = {fn.name: fn for fn in module.functions}
     ruled_out = {name for name, fn in fns.items() if not _only_device_work(fn)}
     changed = True

@@ -151,13 +151,14 @@ class WorkerState:
     def describe(self) -> str:
         return describe_status(self.kind, self.text)
 
-    def before_update(self) -> None:
+    def before_update(self, overflow: bool) -> bool:
         """Before an optimizer step changes a model (runtime/optim.py's hook): the controller's word
         on the step before, in a chained call; then every worker's word that none has raised an
         error of its own in this step (collectives.agree_to_update: one int64 summed), which would
-        otherwise leave the others updating without it (runtime/ledger.py)."""
+        otherwise leave the others updating without it (runtime/ledger.py). Answers whether any
+        worker's gradients overflowed (`overflow`: this one's; `precision mixed f16`)."""
         self.take_verdict()
-        collectives.agree_to_update(self.device)
+        return collectives.agree_to_update(self.device, overflow=overflow)
 
     def take_verdict(self) -> None:
         """In a chained call (a step sent before the controller had the answer to the one before it),

@@ -237,16 +237,18 @@ def _sum(t: torch.Tensor, shared: bool) -> None:
 UPDATE_WHERE = "the workers' word before an update"
 
 
-def agree_to_update(device: torch.device, failed: bool = False) -> None:
+def agree_to_update(device: torch.device, failed: bool = False, overflow: bool = False) -> bool:
     """Before an update (runtime/optim.py's before_update):
     the sum of every worker's failure flag, one int64, through shared memory where the workers sum
     there, else Gloo. Nonzero, a worker raised an error of its own in this call and joined the rest
     of its collectives with zeros (runtime/ledger.py): every worker raises StepSkipped, so that none
     changes a model. Not recorded (the DeviceTable counts the program's own collectives); skipped
-    while a recorded step is captured, where nothing may wait for the host (runtime/recorded.py)."""
+    while a recorded step is captured, where nothing may wait for the host (runtime/recorded.py).
+    `overflow`: whether this worker's gradients overflowed (`precision mixed f16`), summed in the same
+    int64's high bits; answers whether any worker's did."""
     if world() == 1 or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        return
-    _sum_flags(device, failed, UPDATE_WHERE, noted=True)
+        return overflow
+    return _sum_flags(device, failed, UPDATE_WHERE, noted=True, overflow=overflow)
 
 
 def sum_flags(device: torch.device, failed: bool, where: str) -> None:
@@ -256,15 +258,20 @@ def sum_flags(device: torch.device, failed: bool, where: str) -> None:
     _sum_flags(device, failed, where, noted=False)
 
 
-def _sum_flags(device: torch.device, failed: bool, where: str, noted: bool) -> None:
+OVERFLOW = 1 << 32  # an overflow's flag, above any count of failed workers (at most MAX_DEVICES)
+
+
+def _sum_flags(device: torch.device, failed: bool, where: str, noted: bool, overflow: bool = False) -> bool:
     """Noted: a collective of the call's (the ledger's Op.FLAG, which a failed worker joins too);
-    else only where a stuck worker waits."""
-    flag = torch.full((1,), int(failed), dtype=torch.int64, device=device)
+    else only where a stuck worker waits. Answers whether any worker flagged an overflow."""
+    flag = torch.full((1,), int(failed) + OVERFLOW * int(overflow), dtype=torch.int64, device=device)
     shared = shm is not None and shm.can_sum(flag)
     with collective(Op.FLAG, 1, torch.int64, where, shared) if noted else waiting_at(where):
         _sum(flag, shared)
-    if int(flag.item()):
+    total = int(flag.item())
+    if total % OVERFLOW:
         raise StepSkipped("another worker raised an error of its own in this call")
+    return total >= OVERFLOW
 
 
 def join_with_zeros(entry: Issued, device: torch.device) -> None:

@@ -19,9 +19,10 @@ import torch
 from shapescript.errors import DomainError, ShapeError
 from shapescript.names import similar
 from shapescript.optimizers import OptimizerKind
-from shapescript.runtime.collectives import BucketedAverage, average_grads, bucketed_average
+from shapescript.runtime.collectives import BucketedAverage, average_grads, bucketed_average, world
 from shapescript.runtime.fused_step import optimizer_step
 from shapescript.runtime.grads import Grads
+from shapescript.runtime.loss_scale import overflowed, scale_kept, scale_of
 from shapescript.runtime.model import Model, ModelSpec, leaves, param_names, type_text
 from shapescript.runtime.schedules import Schedule, from_header
 from shapescript.runtime.sharding import keeping_pieces, sharding
@@ -30,10 +31,23 @@ from shapescript.runtime.steps import between_steps
 
 
 def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: str = "value_and_grad",
-                   sync: bool = True) -> tuple[torch.Tensor, Grads]:
+                   sync: bool = True, scaled: bool = False) -> tuple[torch.Tensor, Grads]:
     """`f(m, *args)` and its gradient with respect to `m`'s trained params. `sync=False` (the
     compiler's choice where the gradients only add up before an update, plan/accumulate.py): a whole
-    model's gradients stay this worker's own until read whole (grads.py)."""
+    model's gradients stay this worker's own until read whole (grads.py). `scaled` (`precision mixed
+    f16`): the gradient of `f` times `m`'s loss scale, divided by it again (runtime/loss_scale.py)."""
+    # On N workers each one's backward makes N times its part of the gradient (every worker's loss is
+    # the whole batch's, and seeds it with 1), which the average undoes: seeded with scale / N, each
+    # holds the values one device would, and overflows where one device would.
+    seed = scale_of(m).scale / world() if scaled else None
+    v, grads = _value_and_grad(f, m, args, where, sync, seed)
+    if seed is None:
+        return v, grads
+    return v, Grads(grads.model_spec, [t / seed for t in grads.tensors], grads.pieces, grads.pending)
+
+
+def _value_and_grad(f: Callable[..., torch.Tensor], m: Model, args: tuple, where: str, sync: bool,
+                    scale: float | None) -> tuple[torch.Tensor, Grads]:
     params = m.params()
     pieces = sharding(m)
     pending = not sync and pieces is None
@@ -43,10 +57,10 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: 
     torch._C._set_grad_enabled(True)  # as torch.enable_grad(), without a context object every step
     try:
         if pieces is None:
-            v, grads = _differentiate(f, m, args, params, buckets)
+            v, grads = _differentiate(f, m, args, params, buckets, scale)
         else:
             with keeping_pieces(m):
-                v, grads = _differentiate(f, m, args, params, None)
+                v, grads = _differentiate(f, m, args, params, None, scale)
     finally:
         torch._C._set_grad_enabled(grad_was)
     tensors = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
@@ -64,8 +78,10 @@ def value_and_grad(f: Callable[..., torch.Tensor], m: Model, *args: Any, where: 
 
 
 def _differentiate(f: Callable[..., torch.Tensor], m: Model, args: tuple, params: list[torch.Tensor],
-                   buckets: BucketedAverage | None) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
-    """`f(m, *args)`, checked to be a float scalar, and its gradients (None where a param has none)."""
+                   buckets: BucketedAverage | None, scale: float | None = None
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
+    """`f(m, *args)`, checked to be a float scalar, and its gradients (None where a param has none);
+    with a `scale`, the gradients of `f(m, *args) * scale`."""
     v = f(m, *args)
     if not isinstance(v, torch.Tensor) or v.ndim != 0 or not v.is_floating_point():
         what = (f"a {type_text(v.shape, v.dtype)} tensor" if isinstance(v, torch.Tensor)
@@ -74,10 +90,11 @@ def _differentiate(f: Callable[..., torch.Tensor], m: Model, args: tuple, params
                          f"{what}, expected a float scalar []")
     if not (v.requires_grad and params):  # v does not depend on any param: autograd.grad would refuse
         return v, (None,) * len(params)
+    seed = v if scale is None else v * scale
     if buckets is None:
-        return v, torch.autograd.grad(v, params, allow_unused=True)
+        return v, torch.autograd.grad(seed, params, allow_unused=True)
     with buckets:
-        return v, torch.autograd.grad(v, params, allow_unused=True)
+        return v, torch.autograd.grad(seed, params, allow_unused=True)
 
 
 class Settings(Mapping[str, Any]):
@@ -531,13 +548,17 @@ MAKERS: dict[OptimizerKind, Callable[..., Optimizer]] = {
 # Set by a worker (parallel/program_handlers.py): called before each optimizer step, the first change
 # a step makes, so that a step sent ahead of the controller's answer to the one before it changes
 # nothing until the controller says that one went through (WorkerState.take_verdict).
-before_update: Callable[[], None] | None = None
+# Set by a worker (parallel/worker.py): before an update, every worker's word that none failed in the
+# step, and whether any found its gradients overflowed (its argument: this worker's), which it answers.
+before_update: Callable[[bool], bool] | None = None
 
 
 def update(m: Model, opt: Optimizer, g: Grads) -> None:
-    """One optimizer step of `m` along `g`."""
-    if before_update is not None:
-        before_update()
+    """One optimizer step of `m` along `g`; with a loss scale (`precision mixed f16`), none where a
+    worker's gradients overflowed, the scale halved (runtime/loss_scale.py)."""
+    scale = scale_kept(m)
+    if before_update is not None and scale is None:
+        before_update(False)
     if opt.model is not m:
         raise ShapeError(f"update: this {opt.kind} optimizer was made for another "
                          f"{opt.model.spec.name} model, not the one being updated "
@@ -547,6 +568,12 @@ def update(m: Model, opt: Optimizer, g: Grads) -> None:
                          f"{m.spec.name} (declared at {m.spec.where})")
     params = m.params()
     g = g.synced("update")
+    if scale is not None:  # every worker's word on the overflow, with its word on failures
+        overflow = overflowed(g.tensors)
+        if before_update is not None:
+            overflow = before_update(overflow)
+        if not scale.stepped(overflow):
+            return  # skipped: the model and its optimizer's state as they were
     schedule = opt.schedule
     if schedule is not None:  # its lr at this position, for this update
         lr = schedule.at(opt.steps)
@@ -576,7 +603,7 @@ def ema(avg: Model, m: Model, decay: float | torch.Tensor) -> None:
     get_ema_multi_avg_fn(decay) (its `lerp_`); buffers stay. On several devices every worker holds
     both models alike (or alike pieces of them), so each moves its own."""
     if before_update is not None:  # it changes a model: as an update, only once the step may
-        before_update()
+        before_update(False)
     if avg.spec is not m.spec and avg.spec != m.spec:
         raise ShapeError(f"ema: the average is a {avg.spec.name}, the model a {m.spec.name}")
     weight = 1 - decay

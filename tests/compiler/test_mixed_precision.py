@@ -5,14 +5,15 @@ in their written dtypes. Checked here on one device (the CPU, where bf16 autocas
 - the compute dtype the compiler gives each op (plan/precision.py, from the op table's `autocast`)
   is the dtype torch.autocast gives the op's lowering, run under autocast on the CPU;
 - the README MLP trains as a hand-written PyTorch loop under torch.autocast does;
-- f16 is refused (E0208), and results from Python are in their written dtypes.
+- f16 scales the loss and skips the updates that overflow, as torch.amp.GradScaler does;
+- f32 and f64 are refused (E0208), and results from Python are in their written dtypes.
 tests/several/test_mixed_precision_several.py runs it on several devices."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from programs import README
+from programs import F16_OVERFLOWING, README
 
 import shapescript as ss
 from shapescript.errors import CompileError
@@ -109,10 +110,10 @@ def test_the_readme_mlp_trains_as_torch_autocast_does() -> None:
 
 
 @pytest.mark.parametrize("line,words", [
-    ("precision mixed f16", "f16's narrow range needs the loss scaled"),
-    ("precision mixed f32", "mixed precision computes in a float narrower than the f32 it keeps"),
+    ("precision mixed f32", "mixed precision computes in a float narrower than the f32 it keeps, not f32"),
+    ("precision mixed f64", "mixed precision computes in a float narrower than the f32 it keeps, not f64"),
 ])
-def test_a_mixed_precision_other_than_bf16_is_refused(line: str, words: str) -> None:
+def test_a_mixed_precision_other_than_bf16_or_f16_is_refused(line: str, words: str) -> None:
     with pytest.raises(CompileError) as e:
         check_source(f"{line}\n\nfn f(x: [n]) -> [n] = x\n", "f.ss")
     assert e.value.diagnostics[0].code == "E0208" and words in str(e.value)
@@ -150,3 +151,31 @@ def test_the_table_and_hovers_show_a_value_in_its_compute_dtype() -> None:
     assert (x.type, x.per_example_text) == ("[b D]", "3,136 bytes (3.06 KiB)")  # an argument, as written: f32
     line = next(i for i, text in enumerate(source.splitlines(), 1) if text.strip().startswith("h = relu"))
     assert "bf16" in (hover_text(checked, line, 5) or "")
+
+
+def test_f16_scales_the_loss_and_skips_the_steps_that_overflow_as_grad_scaler_does() -> None:
+    assert "* 100.0" in F16_OVERFLOWING
+    prog = ss.load(F16_OVERFLOWING, devices="cpu", name="mlp.ss")
+    m = prog.Mlp.init(seed=0)
+    opt = ss.adamw(m, lr=1e-3)
+    w1, w2 = (m.w1.detach().clone().requires_grad_(), m.w2.detach().clone().requires_grad_())
+    ref = torch.optim.AdamW([w1, w2], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(0)
+    skipped = 0
+    for _ in range(12):
+        x, y = torch.randn(64, 784, generator=g), torch.randint(0, 10, (64,), generator=g)
+        loss = prog.train_step(m, opt, {"img": x, "label": y})
+        with torch.autocast("cpu", dtype=torch.float16):
+            ref_loss = torch.nn.functional.cross_entropy(torch.relu(x @ w1) @ w2, y) * 100.0
+        ref.zero_grad()
+        scaler.scale(ref_loss).backward()
+        before = scaler.get_scale()
+        scaler.step(ref)
+        scaler.update()
+        skipped += scaler.get_scale() < before
+        assert float(loss) == pytest.approx(float(ref_loss.detach()), rel=1e-6)
+    assert 0 < skipped < 12  # some steps overflowed, and then they fit
+    assert opt.steps == 12 - skipped  # the same steps skipped
+    torch.testing.assert_close(m.w1, w1.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(m.w2, w2.detach(), atol=1e-5, rtol=0)

@@ -1,13 +1,14 @@
 """`precision mixed bf16` on several devices: the README MLP trains as on one device (cpu[0 1] and
 cpu[0 1 2], and with `shard params`), and under `split H` the attention example's collectives are
 sent in the dtypes the DeviceTable says: the heads' partial products in bf16 (half the bytes of f32),
-the gradients of the f32 params in f32 (recorded on every worker, compared line by line)."""
+the gradients of the f32 params in f32 (recorded on every worker, compared line by line). And
+`precision mixed f16`: every worker skips the updates whose gradients overflowed, as one device does."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from programs import GPT, GPT_DIMS, README
+from programs import F16_OVERFLOWING, GPT, GPT_DIMS, README
 from test_comms import _compare_a_step
 from test_equivalence import digits
 
@@ -69,3 +70,33 @@ def test_what_a_mixed_step_sends_under_split_h_is_what_the_table_says() -> None:
     ops = _compare_a_step("devices cpu\n    split H\n\n" + MIXED + GPT, GPT_DIMS, "Gpt", lambda: (batch, ss.Eval), "cpu[0 1]",
                           {"b": 7})
     assert ops["all-reduce"] > 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices,options", [("cpu[0 1]", ""), ("cpu[0 1 2]", ""), ("cpu[0 1]", "    shard params\n")])
+def test_f16_skips_the_same_updates_on_every_worker_as_on_one_device(devices: str, options: str) -> None:
+    """`precision mixed f16` with a loss whose scaled backward overflows f16 at the first steps: every
+    worker skips the same updates (each one's count of steps, asked of each), as one device does (the
+    scale seeds each worker's backward over N, so that each holds the values one device would), and
+    the params end as one device's, to AdamW's magnifying of f16's rounding (eps 1: within 2^-5 of the
+    largest move; measured within 1.6%)."""
+    source = f"devices cpu\n{options}\n" + F16_OVERFLOWING if options else F16_OVERFLOWING
+    data = digits(8, 64, 784, 10)
+    runs = {}
+    for where in ("cpu", devices):
+        prog = ss.load(source if where == devices else F16_OVERFLOWING, devices=where, name="mlp.ss")
+        try:
+            m = prog.Mlp.init(seed=0)
+            before = {k: v.clone() for k, v in m.state_dict().items()}
+            opt = ss.adamw(m, lr=1e-3, eps=1.0, weight_decay=0.0)
+            losses = [float(prog.train_step(m, opt, batch)) for batch in data]
+            steps = prog.workers().call("optimizer_steps", (opt._handle,)) if where != "cpu" else [opt.steps]
+            runs[where] = (losses, steps, {k: before[k] - v for k, v in m.state_dict().items()})
+        finally:
+            prog.stop()
+    (ref_losses, (ref_steps,), ref_moved), (losses, steps, moved) = runs["cpu"], runs[devices]
+    assert 0 < ref_steps < len(data)  # some updates were skipped
+    assert steps == [ref_steps] * len(steps)  # every worker skipped those, and only those
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    for k, want in ref_moved.items():
+        torch.testing.assert_close(moved[k], want, atol=2 ** -5 * float(want.abs().max()), rtol=0, msg=k)
