@@ -272,7 +272,11 @@ def mixed_precision(compute: str, declared: object) -> Callable[[Callable[..., o
         @functools.wraps(fn)
         def run(*args: object) -> object:
             device = str(namespace["DEVICE"])  # read at each call: the loader sets a worker's
-            with torch.autocast("cuda" if device.startswith("cuda") else "cpu", dtype=dtype):
+            cuda = device.startswith("cuda")
+            # A step recorded as a CUDA graph keeps no cast of a weight from outside the capture (as
+            # torch's CUDA-graph notes ask): autocast's cache of casts is off while one is captured.
+            cache = not (cuda and torch.cuda.is_current_stream_capturing())
+            with torch.autocast("cuda" if cuda else "cpu", dtype=dtype, cache_enabled=cache):
                 result = fn(*args)
             return as_declared(result, declared)
         return run
