@@ -6,31 +6,71 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 import pytest
-from programs import README
+import torch
 from ray_support import assert_same, digit_batches, eventually_nothing_left, ours_on_the_cluster, train
 
-import shapescript as ss
 from shapescript.parallel import cluster as clusters
 from shapescript.parallel.handlers import listening_sockets
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
-STEPS = 20
+# As tests/cluster/test_client.py: the actors' messages and placement are what is new here, which a few
+# steps show; tests/several/test_equivalence.py trains the README MLP 20 steps on local workers. (20 took 8 s
+# of steps on two hosts.)
+STEPS = 5
 
 
-def test_readme_mlp_on_one_host_of_the_cluster_then_nothing_left() -> None:
-    def on_the_cluster(pool: Any) -> None:
+@dataclass
+class OneHost:
+    """The README MLP trained on one device and on cpu[0 1] on the cluster (losses and params), and
+    what the cluster held and this machine's processes listened on while those workers ran."""
+
+    reference: tuple[list[float], dict[str, torch.Tensor]]
+    run: tuple[list[float], dict[str, torch.Tensor]]
+    actors: int
+    groups: int
+    labels: list[str]
+    workers: list[int]
+    ray_processes: list[int]
+    listening: dict[int, list[tuple[str, int]]]
+    commands: dict[int, list[str]]
+
+
+@pytest.fixture(scope="module")
+def one_host() -> OneHost:
+    """One program's workers on one host for the tests that look at them (a start of actors is 5-8 s
+    of the 2 CPUs): looked at once the steps are done, then stopped (`train` ends with the stop)."""
+    seen: dict[str, Any] = {}
+
+    def look(pool: Any) -> None:
         actors, groups = ours_on_the_cluster()
-        assert len(actors) == 2 and len(groups) == 1  # what stop() must remove is there to see
-        assert [w.label for w in pool._workers] == ["cpu:0 at 127.0.0.1", "cpu:1 at 127.0.0.1"]
+        ray_processes = [p.pid for p in psutil.Process().children(recursive=True)]
+        listening = {pid: listening_sockets(pid) for pid in {os.getpid(), *ray_processes}}
+        seen.update(actors=len(actors), groups=len(groups), labels=[w.label for w in pool._workers],
+                    workers=list(pool.pids), ray_processes=ray_processes, listening=listening,
+                    commands={pid: command(pid) for pid, found in listening.items() if found})
 
     batches = digit_batches(STEPS, 64)  # as tests/several/test_equivalence.py: within 1e-5 on local workers too
-    assert_same(train("cpu", batches), train("cpu[0 1]", batches, on_the_cluster))
+    return OneHost(train("cpu", batches), train("cpu[0 1]", batches, look), **seen)
+
+
+def command(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()[:2]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_readme_mlp_on_one_host_of_the_cluster_then_nothing_left(one_host: OneHost) -> None:
+    assert one_host.actors == 2 and one_host.groups == 1  # what stop() must remove is there to see
+    assert one_host.labels == ["cpu:0 at 127.0.0.1", "cpu:1 at 127.0.0.1"]
+    assert_same(one_host.reference, one_host.run)
     eventually_nothing_left()
 
 
@@ -52,25 +92,16 @@ def loopback(address: str) -> bool:
     return address.removeprefix("::ffff:").startswith("127.") or address == "::1"  # IPv4 in IPv6 too
 
 
-def test_nothing_listens_beyond_the_loopback() -> None:
-    """While a program runs: this process (the controller), its workers, and every process of Ray's
-    (all descendants of this one, which started the simulated nodes)."""
-    prog = ss.load(README, devices="cpu[0 1]", name="mlp.ss")
-    try:
-        m = prog.Mlp.init(seed=0)
-        opt = ss.adamw(m, lr=1e-3)
-        prog.train_step(m, opt, digit_batches(1, 8)[0])
-        workers = prog.pool.pids
-        ray_processes = [p.pid for p in psutil.Process().children(recursive=True)]
-        assert set(workers) <= set(ray_processes)  # the actors are Ray's worker processes
-        listening = {pid: listening_sockets(pid) for pid in {os.getpid(), *ray_processes}}
-        for pid in workers:  # Gloo's sockets, and worker 0's store: the look does see sockets
-            assert listening[pid], f"worker process {pid} listens on nothing"
-        beyond = {pid: [a for a in found if not loopback(a[0])] for pid, found in listening.items()}
-        assert not {pid: found for pid, found in beyond.items() if found}, \
-            {pid: psutil.Process(pid).cmdline()[:2] for pid, found in beyond.items() if found}
-    finally:
-        prog.stop()
+def test_nothing_listens_beyond_the_loopback(one_host: OneHost) -> None:
+    """While a program runs (one_host's look): this process (the controller), its workers, and every
+    process of Ray's (all descendants of this one, which started the simulated nodes)."""
+    listening = one_host.listening
+    assert set(one_host.workers) <= set(one_host.ray_processes)  # the actors are Ray's worker processes
+    for pid in one_host.workers:  # Gloo's sockets, and worker 0's store: the look does see sockets
+        assert listening[pid], f"worker process {pid} listens on nothing"
+    beyond = {pid: [a for a in found if not loopback(a[0])] for pid, found in listening.items()}
+    assert not {pid: found for pid, found in beyond.items() if found}, \
+        {pid: one_host.commands[pid] for pid, found in beyond.items() if found}
 
 
 def test_without_ray_a_typed_error_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,8 +13,9 @@ import os
 import re
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,10 +88,15 @@ class Kernel:
             self.shutdown()
             raise
 
-    def run(self, code: str, timeout: float = TIMEOUT) -> Run:
+    def run(self, code: str, timeout: float = TIMEOUT, on_output: Callable[[dict[str, Any]], None] | None = None) -> Run:
+        """`code` run as a cell; `on_output` is given each message of its output as it comes."""
         messages: list[dict[str, Any]] = []
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=messages.append,
-                                                stop_on_error=False)
+
+        def hook(msg: dict[str, Any]) -> None:
+            messages.append(msg)
+            if on_output is not None:
+                on_output(msg)
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=hook, stop_on_error=False)
         run = Run(reply["content"]["status"])
         for msg in messages:
             kind, content = msg["msg_type"], msg["content"]
@@ -315,20 +321,41 @@ def test_stop_and_the_kernels_end_leave_no_worker(tmp_path: Path) -> None:
         k.shutdown()
 
 
+STARTED = "print('started', flush=True)\n"  # a cell's first line, from which Interrupts count
+
+
+class Interrupts:
+    """The kernel interrupted (■) `delays` seconds after the cell printed `started` (STARTED), each
+    from a timer: counted from when the cell runs, not from when it was sent, which on a loaded
+    machine may be seconds before. An `on_output` of Kernel.run; cancel() once the cell is done."""
+
+    def __init__(self, kernel: Kernel, *delays: float) -> None:
+        self.timers = [threading.Timer(delay, kernel.manager.interrupt_kernel) for delay in delays]
+        self.started = False
+
+    def __call__(self, msg: dict[str, Any]) -> None:
+        if not self.started and msg["msg_type"] == "stream" and "started" in msg["content"]["text"]:
+            self.started = True
+            for timer in self.timers:
+                timer.start()
+
+    def cancel(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+
+
 @pytest.mark.slow
 def test_an_interrupt_stops_a_loop_at_a_step_and_the_model_trains_on(fresh: Kernel) -> None:
-    import threading
-
     fresh.ok(cell(LINEAR_STEP))
     fresh.ok("m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)\npids = ss_program.pool.pids\n"
              "batch = {'x': torch.randn(6, 3), 'y': torch.arange(6) % 2}\nsteps = 0")
     workers = set(fresh.ok("print(json.dumps(pids))").value())
-    timer = threading.Timer(3.0, fresh.manager.interrupt_kernel)
-    timer.start()
+    interrupts = Interrupts(fresh, 0.5)  # some steps in
     try:  # a loop of short steps: the interrupt lands during a step (which ends first) or between two
-        run = fresh.run("while True:\n    step(m, opt, batch)\n    steps += 1", timeout=60)
+        run = fresh.run(STARTED + "while True:\n    step(m, opt, batch)\n    steps += 1", timeout=60,
+                        on_output=interrupts)
     finally:
-        timer.cancel()
+        interrupts.cancel()
     assert run.status == "error" and run.error["ename"] in ("KeyboardInterrupt", "StepInterrupt")
     assert set(fresh.ok("print(json.dumps(ss_program.pool.pids))").value()) == workers  # the same workers
     before = fresh.ok("w = m.w\nprint(json.dumps(steps))").value()
@@ -340,19 +367,16 @@ def test_an_interrupt_that_waited_for_the_step_is_its_message_and_tb_has_the_res
     """An interrupt during a call on the workers shows what became of the step and the models, in a
     few lines, not 40-60 lines through the package ending in an empty
     `StepInterrupt: `; %tb then shows the whole traceback."""
-    import threading
-
     fresh.ok(cell(LINEAR_STEP))
     fresh.ok("m = Lin.init(seed=0)\nopt = ss.adamw(m, lr=0.1)")
-    # A double click on ■: the second press, 0.3 s after the first, is ignored
-    timers = [threading.Timer(delay, fresh.manager.interrupt_kernel) for delay in (2.0, 2.3)]
-    for timer in timers:
-        timer.start()
+    # A double click on ■: the second press, 0.3 s after the first, is ignored. The step (3 s) ends
+    # 2.5 s after the first press: time for both to land on a loaded machine.
+    interrupts = Interrupts(fresh, 0.5, 0.8)
     try:
-        run = fresh.run("x = 1\nss_program.workers().call('sleep', (4,), where='a long step')", timeout=60)
+        run = fresh.run(STARTED + "x = 1\nss_program.workers().call('sleep', (3,), where='a long step')", timeout=60,
+                        on_output=interrupts)
     finally:
-        for timer in timers:
-            timer.cancel()
+        interrupts.cancel()
     assert run.status == "error" and run.error["ename"] == "StepInterrupt", run.traceback
     # each press said at once what it does
     assert run.stderr == FIRST_SAID + DOUBLE_SAID, run.stderr
@@ -368,21 +392,17 @@ def test_an_interrupt_that_waited_for_the_step_is_its_message_and_tb_has_the_res
 
 
 def test_a_second_quick_interrupt_stops_the_workers_and_says_so(fresh: Kernel) -> None:
-    import threading
-
     fresh.ok(cell("devices cpu[0 1]\nmodel Lin:\n    param w: [3 2] = zeros()\n"))
     fresh.ok("m = Lin.init(seed=0)\npids = ss_program.pool.pids")
     workers = set(fresh.ok("print(json.dumps(pids))").value())
     # Two interrupts while the controller waits for the workers, as during a long step: the first
     # would wait for the step to end; the second, 1.5 s later (not a double click), stops the workers at once.
-    timers = [threading.Timer(delay, fresh.manager.interrupt_kernel) for delay in (3.0, 4.5)]
-    for timer in timers:
-        timer.start()
+    interrupts = Interrupts(fresh, 0.5, 2.0)
     try:
-        run = fresh.run("ss_program.workers().call('sleep', (60,), where='a long step')", timeout=60)
+        run = fresh.run(STARTED + "ss_program.workers().call('sleep', (60,), where='a long step')", timeout=60,
+                        on_output=interrupts)
     finally:
-        for timer in timers:
-            timer.cancel()
+        interrupts.cancel()
     assert run.status == "error" and run.error["ename"] == "KeyboardInterrupt"
     assert "were stopped in the middle of a long step: the models and optimizer state on them are gone" \
         in run.traceback
