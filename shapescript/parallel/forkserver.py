@@ -235,12 +235,21 @@ class ControllerFork(_Process):
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped by someone else's waitpid(-1)
-                self.returncode = UNKNOWN_EXIT
+            except ChildProcessError:  # reaped by `reap`, or by someone else's waitpid(-1)
+                if self.returncode is None:
+                    self.returncode = UNKNOWN_EXIT
             else:
                 if pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
+
+    def reap(self) -> None:
+        """Wait for the server to end, and reap it (ForkServer's reaper thread)."""
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            return
+        self.returncode = os.waitstatus_to_exitcode(status)
 
 
 def _open(fd: int) -> bool:
@@ -273,6 +282,11 @@ class ForkServer:
             theirs.close()
         self._lock = threading.Lock()  # one fork request at a time
         self._ready: bool | None = None  # None until the server says it is ready (or fails)
+        # Reaped as soon as it ends, however it ends: a zombie counts as a live child to whoever waits
+        # for this process's children, as a Jupyter kernel does when it is shut down (it sends them
+        # SIGTERM and waited out its 2.5 s for the server, then was SIGTERMed itself: no atexit ran).
+        reap = self.proc.reap if isinstance(self.proc, ControllerFork) else self.proc.wait
+        threading.Thread(target=reap, name="shapescript-fork-server-reaper", daemon=True).start()
 
     def alive(self) -> bool:
         return self.proc.poll() is None

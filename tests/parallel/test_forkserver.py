@@ -24,6 +24,7 @@ from shapescript.api import parse_devices
 from shapescript.errors import WorkerError
 from shapescript.parallel import forkserver
 from shapescript.parallel.pool import WorkerPool
+from shapescript.parallel.processes import proc_state
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = """\
@@ -372,3 +373,25 @@ def test_workers_forked_after_the_server_idled_have_what_torch_optim_imports(tmp
                 assert prog.pool.pids and {parent_of(p) for p in prog.pool.pids} == {forkserver._server.proc.pid}
             finally:
                 prog.stop()
+
+
+def test_a_server_that_ends_is_reaped_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Jupyter kernel being shut down sends its children SIGTERM and waits for them to be gone: a
+    fork server left a zombie made it wait out its 2.5 s and then be SIGTERMed itself (no atexit ran).
+    The controller reaps its server as soon as it ends, however it ends."""
+    monkeypatch.setenv(forkserver.ENV, "on")
+    forkserver.stop_server()
+    pool = WorkerPool(parse_devices("cpu[0 1]"))
+    try:
+        pool.start()
+        server = forkserver._server
+        assert server is not None and server.alive()
+        os.kill(server.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while proc_state(server.proc.pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc_state(server.proc.pid) is None  # gone, not a zombie waiting for a waitpid
+        assert server.proc.pid not in [c.pid for c in psutil.Process().children()]
+        assert [answer["rank"] for answer in pool.call("ping", ())] == [0, 1]  # the workers go on
+    finally:
+        pool.stop()
