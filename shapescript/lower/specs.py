@@ -87,7 +87,7 @@ def model_order(c: ir.Module) -> list[T.ModelT]:
 STANDALONE_MODULES = ("errors.py", "names.py", "dtypes.py", "inits.py", "optimizers.py", "runtime/steps.py",
                       "runtime/sigint.py", "runtime/schedules.py",
                       "runtime/model.py", "runtime/collectives.py", "runtime/sharding.py", "runtime/heads.py",
-                      "runtime/fused_step.py", "runtime/grads.py", "runtime/loss_scale.py", "runtime/optim.py", "runtime/products.py",
+                      "runtime/fused_step.py", "runtime/grads.py", "runtime/loss_scale.py", "runtime/optim.py", "runtime/autodiff.py", "runtime/products.py",
                       "runtime/data.py", "runtime/loops.py", "runtime/sinks.py", "runtime/checkpoint.py", "runtime/calls.py",
                       "runtime/patterns.py", "runtime/modes.py", "runtime/ops.py", "runtime/guards.py")
 

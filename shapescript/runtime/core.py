@@ -1,5 +1,6 @@
 """Everything generated code calls, in one namespace (`_rt` in a built module)."""
 
+from shapescript.runtime.autodiff import value_and_grad
 from shapescript.runtime.calls import python_call, show
 from shapescript.runtime.checkpoint import load, save
 from shapescript.runtime.collectives import (
@@ -65,7 +66,7 @@ from shapescript.runtime.ops import (
                                               valid,
                                               window,
 )
-from shapescript.runtime.optim import Optimizer, adamw, ema, sgd, update, value_and_grad
+from shapescript.runtime.optim import Optimizer, adamw, ema, sgd, update
 from shapescript.runtime.patterns import rearrange, reduce, repeat, split_parts
 from shapescript.runtime.products import matmul
 from shapescript.runtime.sharding import gather_param

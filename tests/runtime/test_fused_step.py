@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from shapescript.runtime import fused_step
+from shapescript.runtime.autodiff import value_and_grad
 from shapescript.runtime.model import Model, ModelSpec
-from shapescript.runtime.optim import adamw, update, value_and_grad
+from shapescript.runtime.optim import adamw, update
 
 
 def counted(opt: torch.optim.Optimizer) -> list[int]:

@@ -21,8 +21,9 @@ from support import ROOT
 import shapescript as ss
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime import checkpoint, recorded
+from shapescript.runtime.autodiff import value_and_grad
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec
-from shapescript.runtime.optim import Optimizer, update, value_and_grad
+from shapescript.runtime.optim import Optimizer, update
 
 _SPEC = importlib.util.spec_from_file_location("nanogpt_train_reference", ROOT / "examples" / "nanogpt" / "train_reference.py")
 assert _SPEC is not None and _SPEC.loader is not None

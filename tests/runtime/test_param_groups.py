@@ -11,8 +11,9 @@ import torch
 
 from shapescript.errors import DomainError, ShapeError
 from shapescript.runtime import checkpoint
+from shapescript.runtime.autodiff import value_and_grad
 from shapescript.runtime.model import Model, ModelSpec
-from shapescript.runtime.optim import Optimizer, adamw, sgd, update, value_and_grad
+from shapescript.runtime.optim import Optimizer, adamw, sgd, update
 
 STEPS = 4
 

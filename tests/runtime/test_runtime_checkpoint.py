@@ -20,10 +20,11 @@ from safetensors.torch import load_file, save_file
 
 import shapescript.runtime.checkpoint as checkpoint
 from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.autodiff import value_and_grad
 from shapescript.runtime.checkpoint import load, save
 from shapescript.runtime.leftovers import owner_tag
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec
-from shapescript.runtime.optim import Optimizer, adamw, sgd, update, value_and_grad
+from shapescript.runtime.optim import Optimizer, adamw, sgd, update
 
 # A small model so the resumption tests stay fast: x @ w1 -> relu -> @ w2.
 SMALL = ModelSpec("Small", (

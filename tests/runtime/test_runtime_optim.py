@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.autodiff import value_and_grad
 from shapescript.runtime.model import Model, ModelSpec
-from shapescript.runtime.optim import Grads, adamw, sgd, update, value_and_grad
+from shapescript.runtime.optim import Grads, adamw, sgd, update
 
 
 def mlp_loss(m: Model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,9 @@ from torch.optim import lr_scheduler as L
 
 import shapescript as ss
 from shapescript.errors import DomainError, ShapeError
+from shapescript.runtime.autodiff import value_and_grad
 from shapescript.runtime.model import Model, ModelSpec, ParamSpec
-from shapescript.runtime.optim import Optimizer, update, value_and_grad
+from shapescript.runtime.optim import Optimizer, update
 
 F64 = torch.float64
 SPEC = ModelSpec("Net", (ParamSpec("w", "param", (5, 3), F64, "normal", (("std", 0.5),), "net.ss:2:5"),
