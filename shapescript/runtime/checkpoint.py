@@ -34,6 +34,7 @@ from shapescript.runtime.optim import (
     checked_hyper,
     grouped_names,
     named_state,
+    param_hint,
     torch_optimizer,
 )
 from shapescript.runtime.schedules import Schedule
@@ -272,10 +273,12 @@ def _settings(path: str, opt: Optimizer, meta: dict[str, Any], count: int) -> tu
         raise ShapeError(f"{at} `group.params` is {_json_text(group['params'])}; the optimizer's "
                          f"params are numbered 0 to {count - 1}")
     hyper = checked_hyper(opt.kind, hyper, f"{at} hyper.")
-    unknown = [n for n in hyper["no_decay"] if n not in param_names(opt.model.spec)]
+    trained = param_names(opt.model.spec)
+    unknown = [n for n in hyper["no_decay"] if n not in trained]
     if unknown:
         raise ShapeError(f"{at} `hyper.no_decay` names {unknown[0]!r}, which is no trained param of "
-                         f"{opt.model.spec.name} (declared at {opt.model.spec.where})")
+                         f"{opt.model.spec.name} (declared at {opt.model.spec.where}): "
+                         f"{param_hint(str(unknown[0]), list(trained))}")
     # torch's flags stay the optimizer's own; its settings are the checkpoint's, group by group
     # (the params without weight decay keep none).
     groups = torch_optimizer(opt.kind, opt.model, hyper).state_dict()["param_groups"]

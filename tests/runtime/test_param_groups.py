@@ -144,7 +144,12 @@ def test_a_checkpoint_naming_no_param_is_refused_and_changes_nothing(net: ModelS
     other = Model.init(net, seed=4)
     other_opt = adamw(other)
     before = {n: t.clone() for n, t in other.named_params()}
-    with pytest.raises(ShapeError, match="`hyper.no_decay` names 'gone'"):
+    with pytest.raises(ShapeError, match="`hyper.no_decay` names 'gone'") as e:
         checkpoint.load(tmp_path / "bad.safetensors", other, other_opt)
+    assert f"its trained params are {', '.join(n for n, _ in other.named_params())}" in str(e.value)  # a hint
+    meta["hyper"]["no_decay"] = ["scal"]
+    save_file(tensors, str(tmp_path / "near.safetensors"), {checkpoint._META: json.dumps(meta)})
+    with pytest.raises(ShapeError, match="names 'scal'.*did you mean `scale`"):
+        checkpoint.load(tmp_path / "near.safetensors", other, other_opt)
     assert all(torch.equal(t, before[n]) for n, t in other.named_params())
     assert other_opt.hyper["no_decay"] == [] and len(other_opt.torch_opt.param_groups) == 1
