@@ -4,6 +4,7 @@ the words `shapescript comms` prints them in."""
 
 from __future__ import annotations
 
+import abc
 import enum
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +27,20 @@ class Named(sympy.Dummy):
         return str(self.name)
 
 
+class _Sized(abc.ABC):
+    """A record with a size: `bytes`, and `bytes_text`, as `shapescript comms` writes it (`2,048·b bytes`)."""
+
+    @property
+    @abc.abstractmethod
+    def bytes(self) -> sympy.Expr: ...
+
+    @property
+    def bytes_text(self) -> str:
+        return bytes_text(self.bytes)
+
+
 @dataclass(frozen=True)
-class Collective:
+class Collective(_Sized):
     """One collective of the compiled program, as one run of its line sends it."""
     op: str  # "all-reduce"
     what: str  # what it combines, in words
@@ -41,14 +54,9 @@ class Collective:
         size: sympy.Expr = self.count * DTYPE_BYTES[self.dtype]
         return size
 
-    @property
-    def bytes_text(self) -> str:
-        """`bytes` as `shapescript comms` writes it: `2,048·b bytes`."""
-        return bytes_text(self.bytes)
-
 
 @dataclass(frozen=True)
-class Sent:
+class Sent(_Sized):
     """A collective as a call runs it: `times` is 2 when the backward pass runs it again, and `via`
     the calls it is reached through, outermost first (empty: in the function's own body); in a loop
     over a stack of L models, L times as often."""
@@ -61,13 +69,9 @@ class Sent:
         size: sympy.Expr = self.collective.bytes * self.times
         return size
 
-    @property
-    def bytes_text(self) -> str:
-        return bytes_text(self.bytes)
-
 
 @dataclass(frozen=True)
-class LineItem:
+class LineItem(_Sized):
     """What one line sends: a collective of its own, or a call whose callee sends something.
     `backward`: what the backward pass sends instead of the collective again (a gathered param's
     gradient, reduce-scattered); None for a collective the backward pass runs as big."""
@@ -84,10 +88,6 @@ class LineItem:
     @property
     def bytes(self) -> sympy.Expr:
         return sympy.Add(*(s.bytes for s in self.sent))
-
-    @property
-    def bytes_text(self) -> str:
-        return bytes_text(self.bytes)
 
 
 class ValueKind(enum.StrEnum):
@@ -130,7 +130,7 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class FnPlan:
+class FnPlan(_Sized):
     name: str
     span: Span
     placement: Where
@@ -142,8 +142,3 @@ class FnPlan:
     @property
     def bytes(self) -> sympy.Expr:
         return sympy.Add(*(s.bytes for s in self.sent))
-
-    @property
-    def bytes_text(self) -> str:
-        """What one call sends, as `shapescript comms` writes it: `2,048·b bytes`."""
-        return bytes_text(self.bytes)
