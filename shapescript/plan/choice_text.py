@@ -52,7 +52,21 @@ def choice_json(choice: LayoutChoice) -> dict[str, Any]:
             "step": choice.step, "batch": choice.batch, "costs": [cost(c) for c in choice.costs]}
 
 
+def devices_line(checked: Checked) -> A.Devices | None:
+    """The program's devices line (its first, where it has more), None where it has none."""
+    return next((i for i in checked.program.items if isinstance(i, A.Devices)), None)
+
+
+def choice_options(checked: Checked) -> dict[str, A.DeviceOption]:
+    """The devices line's `layout auto` and `memory` options, by kind (the first of each)."""
+    line = devices_line(checked)
+    found: dict[str, A.DeviceOption] = {}
+    for o in line.options if line is not None else []:
+        if o.kind in ("layout", "memory"):
+            found.setdefault(o.kind, o)
+    return found
+
+
 def option_lines(checked: Checked) -> set[int]:
     """The lines of the devices line's `layout auto` and `memory` options, where a hover shows the choice."""
-    lines = [i for i in checked.program.items if isinstance(i, A.Devices)]
-    return {o.span.line for o in (lines[0].options if lines else []) if o.kind in ("layout", "memory")}
+    return {o.span.line for o in choice_options(checked).values()}

@@ -24,8 +24,7 @@ from ..check.program import Checked
 from ..devices import DeviceSet
 from ..errors import CompileError, Diagnostic, Span
 from ..shapes.plans import LayoutChoice, LayoutCost
-from ..syntax import tree as A
-from .choice_text import cost_text
+from .choice_text import choice_options, cost_text, devices_line
 from .costs import batch_of, cost_of, refused, step_of
 from .sizes_text import short_bytes
 
@@ -104,9 +103,6 @@ def need_text(c: LayoutCost) -> str:
 
 def budget_span(checked: Checked) -> Span:
     """The `memory` option's span, or the devices line's, or the program's."""
-    lines = [i for i in checked.program.items if isinstance(i, A.Devices)]
-    if not lines:
-        return checked.program.span
-    memory = next((o for o in lines[0].options if o.kind == "memory"), None)
-    layout = next((o for o in lines[0].options if o.kind == "layout"), None)
-    return (memory or layout or lines[0]).span
+    line = devices_line(checked)
+    options = choice_options(checked)
+    return (options.get("memory") or options.get("layout") or line or checked.program).span

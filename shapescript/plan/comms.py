@@ -279,7 +279,7 @@ class TableBuilder:
                             lambda t: split_axes(dims, t) if t is not None else [], lambda size: False)
             sent = op.across.payload(view)
             carries_result = isinstance(result, T.TensorT) and sent.dtype == result.dtype  # its values, as computed
-            dtype = self.computed.of(fn, node) or sent.dtype if carries_result else sent.dtype
+            dtype = (self.computed.of(fn, node) or sent.dtype) if carries_result else sent.dtype
             return self._make(fn, node, sent.what, sent.values, dtype)
         assert isinstance(result, T.TensorT)  # `@`, einsum, reduce: every device's partial product, summed
         return self._make(fn, node, PARTIAL_PRODUCTS, numel(result), self.computed.of(fn, node) or result.dtype)
