@@ -567,6 +567,12 @@ class TensorDataset:
     def __len__(self) -> int:
         return self._length
 
+    @property
+    def home(self) -> torch.device | None:
+        """The device every field is on, or None where they are on different ones."""
+        devices = {t.device for t in self.fields.values()}
+        return devices.pop() if len(devices) == 1 else None
+
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         i = int_arg(i, "TensorDataset[i]", "i")
         if not -self._length <= i < self._length:

@@ -145,8 +145,12 @@ class _Batches:
     @functools.cached_property
     def order_tensor(self) -> torch.Tensor:
         """`order` as a tensor of indices, which a TensorDataset's batches are sliced from (no list of
-        ints made into a tensor at every step)."""
-        return shuffle_order(self.total, self.seeds) if self.seeds else torch.arange(self.total)
+        ints made into a tensor at every step). On the dataset's device when its fields share one: a
+        dataset kept on a GPU gets its order there once a pass, not its indices uploaded each step
+        (the upload of a pageable tensor waits for the device)."""
+        order = shuffle_order(self.total, self.seeds) if self.seeds else torch.arange(self.total)
+        home = self.base.home if isinstance(self.base, TensorDataset) else None
+        return order if home is None or home.type == "cpu" else order.to(home)
 
     def load(self) -> Iterator[Batch]:
         """The batches, loaded and checked one by one (what iterating yields, without `progress`)."""

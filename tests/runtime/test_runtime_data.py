@@ -340,3 +340,24 @@ def test_a_tensor_dataset_checked_whole_is_trusted_until_a_field_changes() -> No
     data.fields["x"] = torch.zeros(5, 3)  # replaced, with another shape
     with pytest.raises(ss.ShapeError):
         prog.run(data, ss.sinks.memory())
+
+
+def test_a_loops_order_lives_where_its_tensor_dataset_does() -> None:
+    """A shuffled loop over a TensorDataset slices its batches' indices from an order made once a pass
+    on the dataset's own device (a GPU's dataset: no upload of indices at each step); its fields on
+    different devices, or a dataset on the CPU, keep the order on the CPU. The meta device stands in
+    for a GPU (a tensor there has a device and a shape, no data; put in the fields by hand, since a
+    TensorDataset refuses one)."""
+    prog = ss.load(LOOP, name="loop.ss")
+    on_meta = ss.TensorDataset(x=torch.zeros(5, 2), y=torch.zeros(5, dtype=torch.long))
+    on_meta.fields = {name: t.to("meta") for name, t in on_meta.fields.items()}
+    assert on_meta.home == torch.device("meta")
+    order = batches(shuffle(on_meta, seed=1), 2, prog.Row).order_tensor
+    assert order.device.type == "meta" and order.shape == (5,)
+    mixed = ss.TensorDataset(x=torch.zeros(5, 2), y=torch.zeros(5, dtype=torch.long))
+    mixed.fields["x"] = mixed.fields["x"].to("meta")
+    assert mixed.home is None
+    assert batches(shuffle(mixed, seed=1), 2, prog.Row).order_tensor.device.type == "cpu"
+    on_cpu = ss.TensorDataset(x=torch.zeros(5, 2), y=torch.zeros(5, dtype=torch.long))
+    cpu_order = batches(shuffle(on_cpu, seed=1), 2, prog.Row).order_tensor
+    assert cpu_order.device.type == "cpu" and sorted(cpu_order.tolist()) == list(range(5))
