@@ -69,3 +69,33 @@ def test_inductor_equals_eager() -> None:
         assert got == pytest.approx(want, abs=1e-5)
     assert params < 1e-5
     assert prog.compile_report()["loss"] is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_compiled_steps_compose_with_recorded_steps() -> None:
+    """On a GPU a compiled program's train_step is still recorded: its compiled loss runs eagerly
+    through the warm-up (compiling once), then the whole step, compiled kernels and eager update, is
+    captured as one CUDA graph and replayed, computing what the eager, unrecorded program computes.
+    (aot_eager keeps this test to seconds; benchmarks/gpt_step.py times inductor's kernels recorded.)"""
+    from recorded_support import data
+
+    from shapescript.runtime import recorded
+    recorder = recorded.recorder_for("cuda:0")
+    assert recorder is not None, "recording is off (SHAPESCRIPT_RECORD)"
+    torch._dynamo.reset()
+    counters.clear()
+    prog = ss.load(MLP, devices="cuda[0]", compiled="aot_eager")
+    eager = ss.load(MLP, devices="cuda[0]")
+    eager.namespace.pop("RECORDABLE")  # its calls run as they would without recording
+    m, ref = prog.Mlp.init(seed=0), eager.Mlp.init(seed=0)
+    opt, ref_opt = ss.adamw(m, lr=1e-3), ss.adamw(ref, lr=1e-3)
+    losses, ref_losses = [], []
+    for batch in data([64] * 12 + [10]):
+        losses.append(float(prog.train_step(m, opt, batch)))
+        ref_losses.append(float(eager.train_step(ref, ref_opt, batch)))
+    assert recorder.report()["train_step"].startswith("recorded (replays "), recorder.report()
+    assert counters["stats"]["unique_graphs"] == 1, counters["stats"]  # the last batch of 10: no recompile
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    for name, value in ref.state_dict().items():
+        torch.testing.assert_close(m.state_dict()[name], value, atol=1e-5, rtol=0)
