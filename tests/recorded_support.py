@@ -88,3 +88,17 @@ def data(sizes: list[int], seed: int = 5) -> list[dict[str, torch.Tensor]]:
         x = torch.randn(n, 784, generator=g)
         out.append({"img": x, "label": (x @ teacher).argmax(dim=1)})
     return out
+
+
+def recorded_and_eager(prog: Any, eager: Any, sizes: list[int]) -> tuple[list[float], list[float], Any, Any]:
+    """The README's train_step on data(sizes), from the same init, by `prog` (recorded where its device
+    records) and by `eager` with its RECORDABLE table taken away (its calls run as they would without
+    recording): each side's losses, then each side's model."""
+    eager.namespace.pop("RECORDABLE")
+    m, ref = prog.Mlp.init(seed=0), eager.Mlp.init(seed=0)
+    opt, ref_opt = ss.adamw(m, lr=1e-3), ss.adamw(ref, lr=1e-3)
+    losses, ref_losses = [], []
+    for batch in data(sizes):
+        losses.append(float(prog.train_step(m, opt, batch)))
+        ref_losses.append(float(eager.train_step(ref, ref_opt, batch)))
+    return losses, ref_losses, m, ref

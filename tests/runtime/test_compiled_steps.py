@@ -77,7 +77,7 @@ def test_cuda_compiled_steps_compose_with_recorded_steps() -> None:
     through the warm-up (compiling once), then the whole step, compiled kernels and eager update, is
     captured as one CUDA graph and replayed, computing what the eager, unrecorded program computes.
     (aot_eager keeps this test to seconds; benchmarks/gpt_step.py times inductor's kernels recorded.)"""
-    from recorded_support import data
+    from recorded_support import recorded_and_eager
 
     from shapescript.runtime import recorded
     recorder = recorded.recorder_for("cuda:0")
@@ -85,14 +85,7 @@ def test_cuda_compiled_steps_compose_with_recorded_steps() -> None:
     torch._dynamo.reset()
     counters.clear()
     prog = ss.load(MLP, devices="cuda[0]", compiled="aot_eager")
-    eager = ss.load(MLP, devices="cuda[0]")
-    eager.namespace.pop("RECORDABLE")  # its calls run as they would without recording
-    m, ref = prog.Mlp.init(seed=0), eager.Mlp.init(seed=0)
-    opt, ref_opt = ss.adamw(m, lr=1e-3), ss.adamw(ref, lr=1e-3)
-    losses, ref_losses = [], []
-    for batch in data([64] * 12 + [10]):
-        losses.append(float(prog.train_step(m, opt, batch)))
-        ref_losses.append(float(eager.train_step(ref, ref_opt, batch)))
+    losses, ref_losses, m, ref = recorded_and_eager(prog, ss.load(MLP, devices="cuda[0]"), [64] * 12 + [10])
     assert recorder.report()["train_step"].startswith("recorded (replays "), recorder.report()
     assert counters["stats"]["unique_graphs"] == 1, counters["stats"]  # the last batch of 10: no recompile
     assert not counters["graph_break"], dict(counters["graph_break"])

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from programs import CUDA_NET, README
-from recorded_support import FakeGraphs, data, state_of, table
+from recorded_support import FakeGraphs, data, recorded_and_eager, state_of, table
 from support import ROOT
 
 import shapescript as ss
@@ -445,14 +445,7 @@ def test_readme_recorded_on_cuda0_matches_its_eager_steps(monkeypatch: pytest.Mo
     recorder = recorded.recorder_for("cuda:0")
     assert recorder is not None, "recording is off (SHAPESCRIPT_RECORD)"
     prog = ss.load(README, devices="cuda[0]")
-    eager = ss.load(README, devices="cuda[0]")
-    eager.namespace.pop("RECORDABLE")  # its calls run as they would without recording
-    m, ref = prog.Mlp.init(seed=0), eager.Mlp.init(seed=0)
-    opt, ref_opt = ss.adamw(m, lr=1e-3), ss.adamw(ref, lr=1e-3)
-    losses, ref_losses = [], []
-    for batch in data([64] * 20 + [10]):
-        losses.append(float(prog.train_step(m, opt, batch)))
-        ref_losses.append(float(eager.train_step(ref, ref_opt, batch)))
+    losses, ref_losses, m, ref = recorded_and_eager(prog, ss.load(README, devices="cuda[0]"), [64] * 20 + [10])
     assert recorder.report()["train_step"].startswith("recorded (replays ")
     assert losses == pytest.approx(ref_losses, abs=1e-5)
     torch.testing.assert_close(m.w1, ref.w1, atol=1e-5, rtol=0)
