@@ -15,7 +15,8 @@ the same batches of tokens, without dropout:
 
 After a warmup (compiling, recording), the sides take turns in blocks (ABC..CBA), each step ended by
 a device synchronize; a figure is a side's median step, the ratios against nanoGPT's defaults and
-against nanoGPT eager f32. Their first losses are printed: the same model from the same weights
+against nanoGPT eager f32; on a GPU each side's peak memory during its first steps, above what was
+held before them. Their first losses are printed: the same model from the same weights
 (ShapeScript's, copied into nanoGPT's) gives the same loss to the dtype's rounding.
 """
 
@@ -126,19 +127,43 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name(device) if device != "cpu" else cpu_model()
     print(f"GPT step on {device} ({name}), torch {torch.__version__}: L={dims['L']} H={dims['H']} "
           f"D={dims['H'] * dims['Dh']} T={dims['T']} V={dims['V']}, batch {size}; {rounds} rounds of {block} steps")
+    peaks: dict[str, float] = {}
     for label, step in sides.items():
+        before = _allocated(device, reset=True)
         print(f"  first loss, {label}: {float(step(data[0])):.5f}", flush=True)
         for _ in range(warmup):
             step(data[0])
+        peaks[label] = _peak(device) - before
     times: dict[str, list[float]] = {label: [] for label in sides}
     for r in range(rounds):
         for label in (list(sides) if r % 2 == 0 else list(reversed(sides))):
             times[label] += timed(sides[label], data, device)
     medians = {label: statistics.median(t) for label, t in times.items()}
-    print(f"  {'side':<34} {'step':>10} {'/ defaults':>11} {'/ eager f32':>12}")
+    print(f"  {'side':<34} {'step':>10} {'/ defaults':>11} {'/ eager f32':>12} {'peak MiB':>9}")
     for label, t in medians.items():
+        peak = f"{peaks[label] / 2**20:>9.1f}" if device != "cpu" else f"{'-':>9}"
         print(f"  {label:<34} {t * 1e3:>7.2f} ms {t / medians['nanoGPT defaults']:>11.3f} "
-              f"{t / medians['nanoGPT eager f32']:>12.3f}")
+              f"{t / medians['nanoGPT eager f32']:>12.3f} {peak}")
+    if device != "cpu":
+        print("  peak MiB: the most the GPU held during a side's first steps, above what it held before them "
+              "(its optimizer state, gradients and activations; its params, made before, are not counted)")
+
+
+def _allocated(device: str, reset: bool = False) -> int:
+    """Bytes the caching allocator has handed out on a GPU (0 on the CPU); `reset` starts its peak anew."""
+    if device == "cpu":
+        return 0
+    torch.cuda.synchronize(device)
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def _peak(device: str) -> int:
+    if device == "cpu":
+        return 0
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
 
 
 if __name__ == "__main__":
