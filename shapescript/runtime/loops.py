@@ -150,7 +150,7 @@ class _Batches:
         (the upload of a pageable tensor waits for the device)."""
         order = shuffle_order(self.total, self.seeds) if self.seeds else torch.arange(self.total)
         home = self.base.home if isinstance(self.base, TensorDataset) else None
-        return order if home is None or home.type == "cpu" else order.to(home)
+        return order if home is None else order.to(home)  # to the CPU: the order itself
 
     def load(self) -> Iterator[Batch]:
         """The batches, loaded and checked one by one (what iterating yields, without `progress`)."""
