@@ -30,7 +30,7 @@ from .parallel.interrupts import preparing_a_call
 from .parallel.remote import RemoteFunction
 from .pipeline import build, compile_program, parse_devices, python_modules, read_program, short_repr
 from .plan.comms import device_table
-from .runtime import calls, loops, recorded, steps
+from .runtime import calls, loops, recorded, sinks, steps
 from .runtime.guards import signature_check
 from .runtime.model import Model, require_visible
 from .shapes import value_types as T
@@ -432,7 +432,10 @@ class Function:
         if self._on_workers or not self.program.several:
             # one cuda device: a fn in the module's RECORDABLE table is recorded (runtime/recorded.py)
             recorder = recorded.for_program(self.program.namespace, self._py)
-            return self._py(*checked) if recorder is None else recorder.call(self._py.__name__, self._py, checked)
+            try:
+                return self._py(*checked) if recorder is None else recorder.call(self._py.__name__, self._py, checked)
+            finally:  # every record a GPU's values held back is written before the call returns or raises
+                sinks.send_held()
         # A controller's fn: its loops may send steps without waiting for their answers.
         with pipeline.settled(lambda: self.program.pool, f"`{self.name}`", self.program.checked.device_set):
             return self._py(*checked)

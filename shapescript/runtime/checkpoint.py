@@ -38,6 +38,7 @@ from shapescript.runtime.optim import (
     torch_optimizer,
 )
 from shapescript.runtime.schedules import Schedule
+from shapescript.runtime.sinks import send_held
 from shapescript.runtime.steps import between_steps
 
 if TYPE_CHECKING:
@@ -373,6 +374,7 @@ def _opt_state(path: str, model: Model, opt: Optimizer, meta: dict[str, Any],
 def load(path: str | os.PathLike[str], model: Model, opt: Optimizer | None = None) -> None:
     """Restore `model` (and `opt`, and the scheduler driving its lr) from `path`; on any mismatch
     nothing is changed. Between two steps of a background run, as `save`."""
+    send_held()  # the records a GPU's values held back, before the model changes (runtime/sinks.py)
     _check_path(path, "restore")
     with between_steps():
         driving = _driving(opt)

@@ -25,6 +25,7 @@ from shapescript.runtime.loss_scale import overflowed, scale_kept
 from shapescript.runtime.model import Model, ModelSpec, leaves, param_names
 from shapescript.runtime.schedules import Schedule, from_header
 from shapescript.runtime.sigint import deliver_ctrl_c, hold_ctrl_c, release_ctrl_c
+from shapescript.runtime.sinks import send_held
 from shapescript.runtime.steps import between_steps
 
 
@@ -487,6 +488,7 @@ before_update: Callable[[bool], bool] | None = None
 def update(m: Model, opt: Optimizer, g: Grads) -> None:
     """One optimizer step of `m` along `g`; with a loss scale (`precision mixed f16`), none where a
     worker's gradients overflowed, the scale halved (runtime/loss_scale.py)."""
+    send_held()  # the records a GPU's values held back, before the model changes (runtime/sinks.py)
     scale = scale_kept(m)
     if before_update is not None and scale is None:
         before_update(False)
@@ -533,6 +535,7 @@ def ema(avg: Model, m: Model, decay: float | torch.Tensor) -> None:
     """`avg`'s params moved toward `m`'s: decay·avg + (1 − decay)·m, as torch's AveragedModel with
     get_ema_multi_avg_fn(decay) (its `lerp_`); buffers stay. On several devices every worker holds
     both models alike (or alike pieces of them), so each moves its own."""
+    send_held()
     if before_update is not None:  # it changes a model: as an update, only once the step may
         before_update(False)
     if avg.spec is not m.spec and avg.spec != m.spec:

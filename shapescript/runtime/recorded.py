@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from shapescript.runtime import collectives, optim
+from shapescript.runtime import collectives, optim, sinks
 from shapescript.runtime.data import Batch, trusted_batch
 from shapescript.runtime.model import Model
 from shapescript.runtime.modes import Mode
@@ -289,6 +289,7 @@ class Recorder:
     def call(self, name: str, fn: Callable[..., Any], values: Sequence[Any], extra: Any = None) -> Any:
         """`fn(*values)`, recorded where it can be. `extra`: anything else the step depends on (a
         worker's part of the batch)."""
+        sinks.send_held()  # a replay changes the models: the records held before it go first
         entry = self.fns.get(fn)
         if entry is None:
             entry = self.fns[fn] = _Fn(name)

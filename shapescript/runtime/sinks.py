@@ -15,6 +15,7 @@ import math
 import numbers
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
@@ -197,5 +198,77 @@ def memory() -> Sink:
     return _Memory()
 
 
+# -- records held while their values come from a GPU -------------------------------------------------
+# Reading a logged value from a GPU waits for the step that made it, and the host then has nothing
+# queued for the device. A passive sink's record (its writing reads nothing of the program) whose
+# values are on a GPU is held instead: its values start on their way to the host (into pinned memory,
+# without waiting), and it is written when the program is next about to change a model (an update,
+# ema, load), when a recorded step is about to run, when a record that isn't held is written, or when
+# the call from Python ends or raises: by then its step is usually done. So it is written before the
+# next step changes anything, and a sink's error ends the loop with the models as that record's step
+# left them, as on the CPU and on several devices (parallel/pipeline.py).
+
+HELD_DEVICES = frozenset({"cuda"})  # whose values a record is held for (a test adds "cpu")
+HOLD_AT_MOST = 2  # records held at once, where a loop writes several between two updates
+_held = threading.local()  # each thread's held records, oldest first: a background run has its own
+
+
+class _Held:
+    """A record whose values are on their way to the host: `done` marks their copies' end."""
+
+    __slots__ = ("sink", "values", "done")
+
+    def __init__(self, sink: Sink, record: Logs) -> None:
+        self.sink, self.done = sink, None
+        self.values: dict[str, Any] = {}
+        for name, value in record.values.items():
+            if _held_value(value):
+                if value.device.type == "cuda" and self.done is None:
+                    self.done = torch.cuda.Event()
+                value = value.detach().to("cpu", non_blocking=True)  # into pinned memory: no wait
+            self.values[name] = value
+        if self.done is not None:
+            self.done.record()
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.query()
+
+    def send(self) -> None:
+        if self.done is not None:
+            self.done.synchronize()
+        self.sink.write(Logs(**self.values))
+
+
+def _held_value(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type in HELD_DEVICES
+
+
 def write(sink: Sink, record: Logs) -> None:
+    """The program's `write(log, record)`: at once, or held (above)."""
+    if getattr(sink, "passive", False) and isinstance(record, Logs) and any(map(_held_value, record.values.values())):
+        held: list[_Held] | None = getattr(_held, "records", None)
+        if held is None:
+            held = _held.records = []
+        while held and (len(held) >= HOLD_AT_MOST or held[0].ready()):
+            _send_first(held)
+        held.append(_Held(sink, record))
+        return
+    send_held()
     sink.write(record)
+
+
+def send_held() -> None:
+    """Write this thread's held records, oldest first. One whose sink raises ends it: the records held
+    after it are dropped (their steps came after the failed write, as a loop's end would have it)."""
+    held: list[_Held] | None = getattr(_held, "records", None)
+    while held:
+        _send_first(held)
+
+
+def _send_first(held: list[_Held]) -> None:
+    first = held.pop(0)
+    try:
+        first.send()
+    except BaseException:
+        held.clear()
+        raise
