@@ -60,8 +60,9 @@ chromium:
 bench: $(VENV)/.installed
 	$(PY) benchmarks/step.py
 
-# On a machine with a GPU: the GPU-only tests, then benchmarks/gpu.py (without one it says so). It uses
-# the python that has the GPU build of torch (PYTHON=..., else .venv's, else python3): no CPU install first.
+# On a machine with a GPU: the GPU-only tests, then benchmarks/gpu.py and benchmarks/gpu_gpt.py (without one
+# it says so). It uses the python that has the GPU build of torch (PYTHON=..., else .venv's, else python3):
+# no CPU install first.
 gpu-check:
 	scripts/gpu_check.sh
 

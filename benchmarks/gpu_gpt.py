@@ -1,17 +1,30 @@
-"""A GPT training step, ShapeScript's nanoGPT (examples/nanogpt/gpt.ss, in f32) against nanoGPT's own
-model written in PyTorch (examples/nanogpt/reference.py), side by side in one run (issue 41):
+"""A GPT training step: ShapeScript's nanoGPT (examples/nanogpt/gpt.ss, in f32) against nanoGPT's own
+model.py (Karpathy's, unmodified, in benchmarks/third_party/nanogpt), side by side in one run on the
+same device and the same batches (issue 41):
 
-    python benchmarks/gpt_step.py               # the baby GPT (6 layers, 6 heads, 384 wide, 64 x 256 tokens) on cuda:0
-    python benchmarks/gpt_step.py --quick       # a tiny GPT on the CPU: checks the script, not a figure
-    python benchmarks/gpt_step.py --device cpu  # the baby GPT on the CPU (slow; compiling takes minutes)
+    python benchmarks/gpu_gpt.py               # the baby GPT on cuda:0
+    python benchmarks/gpu_gpt.py --quick       # a tiny GPT on the CPU: checks the script, not a figure
+    python benchmarks/gpu_gpt.py --device cpu  # the baby GPT on the CPU (slow; compiling takes minutes)
 
-The sides, each a step of AdamW (lr 6e-4, betas (0.9, 0.95), weight decay 0.1 on the 2-D params) on
-the same batches of tokens, without dropout:
+The baby GPT is nanoGPT's config/train_shakespeare_char.py: n_layer 6, n_head 6, n_embd 384,
+block_size 256, batches of 64 sequences, a vocabulary of 65 characters. That config trains with
+dropout 0.2; here both sides run without dropout (0.0), so that they compute the same function and
+their losses compare. nanoGPT's GPT is built with bias=True, as gpt.ss has biases.
 
-- nanoGPT eager f32, and nanoGPT's defaults: bf16 autocast (on a GPU with bf16), torch.compile of the
-  model and fused AdamW — the reference of the mixed-precision sides;
+Each side is a step of AdamW (lr 6e-4, betas (0.9, 0.95), weight decay 0.1 on the 2-D params only:
+train.py's defaults; the shakespeare_char config's lr 1e-3 and beta2 0.99 cost the same), its
+gradients clipped to norm 1.0 (train.py's grad_clip):
+
+- nanoGPT eager f32: its GPT, no autocast, no compile, AdamW over nanoGPT's two param groups, not fused;
+- nanoGPT's defaults, as its train.py sets them: bf16 autocast around the forward (`ctx`), the model
+  through torch.compile, and `configure_optimizers`' AdamW (fused on cuda) — the reference of the
+  mixed-precision sides. Where train.py differs, so that the sides stay comparable: on a GPU without
+  bf16 it would train in f16 with a GradScaler, here in f32; on the CPU it uses no autocast, here bf16
+  as on a GPU; and it allows TF32 matmuls, which change nothing under bf16 autocast and are left off
+  so that the f32 sides stay f32;
 - ShapeScript f32 (`prog.train_step`), ShapeScript `precision mixed bf16`, and the same loaded with
-  `compiled=True` (each pure function on the device handed to torch.compile).
+  `compiled=True` (each pure function on the device handed to torch.compile); on cuda ShapeScript
+  records each step and replays it as a CUDA graph, by default (SHAPESCRIPT_RECORD).
 
 After a warmup (compiling, recording), the sides take turns in blocks (ABC..CBA), each step ended by
 a device synchronize; a figure is a side's median step, the ratios against nanoGPT's defaults and
@@ -23,28 +36,73 @@ held before them. Their first losses are printed: the same model from the same w
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "examples" / "nanogpt", Path(__file__).resolve().parent):
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for path in (ROOT, HERE):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
 import torch  # noqa: E402
 from common import cpu_model  # noqa: E402  (benchmarks/common.py)
-from reference import GPT, GPTConfig  # noqa: E402  (examples/nanogpt/reference.py)
 
 import shapescript as ss  # noqa: E402
+
+
+def load_by_path(name: str, path: Path) -> ModuleType:
+    """Import a file that is not on sys.path, once a process. It is in sys.modules before it runs:
+    @dataclass looks its class's module up there."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+NANOGPT = load_by_path("nanogpt_model", HERE / "third_party" / "nanogpt" / "model.py")  # nanoGPT's own
+REFERENCE = load_by_path("nanogpt_reference", ROOT / "examples" / "nanogpt" / "reference.py")  # its torch_name
 
 BABY = {"V": 65, "T": 256, "H": 6, "Dh": 64, "L": 6, "M": 1, "New": 1, "TopK": 1}  # nanoGPT's shakespeare-char
 TINY = {"V": 65, "T": 32, "H": 2, "Dh": 16, "L": 2, "M": 1, "New": 1, "TopK": 1}
 F32_SOURCE = ((ROOT / "examples" / "nanogpt" / "gpt.ss").read_text()  # its types in f32
               .replace("] f64", "]").replace("-1e300", "-1e30"))
-Step = Callable[[dict[str, torch.Tensor]], float]
+Step = Callable[[dict[str, torch.Tensor]], torch.Tensor | float]  # a loss, left on the device
+
+
+def load_shapescript_weights(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy a gpt.ss model's params (its `state_dict()`) into nanoGPT's GPT, each to the param that
+    examples/nanogpt/reference.py's `torch_name` names, an nn.Linear's weight transposed ([out, in]
+    there, [in out] in gpt.ss). named_parameters() lists the head's weight, tied to wte's, once (as
+    transformer.wte.weight), and leaves out the causal mask nanoGPT keeps as a buffer `attn.bias`
+    where it has no flash attention: each param is written once, the tie kept."""
+    params = dict(model.named_parameters())
+    targets = {name: REFERENCE.torch_name(name) for name in state}
+    assert sorted(target for target, _ in targets.values()) == sorted(params), (sorted(state), sorted(params))
+    assert model.lm_head.weight is model.transformer.wte.weight
+    with torch.no_grad():
+        for name, (target, transpose) in targets.items():
+            value = state[name].T if transpose else state[name]
+            assert params[target].shape == value.shape, (name, target)  # copy_ would broadcast
+            params[target].copy_(value)
+
+
+def nanogpt_model(dims: dict[str, int], state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """nanoGPT's GPT of gpt.ss's sizes, without dropout, holding a gpt.ss model's params in their dtype."""
+    config = NANOGPT.GPTConfig(block_size=dims["T"], vocab_size=dims["V"], n_layer=dims["L"], n_head=dims["H"],
+                               n_embd=dims["H"] * dims["Dh"], dropout=0.0, bias=True)
+    model = NANOGPT.GPT(config).to(next(iter(state.values())).dtype)
+    load_shapescript_weights(model, state)
+    return model
 
 
 def shapescript_side(dims: dict[str, int], device: str, mixed: bool, compiled: bool) -> tuple[Step, dict]:
@@ -55,33 +113,31 @@ def shapescript_side(dims: dict[str, int], device: str, mixed: bool, compiled: b
     opt = ss.adamw(m, lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, no_decay=lambda name, p: p.ndim < 2)
     state = {k: v.detach().cpu().clone() for k, v in m.state_dict().items()}
 
-    def step(batch: dict[str, torch.Tensor]) -> float:
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor | float:
         return prog.train_step(m, opt, batch, ss.Eval)
     return step, state
 
 
-def nanogpt_side(dims: dict[str, int], device: str, state: dict, defaults: bool) -> Step:
-    config = GPTConfig(block_size=dims["T"], vocab_size=dims["V"], n_layer=dims["L"], n_head=dims["H"],
-                       n_embd=dims["H"] * dims["Dh"], dropout=0.0)
-    model = GPT(config)
-    with torch.no_grad():
-        model.load_shapescript(state)
-    model.to(device)
-    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=defaults or None)
-    run = torch.compile(model) if defaults else model
-    bf16 = defaults and (device == "cpu" or torch.cuda.is_bf16_supported())
+def nanogpt_side(dims: dict[str, int], device: str, state: dict[str, torch.Tensor], defaults: bool) -> Step:
+    """nanoGPT's model.py from ShapeScript's initial weights: eager in f32, or with the defaults of
+    nanoGPT's train.py (`defaults`)."""
+    model = nanogpt_model(dims, state).to(device)
     kind = torch.device(device).type
+    # nanoGPT's two param groups; configure_optimizers fuses AdamW where device_type is cuda, and
+    # device_type cpu is how it says not to
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95),
+                                     device_type=kind if defaults else "cpu")
+    run = torch.compile(model) if defaults else model
+    bf16 = defaults and (kind == "cpu" or torch.cuda.is_bf16_supported())
 
-    def step(batch: dict[str, torch.Tensor]) -> float:
-        with torch.autocast(kind, dtype=torch.bfloat16, enabled=bf16):
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast(kind, dtype=torch.bfloat16, enabled=bf16):  # train.py's ctx: the forward only
             _, loss = run(batch["tokens"], batch["targets"])
-        opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # train.py's grad_clip
         opt.step()
-        return loss
+        opt.zero_grad(set_to_none=True)  # as train.py: the gradients freed as soon as they are used
+        return loss.detach()  # the loss alone, not its graph
     return step
 
 
@@ -115,6 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     dims = TINY if args.quick else BABY
     size = args.batch or (4 if args.quick else 64)
     rounds, block, warmup = (2, 2, 2) if args.quick else (6, 10, 5)
+    name = torch.cuda.get_device_name(device) if device != "cpu" else cpu_model()
+    print(f"GPT step on {device} ({name}), torch {torch.__version__}: L={dims['L']} H={dims['H']} "
+          f"D={dims['H'] * dims['Dh']} T={dims['T']} V={dims['V']}, batch {size}; {rounds} rounds of {block} steps")
+    # building nanoGPT's sides prints nanoGPT's own lines: its parameter count, its AdamW's groups, fused or not
     ss_f32, state = shapescript_side(dims, device, mixed=False, compiled=False)
     sides: dict[str, Step] = {
         "nanoGPT eager f32": nanogpt_side(dims, device, state, defaults=False),
@@ -124,9 +184,6 @@ def main(argv: list[str] | None = None) -> None:
         "ShapeScript mixed bf16 compiled": shapescript_side(dims, device, mixed=True, compiled=True)[0],
     }
     data = batches(dims, size, block, device)
-    name = torch.cuda.get_device_name(device) if device != "cpu" else cpu_model()
-    print(f"GPT step on {device} ({name}), torch {torch.__version__}: L={dims['L']} H={dims['H']} "
-          f"D={dims['H'] * dims['Dh']} T={dims['T']} V={dims['V']}, batch {size}; {rounds} rounds of {block} steps")
     peaks: dict[str, float] = {}
     for label, step in sides.items():
         before = _allocated(device, reset=True)

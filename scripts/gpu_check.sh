@@ -3,10 +3,10 @@
 #   1. the GPU-only tests: in every test file that skips without `torch.cuda.is_available()`, the
 #      tests whose names hold `cuda` or `gpu` (the other tests of those files run in CI);
 #   2. benchmarks/gpu.py (the chapter's MGPU-7 table on the GPUs present; --quick with QUICK=1);
-#   3. benchmarks/gpt_step.py (nanoGPT's baby GPT: ShapeScript f32, mixed bf16 and compiled against
-#      nanoGPT eager and nanoGPT's defaults, issue 41; --quick with QUICK=1).
+#   3. benchmarks/gpu_gpt.py (nanoGPT's baby GPT: ShapeScript f32, mixed bf16 and compiled against
+#      nanoGPT's own model.py eager and with nanoGPT's defaults, issue 41; --quick with QUICK=1).
 # Output goes to the terminal and, when OUT is set (the device tool sets it), to $OUT/gpu_tests.txt,
-# $OUT/gpu_bench.txt, $OUT/gpu_table.md and $OUT/gpt_step.txt. Exits non-zero if the tests or the benchmark failed; with
+# $OUT/gpu_bench.txt, $OUT/gpu_table.md and $OUT/gpu_gpt.txt. Exits non-zero if the tests or the benchmark failed; with
 # no GPU it says so and exits 0.
 #
 #   scripts/gpu_check.sh                    # python: $PYTHON, else .venv/bin/python, else python3
@@ -37,7 +37,7 @@ bench=${PIPESTATUS[0]}
 
 gpt_args=()
 [ "${QUICK:-0}" = 1 ] && gpt_args+=(--quick)
-timeout 300 "$PY" benchmarks/gpt_step.py "${gpt_args[@]}" 2>&1 | log gpt_step.txt
+timeout 300 "$PY" benchmarks/gpu_gpt.py "${gpt_args[@]}" 2>&1 | log gpu_gpt.txt
 gpt=${PIPESTATUS[0]}
 
 echo "gpu_check: tests exit $tests, benchmark exit $bench, GPT step exit $gpt"

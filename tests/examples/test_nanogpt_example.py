@@ -1,6 +1,8 @@
 """examples/nanogpt: gpt.ss equals nanoGPT's GPT written by hand in PyTorch (reference.py), in f64,
 on sequences shorter than the block size: the same logits and loss, and the same params after
-training steps with nanoGPT's two AdamW groups (weight decay on the 2-D params only)."""
+training steps with nanoGPT's two AdamW groups (weight decay on the 2-D params only). It equals
+nanoGPT's own model.py too (benchmarks/third_party/nanogpt, the reference of benchmarks/gpu_gpt.py):
+the same loss and gradients."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import shapescript as ss
 
 HERE = ROOT / "examples" / "nanogpt"
 V, T, H, DH, L = 13, 16, 2, 4, 2
+DIMS = {"V": V, "T": T, "H": H, "Dh": DH, "L": L}
 TOLERANCE = 1e-6
 
 
@@ -32,7 +35,7 @@ def load_reference():
 def prog() -> ss.Program:
     with warnings.catch_warnings():  # the small sizes replace gpt.ss's GPT-2 ones on purpose
         warnings.filterwarnings("ignore", message=".*sizes given when loading replace", category=UserWarning)
-        return ss.load(HERE / "gpt.ss", dims={"V": V, "T": T, "H": H, "Dh": DH, "L": L})
+        return ss.load(HERE / "gpt.ss", dims=DIMS)
 
 
 def both_models(prog: ss.Program, seed: int = 0):
@@ -96,6 +99,51 @@ def test_training_steps_with_param_groups_equal_nanogpt(prog) -> None:
     assert len(moved) == len(before)  # every param trained, wte through both its uses
 
 
+# gpt.ss's gradients, read in Python (a program's results have no autograd history)
+GRADIENTS = """
+fn gradients(m: Gpt, batch: [b] Text) -> Grad[Gpt]:
+    _, g = value_and_grad(loss, m, batch, Eval())
+    return g
+"""
+
+
+def load_gpu_gpt(monkeypatch: pytest.MonkeyPatch):
+    """benchmarks/gpu_gpt.py, whose nanoGPT side is nanoGPT's own model.py, unmodified. The script puts
+    benchmarks/ on sys.path, for this test only."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("gpu_gpt", ROOT / "benchmarks" / "gpu_gpt.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nanogpts_own_model_py_gives_gpt_ss_loss_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark's reference side computes what gpt.ss does: nanoGPT's model.py, given gpt.ss's
+    initial weights by gpu_gpt.py's own loading, has the same loss in f64, and after a backward the
+    same gradient of every param (wte's through both its uses, the tied lm_head's included)."""
+    gpu_gpt = load_gpu_gpt(monkeypatch)
+    with warnings.catch_warnings():  # the small sizes replace gpt.ss's GPT-2 ones on purpose
+        warnings.filterwarnings("ignore", message=".*sizes given when loading replace", category=UserWarning)
+        prog = ss.load((HERE / "gpt.ss").read_text() + GRADIENTS, dims=DIMS, name="gpt.ss")
+    m = prog.Gpt.init(seed=2)
+    nanogpt = gpu_gpt.nanogpt_model(DIMS, m.state_dict())
+    assert type(nanogpt).__module__ == "nanogpt_model" and nanogpt.lm_head.weight.dtype == torch.float64
+    x, y = tokens(3, T - 3, seed=4)
+    batch = {"tokens": x, "targets": y}
+    _, expected = nanogpt(x, y)
+    expected.backward()
+    assert float(prog.loss(m, batch, ss.Eval)) == pytest.approx(expected.item(), abs=1e-10)
+    params = dict(nanogpt.named_parameters())
+    gradients = prog.gradients(m, batch).named()
+    assert len(gradients) == len(params)
+    for name, gradient in gradients.items():
+        target, transpose = gpu_gpt.REFERENCE.torch_name(name)
+        theirs = params[target].grad
+        torch.testing.assert_close(gradient, theirs.T if transpose else theirs, atol=1e-10, rtol=0, msg=name)
+    assert gradients["wte"].abs().max() > 1e-3  # a real comparison: the gradients are not all zero
+
+
 def test_a_sequence_longer_than_the_block_size_is_a_shape_error_naming_the_line(prog) -> None:
     m, _, _ = both_models(prog)
     x, _ = tokens(2, T + 1, seed=0)
@@ -114,7 +162,7 @@ def test_two_devices_train_as_one(prog) -> None:
     for devices in ("cpu", "cpu[0 1]"):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*sizes given when loading replace", category=UserWarning)
-            several = ss.load(HERE / "gpt.ss", dims={"V": V, "T": T, "H": H, "Dh": DH, "L": L}, devices=devices)
+            several = ss.load(HERE / "gpt.ss", dims=DIMS, devices=devices)
         try:
             m = several.Gpt.init(seed=0)
             opt = ss.adamw(m, lr=1e-2, weight_decay=0.1, no_decay=lambda name, p: p.ndim < 2)

@@ -76,7 +76,7 @@ def test_cuda_compiled_steps_compose_with_recorded_steps() -> None:
     """On a GPU a compiled program's train_step is still recorded: its compiled loss runs eagerly
     through the warm-up (compiling once), then the whole step, compiled kernels and eager update, is
     captured as one CUDA graph and replayed, computing what the eager, unrecorded program computes.
-    (aot_eager keeps this test to seconds; benchmarks/gpt_step.py times inductor's kernels recorded.)"""
+    (aot_eager keeps this test to seconds; benchmarks/gpu_gpt.py times inductor's kernels recorded.)"""
     from recorded_support import recorded_and_eager
 
     from shapescript.runtime import recorded
