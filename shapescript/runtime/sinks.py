@@ -214,28 +214,30 @@ _held = threading.local()  # each thread's held records, oldest first: a backgro
 
 
 class _Held:
-    """A record whose values are on their way to the host: `done` marks their copies' end."""
+    """A record whose values are on their way to the host: `done` marks their copies' end, an event a GPU."""
 
     __slots__ = ("sink", "values", "done")
 
     def __init__(self, sink: Sink, record: Logs) -> None:
-        self.sink, self.done = sink, None
+        self.sink = sink
         self.values: dict[str, Any] = {}
+        gpus: set[torch.device] = set()
         for name, value in record.values.items():
             if _held_value(value):
-                if value.device.type == "cuda" and self.done is None:
-                    self.done = torch.cuda.Event()
+                if value.device.type == "cuda":
+                    gpus.add(value.device)
                 value = value.detach().to("cpu", non_blocking=True)  # into pinned memory: no wait
             self.values[name] = value
-        if self.done is not None:
-            self.done.record()
+        self.done = [torch.cuda.Event() for _ in gpus]  # each GPU's copies on its current stream
+        for event, gpu in zip(self.done, gpus):
+            event.record(torch.cuda.current_stream(gpu))
 
     def ready(self) -> bool:
-        return self.done is None or self.done.query()
+        return all(event.query() for event in self.done)
 
     def send(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()
+        for event in self.done:
+            event.synchronize()
         self.sink.write(Logs(**self.values))
 
 
