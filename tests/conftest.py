@@ -148,6 +148,23 @@ def _after(item: pytest.Item) -> list[pytest.Item]:
     return items[items.index(item) + 1:] if item in items else []
 
 
+# The Binder build (tests/notebook/binder_build.py) starts in the background with the compiler's tests,
+# which run in this process alone on one core for about a minute, if its test is among those to run.
+BINDER_TEST = Path(__file__).resolve().parent / "notebook" / "test_binder.py"
+BINDER_STARTS_WITH = Path(__file__).resolve().parent / "compiler"
+_binder: list[Any] = []  # its build, once the binder test is known to be among the session's
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _binder and BINDER_STARTS_WITH in item.path.parents:
+        _binder[0].start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _binder:
+        _binder.pop().stop()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What is alive once the tests are collected (the modules imported, torch's among them, and the
     tests themselves) stays for the whole session: collected first, then frozen out of the
@@ -155,5 +172,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     since. A test that makes many objects late in the suite took 46 s rather than 8 s without it
     (tests/notebook's Ctrl-C at every line of tqdm), and the whole suite 970 s rather than 833 s.
     (Freezing again after each file's tests gained nothing more: 855 s.)"""
+    if any(item.path == BINDER_TEST for item in session.items):
+        import binder_build  # tests/notebook's, on sys.path once its tests are collected
+        _binder.append(binder_build.BUILD)
     gc.collect()
     gc.freeze()

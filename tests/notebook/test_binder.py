@@ -17,22 +17,18 @@ retries: a minute's install becomes seven. It changes nothing pip chooses. Nor d
 `--no-compile`: pip leaves the bytecode of every installed file (most of it torch's, which the
 notebooks import a small part of) to the first import, which writes it for the processes after
 it (PYTHONDONTWRITEBYTECODE, which our machines set, is left out of the environment, as Binder
-doesn't set it). The install takes half as long.
+doesn't set it). The install takes half as long. It is tests/notebook/binder_build.py's, which
+the suite starts in the background when the compiler's tests start (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import ast
-import os
-import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from support import ROOT
+from binder_build import BUILD, BinderBuild, run
 from test_notebooks import all_shown, check_ran_cleanly, execute, python3_kernel
 
 # A line each notebook prints near its end (test_notebooks.py checks the numbers in them).
@@ -44,70 +40,21 @@ LAST_WORDS = {"01_tour.ipynb": "held-out accuracy: ", "02_several_devices.ipynb"
 # one's imports are checked instead, which is what the environment adds. (Running the tour here too
 # took 10 s of the suite's 2 cores, all four about a minute.)
 RUN_HERE = ("02_several_devices.ipynb",)
-PIP_TIMEOUT = 1800  # seconds: in CI pip downloads PyTorch's CPU wheel (about 200 MB) and the rest
-
-
-def repository_copy(dest: Path) -> Path:
-    """The files a clone of this checkout would have, with the changes not yet committed: the
-    tracked files still present and the untracked ones git doesn't ignore."""
-    try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                                cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
-    except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but the usual litter
-        shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"))
-        return dest
-    for name in filter(None, listed):
-        source = ROOT / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    return dest
-
-
-def reachable(host: str, port: int = 443, seconds: float = 5.0) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=seconds).close()
-        return True
-    except OSError:
-        return False
-
-
-def clean_env(venv: Path) -> dict[str, str]:
-    """The environment Binder's build and kernel have: the new environment first on PATH, and
-    nothing of this test run's (no PYTHONPATH to this checkout, no active virtualenv, bytecode
-    written as Python writes it by default)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    env["PIP_NO_INPUT"] = "1"
-    return env
-
-
-def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = PIP_TIMEOUT) -> str:
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, (f"{' '.join(cmd)} exited with {done.returncode}:\n"
-                                  f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
-    return done.stdout
 
 
 @pytest.mark.slow
 def test_the_notebooks_run_in_what_binder_builds(tmp_path: Path) -> None:
-    repo = repository_copy(tmp_path / "repo")
-    assert (repo / "binder" / "requirements.txt").is_file() and (repo / "notebooks").is_dir()
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    build = BUILD.wait()  # started when the compiler's tests did (tests/conftest.py), or now
+    try:
+        ran_in(build, tmp_path)
+    finally:
+        build.remove()
+
+
+def ran_in(build: BinderBuild, tmp_path: Path) -> None:
+    repo, venv, env = build.repo, build.venv, build.env()
     python = str(venv / "bin" / "python")
-    env = clean_env(venv)
-    if not reachable("download.pytorch.org"):
-        env["PIP_RETRIES"] = "0"
-
-    # As repo2docker: from the repository's root, then postBuild (executable, run from the root).
-    run([python, "-m", "pip", "install", "--no-cache-dir", "--no-compile", "-r", "binder/requirements.txt"], repo, env)
-    post_build = repo / "binder" / "postBuild"
-    if post_build.exists():
-        run(["bash", str(post_build)], repo, env)
-
+    assert (repo / "binder" / "requirements.txt").is_file() and (repo / "notebooks").is_dir()
     found = run([python, "-c", "import shapescript, torch; print(torch.__version__); print(shapescript.__file__)"],
                 tmp_path, env).split()
     assert found[0] == "2.13.0+cpu", found
