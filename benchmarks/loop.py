@@ -63,11 +63,11 @@ def hand_loop(prog: Any, m: Any, opt: Any, img: torch.Tensor, label: torch.Tenso
     def steps(n: int) -> list[tuple[float, float]]:
         t0 = time.perf_counter()
         order = torch.randperm(len(img), generator=torch.Generator().manual_seed(0))
-        for start in range(0, len(img), batch):
+        starts = range(0, len(img), batch)
+        for start in starts:
             idx = order[start:start + batch]
             losses.append(float(prog.train_step(m, opt, {"img": img[idx], "label": label[idx]})))
-        k = len(losses[-n:])
-        return [((time.perf_counter() - t0) / k, float("nan"))] * k
+        return [((time.perf_counter() - t0) / len(starts), float("nan"))] * len(starts)
     return steps, losses
 
 

@@ -79,6 +79,7 @@ class BinderBuild:
         self._failure: BaseException | None = None
         self._pip: subprocess.Popen[bytes] | None = None
         self._stopping = False
+        self.env: dict[str, str] = {}  # the build's and the kernel's environment, set as the build starts
 
     @property
     def repo(self) -> Path:
@@ -90,7 +91,7 @@ class BinderBuild:
         assert self.folder is not None
         return self.folder / "venv"
 
-    def env(self) -> dict[str, str]:
+    def _environment(self) -> dict[str, str]:
         env = clean_env(self.venv)
         if not reachable("download.pytorch.org"):
             # a sandbox: pip finds torch 2.13.0+cpu in its local find-links, and each package's lookup
@@ -116,12 +117,12 @@ class BinderBuild:
         try:
             repository_copy(self.repo)
             subprocess.run([sys.executable, "-m", "venv", str(self.venv)], check=True)
-            env = self.env()
+            env = self.env = self._environment()
+            if self._stopping:
+                return
             # As repo2docker: from the repository's root, then postBuild (executable, run from the root).
             cmd = [str(self.venv / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", "--no-compile",
                    "-r", "binder/requirements.txt"]
-            if self._stopping:
-                return
             with tempfile.TemporaryFile() as out:
                 self._pip = subprocess.Popen(cmd, cwd=self.repo, env=env, stdout=out, stderr=subprocess.STDOUT)
                 code = self._pip.wait(timeout=PIP_TIMEOUT)

@@ -52,7 +52,7 @@ def test_the_notebooks_run_in_what_binder_builds(tmp_path: Path) -> None:
 
 
 def ran_in(build: BinderBuild, tmp_path: Path) -> None:
-    repo, venv, env = build.repo, build.venv, build.env()
+    repo, venv, env = build.repo, build.venv, build.env
     python = str(venv / "bin" / "python")
     assert (repo / "binder" / "requirements.txt").is_file() and (repo / "notebooks").is_dir()
     found = run([python, "-c", "import shapescript, torch; print(torch.__version__); print(shapescript.__file__)"],
